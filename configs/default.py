@@ -1,0 +1,87 @@
+# Base configuration every other config starts from; not meant to be run by itself.
+#   python train.py --config=configs/default.py --workdir=/tmp/default
+# Expected: nothing in particular; use tiny.py, multi30k.py, wmt14_base.py or wmt14_big.py.
+"""Defaults for every section: seed, model, data, train, mesh, eval.
+
+The model section mirrors `seq2seq.config.ModelConfig` (Vaswani et al. base); the
+vocabulary size comes from `data.vocab_size`. Override any leaf on the command line:
+`--config.model.norm=rmsnorm`.
+"""
+
+import os
+
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+  config = ml_collections.ConfigDict()
+  config.seed = 0
+
+  config.model = ml_collections.ConfigDict(dict(
+      d_model=512,
+      num_heads=8,
+      head_dim=0,  # 0: d_model // num_heads
+      num_encoder_layers=6,
+      num_decoder_layers=6,
+      d_ff=2048,
+      activation="relu",  # relu | gelu | swiglu | geglu
+      norm="layernorm",  # layernorm | rmsnorm | adanorm
+      norm_position="post",  # post (Vaswani et al.) | pre
+      norm_eps=1e-6,
+      adanorm_k=0.1,
+      adanorm_c=1.0,
+      positions="sinusoidal",  # sinusoidal | learned | rope
+      max_len=256,  # learned position table size
+      rope_base=10000.0,
+      dropout_rate=0.1,
+      attention_dropout_rate=0.0,
+      ffn_dropout_rate=0.0,
+      share_embeddings=True,
+      tie_output=True,
+      use_bias=True,
+      dtype="float32",  # compute dtype: float32 | bfloat16
+      pad_id=0,
+  ))
+
+  config.data = ml_collections.ConfigDict(dict(
+      dir=os.environ.get("SEQ2SEQ_DATA_DIR", ""),  # "" = download into the cache
+      source="multi30k",
+      src_lang="en",
+      tgt_lang="de",
+      train_split="train",
+      validation_split="val",
+      test_splits=("test_2016_flickr",),
+      vocab_size=8000,
+      spm_model_type="unigram",  # unigram | bpe
+      spm_character_coverage=1.0,
+      max_len=128,  # subword tokens per side; longer pairs are dropped
+      max_tokens=4096,  # token budget per batch
+  ))
+
+  config.train = ml_collections.ConfigDict(dict(
+      steps=100_000,
+      checkpoint_every=1000,
+      log_every=100,
+      eval_every=1000,
+      learning_rate=1.0,  # multiplies the schedule
+      schedule="rsqrt",
+      warmup_steps=4000,
+      label_smoothing=0.1,
+      adam_b1=0.9,
+      adam_b2=0.98,
+      adam_eps=1e-9,
+      weight_decay=0.0,
+      grad_clip_norm=0.0,  # 0 = off
+  ))
+
+  # Mesh axis sizes; -1 takes the remaining devices.
+  config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+
+  config.eval = ml_collections.ConfigDict(dict(
+      beam_size=4,
+      alpha=0.6,  # GNMT length penalty
+      max_len_a=1.0,  # max target length = a * source length + b
+      max_len_b=50,
+      batch_size=64,
+  ))
+  return config

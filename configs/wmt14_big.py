@@ -1,0 +1,14 @@
+# Vaswani et al. (2017) Transformer big on WMT14 en->de (37k shared subword vocabulary).
+#   python train.py --config=configs/wmt14_big.py --workdir=/tmp/wmt14_big
+# Expected: about 28.4 BLEU on newstest2014 after 300k steps (8 GPUs x 3.5 days in the
+# paper); 213M parameters.
+"""WMT14 en->de, Transformer big: d=1024, 16 heads, 6+6 layers, ffn 4096, dropout 0.3."""
+
+from configs import wmt14_base
+
+
+def get_config():
+  config = wmt14_base.get_config()
+  config.model.update(d_model=1024, num_heads=16, d_ff=4096, dropout_rate=0.3)
+  config.train.update(steps=300_000)
+  return config

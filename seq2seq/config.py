@@ -1,0 +1,80 @@
+"""The model's settings as a frozen dataclass, checked and built from `config.model`."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+
+CHOICES = {
+    "positions": ("sinusoidal", "learned", "rope"),
+    "norm": ("layernorm", "rmsnorm", "adanorm"),
+    "norm_position": ("pre", "post"),
+    "activation": ("relu", "gelu", "swiglu", "geglu"),
+    "dtype": ("float32", "bfloat16"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Hyper-parameters of the encoder-decoder Transformer (defaults: Vaswani et al. base)."""
+
+  vocab_size: int
+  d_model: int = 512
+  num_heads: int = 8
+  head_dim: int = 0  # 0: d_model // num_heads
+  num_encoder_layers: int = 6
+  num_decoder_layers: int = 6
+  d_ff: int = 2048
+  activation: str = "relu"
+  norm: str = "layernorm"
+  norm_position: str = "post"
+  norm_eps: float = 1e-6
+  adanorm_k: float = 0.1
+  adanorm_c: float = 1.0
+  positions: str = "sinusoidal"
+  max_len: int = 256  # size of the learned position table
+  rope_base: float = 10000.0
+  dropout_rate: float = 0.1  # residual branches and embeddings
+  attention_dropout_rate: float = 0.0  # attention weights
+  ffn_dropout_rate: float = 0.0  # feed-forward hidden layer
+  share_embeddings: bool = True  # one embedding for source and target
+  tie_output: bool = True  # output projection = target embedding^T
+  use_bias: bool = True
+  dtype: str = "float32"  # compute dtype; parameters are always float32
+  pad_id: int = 0
+
+  def __post_init__(self):
+    for key, allowed in CHOICES.items():
+      if getattr(self, key) not in allowed:
+        raise ValueError(f"config.model.{key} must be one of {allowed}, got {getattr(self, key)!r}")
+    for key in ("vocab_size", "d_model", "num_heads", "d_ff", "max_len"):
+      if getattr(self, key) <= 0:
+        raise ValueError(f"config.model.{key} must be positive, got {getattr(self, key)}")
+    if self.head_dim == 0 and self.d_model % self.num_heads:
+      raise ValueError(f"config.model.d_model={self.d_model} is not divisible by num_heads={self.num_heads};"
+                       " set config.model.head_dim")
+    if self.positions == "rope" and self.head_size % 2:
+      raise ValueError(f"rope needs an even head dimension, got {self.head_size}")
+    for key in ("dropout_rate", "attention_dropout_rate", "ffn_dropout_rate"):
+      if not 0.0 <= getattr(self, key) < 1.0:
+        raise ValueError(f"config.model.{key} must be in [0, 1), got {getattr(self, key)}")
+
+  @property
+  def head_size(self) -> int:
+    return self.head_dim or self.d_model // self.num_heads
+
+  @property
+  def compute_dtype(self):
+    return jnp.dtype(self.dtype)
+
+  @classmethod
+  def from_config(cls, model_cfg: Any, vocab_size: int) -> ModelConfig:
+    """Builds from the `config.model` section (a ConfigDict or dict); unknown keys are errors."""
+    values = dict(model_cfg.items())
+    known = {f.name for f in dataclasses.fields(cls)} - {"vocab_size"}
+    unknown = sorted(set(values) - known)
+    if unknown:
+      raise ValueError(f"unknown key(s) config.model.{', config.model.'.join(unknown)}; known: {sorted(known)}")
+    return cls(vocab_size=vocab_size, **values)

@@ -1,0 +1,168 @@
+"""Building blocks of the Transformer: parameters with logical axes, dropout,
+embeddings, positions (sinusoidal / learned / RoPE), norms and feed-forward.
+
+Shapes are in the names: b=batch, t=target length, s=source length, d=d_model,
+n=heads, h=head dim, f=feed-forward width, v=vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+# Logical axis names a parameter may carry; `seq2seq.sharding` maps them onto a mesh.
+LOGICAL_AXES = ("vocab", "embed", "heads", "kv", "mlp", None)
+
+
+def param(rngs: nnx.Rngs, init, shape: Sequence[int], axes: Sequence[str | None]) -> nnx.Param:
+  """An f32 parameter annotated with one logical axis name per dimension."""
+  if len(axes) != len(shape):
+    raise ValueError(f"axes {axes} do not match shape {shape}")
+  return nnx.Param(init(rngs.params(), tuple(shape), jnp.float32), axes=tuple(axes))
+
+
+def xavier(in_axis, out_axis):
+  """Glorot-uniform over the given fan-in / fan-out axes (Vaswani et al., fairseq)."""
+  return nnx.initializers.variance_scaling(1.0, "fan_avg", "uniform", in_axis=in_axis, out_axis=out_axis)
+
+
+def dropout(x: jax.Array, rate: float, rng: jax.Array | None) -> jax.Array:
+  """Inverted dropout; identity when `rng` is None (evaluation) or rate is 0.
+
+  Draws raw uint32 bits and compares them to a threshold: cheaper than
+  `jax.random.bernoulli`, which builds floats first.
+  """
+  if rng is None or rate == 0.0:
+    return x
+  threshold = jnp.uint32(min(int(rate * 2**32), 2**32 - 1))
+  keep = jax.random.bits(rng, x.shape, jnp.uint32) >= threshold
+  return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
+
+
+def fold(rng: jax.Array | None, i: int) -> jax.Array | None:
+  """Derives an independent key for dropout site `i` (None stays None)."""
+  return None if rng is None else jax.random.fold_in(rng, i)
+
+
+class Embed(nnx.Module):
+  """Token embedding scaled by sqrt(d_model); `attend` is the tied output projection."""
+
+  def __init__(self, vocab_size: int, d_model: int, *, rngs: nnx.Rngs):
+    init = nnx.initializers.normal(stddev=d_model**-0.5)
+    self.embedding_vd = param(rngs, init, (vocab_size, d_model), ("vocab", "embed"))
+    self.scale = math.sqrt(d_model)
+
+  def __call__(self, tokens_bt: jax.Array, dtype) -> jax.Array:
+    x_btd = jnp.take(self.embedding_vd[...], tokens_bt, axis=0)
+    return (x_btd * self.scale).astype(dtype)
+
+  def attend(self, x_btd: jax.Array) -> jax.Array:
+    """Logits in f32 against the embedding matrix."""
+    w_vd = self.embedding_vd[...].astype(x_btd.dtype)
+    return jnp.einsum("btd,vd->btv", x_btd, w_vd, preferred_element_type=jnp.float32)
+
+
+def sinusoidal(positions_bt: jax.Array, d_model: int) -> jax.Array:
+  """Vaswani et al. position encodings, computed for any position: [b, t, d]."""
+  half = d_model // 2
+  inv_freq = jnp.exp(-math.log(10000.0) * jnp.arange(half, dtype=jnp.float32) / half)
+  angles_btk = positions_bt[..., None].astype(jnp.float32) * inv_freq
+  out = jnp.concatenate([jnp.sin(angles_btk), jnp.cos(angles_btk)], axis=-1)
+  return jnp.pad(out, [(0, 0), (0, 0), (0, d_model - 2 * half)])
+
+
+class LearnedPositions(nnx.Module):
+  """A trained table of `max_len` position embeddings."""
+
+  def __init__(self, max_len: int, d_model: int, *, rngs: nnx.Rngs):
+    init = nnx.initializers.normal(stddev=d_model**-0.5)
+    self.table_ld = param(rngs, init, (max_len, d_model), (None, "embed"))
+
+  def __call__(self, positions_bt: jax.Array) -> jax.Array:
+    return jnp.take(self.table_ld[...], positions_bt, axis=0, mode="clip")
+
+
+def rope(x_btnh: jax.Array, positions_bt: jax.Array, base: float = 10000.0) -> jax.Array:
+  """Rotary position embedding (Su et al. 2021) on the last (head) dimension."""
+  head_dim = x_btnh.shape[-1]
+  half = head_dim // 2
+  inv_freq = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
+  angles_bt1k = (positions_bt[..., None].astype(jnp.float32) * inv_freq)[:, :, None, :]
+  sin, cos = jnp.sin(angles_bt1k), jnp.cos(angles_bt1k)
+  x1, x2 = jnp.split(x_btnh.astype(jnp.float32), 2, axis=-1)
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return out.astype(x_btnh.dtype)
+
+
+class Norm(nnx.Module):
+  """LayerNorm, RMSNorm or AdaNorm over the last axis, computed in f32.
+
+  AdaNorm (Xu et al. 2019) has no gain or bias: z = C * (1 - k*y) * y with
+  y the standardised input and the factor C(1 - k*y) detached from the gradient.
+  """
+
+  KINDS = ("layernorm", "rmsnorm", "adanorm")
+
+  def __init__(self, kind: str, d_model: int, *, eps: float = 1e-6, adanorm_k: float = 0.1,
+               adanorm_c: float = 1.0, rngs: nnx.Rngs):
+    if kind not in self.KINDS:
+      raise ValueError(f"norm must be one of {self.KINDS}, got {kind!r}")
+    self.kind, self.eps, self.k, self.c = kind, eps, adanorm_k, adanorm_c
+    if kind in ("layernorm", "rmsnorm"):
+      self.scale_d = param(rngs, nnx.initializers.ones, (d_model,), ("embed",))
+    if kind == "layernorm":
+      self.bias_d = param(rngs, nnx.initializers.zeros, (d_model,), ("embed",))
+
+  def __call__(self, x_btd: jax.Array) -> jax.Array:
+    x = x_btd.astype(jnp.float32)
+    if self.kind == "rmsnorm":
+      y = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps)
+      return (y * self.scale_d[...]).astype(x_btd.dtype)
+    centred = x - jnp.mean(x, axis=-1, keepdims=True)
+    y = centred * jax.lax.rsqrt(jnp.mean(centred * centred, axis=-1, keepdims=True) + self.eps)
+    if self.kind == "layernorm":
+      y = y * self.scale_d[...] + self.bias_d[...]
+    else:
+      y = jax.lax.stop_gradient(self.c * (1.0 - self.k * y)) * y
+    return y.astype(x_btd.dtype)
+
+
+class FeedForward(nnx.Module):
+  """Position-wise feed-forward: relu/gelu (two matrices) or swiglu/geglu (gated, three)."""
+
+  ACTIVATIONS = ("relu", "gelu", "swiglu", "geglu")
+
+  def __init__(self, d_model: int, d_ff: int, activation: str, *, use_bias: bool,
+               hidden_dropout: float, rngs: nnx.Rngs):
+    if activation not in self.ACTIVATIONS:
+      raise ValueError(f"activation must be one of {self.ACTIVATIONS}, got {activation!r}")
+    self.activation, self.hidden_dropout = activation, hidden_dropout
+    self.gated = activation in ("swiglu", "geglu")
+    init = xavier(0, 1)
+    self.wi_df = param(rngs, init, (d_model, d_ff), ("embed", "mlp"))
+    if self.gated:
+      self.wg_df = param(rngs, init, (d_model, d_ff), ("embed", "mlp"))
+    self.wo_fd = param(rngs, init, (d_ff, d_model), ("mlp", "embed"))
+    self.bi_f = param(rngs, nnx.initializers.zeros, (d_ff,), ("mlp",)) if use_bias else None
+    self.bo_d = param(rngs, nnx.initializers.zeros, (d_model,), ("embed",)) if use_bias else None
+
+  def __call__(self, x_btd: jax.Array, rng: jax.Array | None) -> jax.Array:
+    dtype = x_btd.dtype
+    h_btf = jnp.einsum("btd,df->btf", x_btd, self.wi_df[...].astype(dtype))
+    if self.bi_f is not None:
+      h_btf = h_btf + self.bi_f[...].astype(dtype)
+    if self.gated:
+      g_btf = jnp.einsum("btd,df->btf", x_btd, self.wg_df[...].astype(dtype))
+      act = jax.nn.silu if self.activation == "swiglu" else jax.nn.gelu
+      h_btf = act(g_btf) * h_btf
+    else:
+      h_btf = jax.nn.relu(h_btf) if self.activation == "relu" else jax.nn.gelu(h_btf)
+    h_btf = dropout(h_btf, self.hidden_dropout, rng)
+    y_btd = jnp.einsum("btf,fd->btd", h_btf, self.wo_fd[...].astype(dtype))
+    if self.bo_d is not None:
+      y_btd = y_btd + self.bo_d[...].astype(dtype)
+    return y_btd

@@ -1,0 +1,224 @@
+"""The encoder-decoder Transformer (Vaswani et al. 2017) and its variants, in Flax NNX.
+
+API used by training and decoding:
+  logits_btv = model(src_bs, tgt_in_bt, dropout_rng=key)        # teacher forcing
+  enc_bsd = model.encode(src_bs)                                 # once per source
+  cache = model.init_cache(enc_bsd, src_segments_bs, max_len)    # cross K/V computed here
+  logits_bv, cache = model.decode_step(tokens_b, cache)          # one target token
+
+The decoder input starts with `cfg.bos_id` (the eos id, as in fairseq). Segment ids
+(0 = padding) default to `tokens != pad_id`; packed batches pass their own segment ids
+and positions. `dropout_rng=None` means evaluation (no dropout).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from seq2seq.attention import MultiHeadAttention, attention_mask
+from seq2seq.config import ModelConfig
+from seq2seq.layers import Embed, FeedForward, LearnedPositions, Norm, dropout, fold, param, sinusoidal
+
+Cache = dict[str, Any]
+
+
+def _norm(cfg: ModelConfig, rngs: nnx.Rngs) -> Norm:
+  return Norm(cfg.norm, cfg.d_model, eps=cfg.norm_eps, adanorm_k=cfg.adanorm_k, adanorm_c=cfg.adanorm_c, rngs=rngs)
+
+
+def _attention(cfg: ModelConfig, rngs: nnx.Rngs, *, self_attention: bool) -> MultiHeadAttention:
+  return MultiHeadAttention(cfg.d_model, cfg.num_heads, cfg.head_size, use_bias=cfg.use_bias,
+                            dropout_rate=cfg.attention_dropout_rate, rope_base=cfg.rope_base,
+                            use_rope=self_attention and cfg.positions == "rope", rngs=rngs)
+
+
+def _ffn(cfg: ModelConfig, rngs: nnx.Rngs) -> FeedForward:
+  return FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, use_bias=cfg.use_bias,
+                     hidden_dropout=cfg.ffn_dropout_rate, rngs=rngs)
+
+
+def residual(x_btd, sublayer, norm: Norm, *, pre: bool, rate: float, rng):
+  """Pre-norm: x + drop(f(norm(x))). Post-norm: norm(x + drop(f(x)))."""
+  if pre:
+    return x_btd + dropout(sublayer(norm(x_btd)), rate, rng)
+  return norm(x_btd + dropout(sublayer(x_btd), rate, rng))
+
+
+class EncoderLayer(nnx.Module):
+  """Self-attention then feed-forward, each in a residual block."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.self_attn = _attention(cfg, rngs, self_attention=True)
+    self.ffn = _ffn(cfg, rngs)
+    self.attn_norm, self.ffn_norm = _norm(cfg, rngs), _norm(cfg, rngs)
+    self.pre, self.rate = cfg.norm_position == "pre", cfg.dropout_rate
+
+  def __call__(self, x_bsd, mask_b1ss, positions_bs, rng):
+    def attn(h_bsd):
+      return self.self_attn(h_bsd, h_bsd, mask_b1ss, positions_bt=positions_bs, context_positions_bs=positions_bs,
+                            rng=fold(rng, 0))
+    x_bsd = residual(x_bsd, attn, self.attn_norm, pre=self.pre, rate=self.rate, rng=fold(rng, 1))
+    ffn = lambda h_bsd: self.ffn(h_bsd, fold(rng, 2))
+    return residual(x_bsd, ffn, self.ffn_norm, pre=self.pre, rate=self.rate, rng=fold(rng, 3))
+
+
+class DecoderLayer(nnx.Module):
+  """Causal self-attention, cross-attention over the encoder output, feed-forward."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.self_attn = _attention(cfg, rngs, self_attention=True)
+    self.cross_attn = _attention(cfg, rngs, self_attention=False)
+    self.ffn = _ffn(cfg, rngs)
+    self.self_norm, self.cross_norm, self.ffn_norm = _norm(cfg, rngs), _norm(cfg, rngs), _norm(cfg, rngs)
+    self.pre, self.rate = cfg.norm_position == "pre", cfg.dropout_rate
+
+  def _cross_and_ffn(self, y_btd, cross, rng):
+    y_btd = residual(y_btd, cross, self.cross_norm, pre=self.pre, rate=self.rate, rng=fold(rng, 3))
+    ffn = lambda h_btd: self.ffn(h_btd, fold(rng, 4))
+    return residual(y_btd, ffn, self.ffn_norm, pre=self.pre, rate=self.rate, rng=fold(rng, 5))
+
+  def __call__(self, y_btd, self_mask_b1tt, positions_bt, enc_bsd, cross_mask_b1ts, rng):
+    def self_attn(h_btd):
+      return self.self_attn(h_btd, h_btd, self_mask_b1tt, positions_bt=positions_bt, context_positions_bs=positions_bt,
+                            rng=fold(rng, 0))
+    y_btd = residual(y_btd, self_attn, self.self_norm, pre=self.pre, rate=self.rate, rng=fold(rng, 1))
+    cross = lambda h_btd: self.cross_attn(h_btd, enc_bsd, cross_mask_b1ts, rng=fold(rng, 2))
+    return self._cross_and_ffn(y_btd, cross, rng)
+
+  def step(self, y_b1d, positions_b1, layer_cache: Cache, index, cross_mask_b11s):
+    """One decoding position: writes this token's key/value into the cache at `index`."""
+    new_cache = dict(layer_cache)
+
+    def self_attn(h_b1d):
+      q_b1nh = self.self_attn.query(h_b1d, positions_b1)
+      k_b1nh, v_b1nh = self.self_attn.key_value(h_b1d, positions_b1)
+      start = (0, index, 0, 0)
+      new_cache["k"] = jax.lax.dynamic_update_slice(layer_cache["k"], k_b1nh.astype(layer_cache["k"].dtype), start)
+      new_cache["v"] = jax.lax.dynamic_update_slice(layer_cache["v"], v_b1nh.astype(layer_cache["v"].dtype), start)
+      max_len = layer_cache["k"].shape[1]
+      mask_111l = (jnp.arange(max_len) <= index)[None, None, None, :]
+      return self.self_attn.attend(q_b1nh, new_cache["k"], new_cache["v"], mask_111l)
+
+    y_b1d = residual(y_b1d, self_attn, self.self_norm, pre=self.pre, rate=self.rate, rng=None)
+
+    def cross(h_b1d):
+      q_b1nh = self.cross_attn.query(h_b1d)
+      return self.cross_attn.attend(q_b1nh, layer_cache["cross_k"], layer_cache["cross_v"], cross_mask_b11s)
+
+    return self._cross_and_ffn(y_b1d, cross, None), new_cache
+
+
+class Transformer(nnx.Module):
+  """Encoder-decoder Transformer with switchable norms, activations and positions."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    self.src_embed = Embed(cfg.vocab_size, cfg.d_model, rngs=rngs)
+    self.tgt_embed = None if cfg.share_embeddings else Embed(cfg.vocab_size, cfg.d_model, rngs=rngs)
+    learned = cfg.positions == "learned"
+    self.src_positions = LearnedPositions(cfg.max_len, cfg.d_model, rngs=rngs) if learned else None
+    self.tgt_positions = LearnedPositions(cfg.max_len, cfg.d_model, rngs=rngs) if learned else None
+    self.encoder_layers = nnx.List([EncoderLayer(cfg, rngs=rngs) for _ in range(cfg.num_encoder_layers)])
+    self.decoder_layers = nnx.List([DecoderLayer(cfg, rngs=rngs) for _ in range(cfg.num_decoder_layers)])
+    pre = cfg.norm_position == "pre"
+    self.encoder_norm = _norm(cfg, rngs) if pre else None
+    self.decoder_norm = _norm(cfg, rngs) if pre else None
+    init = nnx.initializers.normal(stddev=cfg.d_model**-0.5)
+    self.output_dv = None if cfg.tie_output else param(rngs, init, (cfg.d_model, cfg.vocab_size), ("embed", "vocab"))
+
+  # -- pieces ---------------------------------------------------------------------------
+  def _embed(self, tokens_bt, positions_bt, embed: Embed, table: LearnedPositions | None, rng):
+    x_btd = embed(tokens_bt, self.cfg.compute_dtype)
+    if self.cfg.positions == "sinusoidal":
+      x_btd = x_btd + sinusoidal(positions_bt, self.cfg.d_model).astype(x_btd.dtype)
+    elif self.cfg.positions == "learned":
+      x_btd = x_btd + table(positions_bt).astype(x_btd.dtype)
+    return dropout(x_btd, self.cfg.dropout_rate, rng)
+
+  def _defaults(self, tokens_bt, segments_bt, positions_bt):
+    if segments_bt is None:
+      segments_bt = (tokens_bt != self.cfg.pad_id).astype(jnp.int32)
+    if positions_bt is None:
+      positions_bt = jnp.broadcast_to(jnp.arange(tokens_bt.shape[1], dtype=jnp.int32), tokens_bt.shape)
+    return segments_bt, positions_bt
+
+  @property
+  def _tgt_embed(self) -> Embed:
+    return self.src_embed if self.tgt_embed is None else self.tgt_embed
+
+  def _logits(self, y_btd):
+    if self.decoder_norm is not None:
+      y_btd = self.decoder_norm(y_btd)
+    if self.output_dv is None:
+      return self._tgt_embed.attend(y_btd)
+    w_dv = self.output_dv[...].astype(y_btd.dtype)
+    return jnp.einsum("btd,dv->btv", y_btd, w_dv, preferred_element_type=jnp.float32)
+
+  # -- public API -----------------------------------------------------------------------
+  def encode(self, src_bs, *, src_segments_bs=None, src_positions_bs=None, dropout_rng=None):
+    """Encoder output [b, s, d] in the compute dtype."""
+    src_segments_bs, src_positions_bs = self._defaults(src_bs, src_segments_bs, src_positions_bs)
+    x_bsd = self._embed(src_bs, src_positions_bs, self.src_embed, self.src_positions, fold(dropout_rng, 0))
+    mask_b1ss = attention_mask(src_segments_bs, src_segments_bs)
+    for i, layer in enumerate(self.encoder_layers):
+      x_bsd = layer(x_bsd, mask_b1ss, src_positions_bs, fold(dropout_rng, i + 1))
+    return x_bsd if self.encoder_norm is None else self.encoder_norm(x_bsd)
+
+  def decode(self, tgt_in_bt, enc_bsd, src_segments_bs, *, tgt_segments_bt=None, tgt_positions_bt=None,
+             dropout_rng=None):
+    """Teacher-forced decoder: f32 logits [b, t, v] for every target position."""
+    tgt_segments_bt, tgt_positions_bt = self._defaults(tgt_in_bt, tgt_segments_bt, tgt_positions_bt)
+    y_btd = self._embed(tgt_in_bt, tgt_positions_bt, self._tgt_embed, self.tgt_positions, fold(dropout_rng, 0))
+    self_mask_b1tt = attention_mask(tgt_segments_bt, tgt_segments_bt, causal=True)
+    cross_mask_b1ts = attention_mask(tgt_segments_bt, src_segments_bs)
+    for i, layer in enumerate(self.decoder_layers):
+      y_btd = layer(y_btd, self_mask_b1tt, tgt_positions_bt, enc_bsd, cross_mask_b1ts, fold(dropout_rng, i + 1))
+    return self._logits(y_btd)
+
+  def __call__(self, src_bs, tgt_in_bt, *, src_segments_bs=None, tgt_segments_bt=None, src_positions_bs=None,
+               tgt_positions_bt=None, dropout_rng=None):
+    """Logits [b, t, v] (f32) of the next target token at every position."""
+    if src_segments_bs is None:
+      src_segments_bs = (src_bs != self.cfg.pad_id).astype(jnp.int32)
+    enc_bsd = self.encode(src_bs, src_segments_bs=src_segments_bs, src_positions_bs=src_positions_bs,
+                          dropout_rng=fold(dropout_rng, 0))
+    return self.decode(tgt_in_bt, enc_bsd, src_segments_bs, tgt_segments_bt=tgt_segments_bt,
+                       tgt_positions_bt=tgt_positions_bt, dropout_rng=fold(dropout_rng, 1))
+
+  def init_cache(self, enc_bsd, src_segments_bs, max_decode_len: int) -> Cache:
+    """Decoding state: empty self-attention K/V of `max_decode_len` and the cross K/V.
+
+    Every array but `index` has the batch first, so beam search can gather it by beam.
+    """
+    b, cfg = enc_bsd.shape[0], self.cfg
+    shape = (b, max_decode_len, cfg.num_heads, cfg.head_size)
+    layers = []
+    for layer in self.decoder_layers:
+      cross_k, cross_v = layer.cross_attn.key_value(enc_bsd)
+      zeros = jnp.zeros(shape, cfg.compute_dtype)
+      layers.append({"k": zeros, "v": zeros, "cross_k": cross_k, "cross_v": cross_v})
+    cross_mask_b11s = (src_segments_bs != 0)[:, None, None, :]
+    return {"index": jnp.zeros((), jnp.int32), "cross_mask_b11s": cross_mask_b11s, "layers": layers}
+
+  def decode_step(self, tokens_b, cache: Cache) -> tuple[jax.Array, Cache]:
+    """Logits [b, v] (f32) for the token after `tokens_b`, which sits at `cache['index']`."""
+    index = cache["index"]
+    tokens_b1 = tokens_b[:, None]
+    positions_b1 = jnp.full(tokens_b1.shape, index, jnp.int32)
+    y_b1d = self._embed(tokens_b1, positions_b1, self._tgt_embed, self.tgt_positions, None)
+    new_layers = []
+    for layer, layer_cache in zip(self.decoder_layers, cache["layers"]):
+      y_b1d, layer_cache = layer.step(y_b1d, positions_b1, layer_cache, index, cache["cross_mask_b11s"])
+      new_layers.append(layer_cache)
+    new_cache = {"index": index + 1, "cross_mask_b11s": cache["cross_mask_b11s"], "layers": new_layers}
+    return self._logits(y_b1d)[:, 0], new_cache
+
+
+def count_params(cfg: ModelConfig) -> int:
+  """Number of parameters, from abstract shapes (nothing is allocated)."""
+  abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+  return sum(int(v.size) for v in jax.tree.leaves(nnx.state(abstract, nnx.Param)))

@@ -1,0 +1,52 @@
+"""Config files: each loads, starts with the command that runs it, and builds a model."""
+
+import dataclasses
+import importlib
+import pathlib
+
+import pytest
+
+from seq2seq.config import ModelConfig
+from seq2seq.transformer import count_params
+
+CONFIG_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs"
+NAMES = ["default", "tiny", "multi30k", "wmt14_base", "wmt14_big"]
+
+
+def load(name):
+  return importlib.import_module(f"configs.{name}").get_config()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_config_has_sections_and_contract_keys(name):
+  config = load(name)
+  for section in ("model", "data", "train", "mesh", "eval"):
+    assert section in config, section
+  assert isinstance(config.seed, int)
+  for key in ("steps", "checkpoint_every"):
+    assert key in config.train
+  assert "dir" in config.data
+  ModelConfig.from_config(config.model, vocab_size=config.data.vocab_size)  # every key is a model setting
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_config_file_starts_with_its_command_and_expected_result(name):
+  lines = (CONFIG_DIR / f"{name}.py").read_text().splitlines()
+  assert lines[0].startswith("# ")
+  assert any(f"python train.py --config=configs/{name}.py --workdir=" in line for line in lines[:4])
+  assert any(line.startswith("# Expected") for line in lines[:5])
+
+
+def test_default_model_section_mirrors_model_config():
+  defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig) if f.name != "vocab_size"}
+  assert dict(load("default").model) == defaults
+
+
+def test_wmt14_configs_are_vaswani_base_and_big():
+  base, big = load("wmt14_base"), load("wmt14_big")
+  assert (base.model.d_model, base.model.num_heads, base.model.num_encoder_layers, base.model.d_ff,
+          base.model.dropout_rate) == (512, 8, 6, 2048, 0.1)
+  assert (big.model.d_model, big.model.num_heads, big.model.num_decoder_layers, big.model.d_ff,
+          big.model.dropout_rate) == (1024, 16, 6, 4096, 0.3)
+  base_cfg = ModelConfig.from_config(base.model, vocab_size=base.data.vocab_size)
+  assert abs(count_params(base_cfg) / 65e6 - 1) < 0.05

@@ -1,0 +1,97 @@
+"""Layers: dropout, norms (incl. AdaNorm's detached gradient), positions, feed-forward."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from seq2seq.layers import FeedForward, Norm, dropout, rope, sinusoidal
+
+
+def test_dropout_identity_without_key_and_unbiased_with_it():
+  x = jnp.ones((1000, 1000))
+  np.testing.assert_array_equal(dropout(x, 0.3, None), x)
+  y = np.asarray(dropout(x, 0.3, jax.random.key(0)))
+  kept = y != 0
+  np.testing.assert_allclose(y[kept], 1 / 0.7, rtol=1e-6)  # survivors scaled by 1/(1-p)
+  # Fraction dropped of 1e6 Bernoulli(0.3) draws: standard deviation 4.6e-4; allow 5 sigma.
+  assert abs((1 - kept.mean()) - 0.3) < 5 * math.sqrt(0.3 * 0.7 / kept.size)
+  np.testing.assert_array_equal(y, dropout(x, 0.3, jax.random.key(0)))
+
+
+def _x(shape=(2, 3, 8), seed=0):
+  return jnp.asarray(np.random.default_rng(seed).standard_normal(shape) * 3 + 1, jnp.float32)
+
+
+def test_layernorm_and_rmsnorm_match_formulas():
+  x = np.asarray(_x(), np.float64)
+  ln = Norm("layernorm", 8, rngs=nnx.Rngs(0))
+  ln.scale_d[...] = jnp.arange(8.0)
+  ln.bias_d[...] = jnp.ones(8)
+  want = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-6) * np.arange(8) + 1
+  np.testing.assert_allclose(ln(_x()), want, rtol=1e-5, atol=1e-5)
+  rms = Norm("rmsnorm", 8, rngs=nnx.Rngs(0))
+  want = x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6)
+  np.testing.assert_allclose(rms(_x()), want, rtol=1e-5, atol=1e-6)
+
+
+def test_adanorm_value_and_detached_gradient():
+  k, c = 0.1, 2.0
+  norm = Norm("adanorm", 8, adanorm_k=k, adanorm_c=c, rngs=nnx.Rngs(0))
+  assert not nnx.state(norm, nnx.Param)  # no gain, no bias
+  x = _x()
+
+  def standardise(x):
+    centred = x - x.mean(-1, keepdims=True)
+    return centred / jnp.sqrt((centred * centred).mean(-1, keepdims=True) + 1e-6)
+
+  y = standardise(x)
+  np.testing.assert_allclose(norm(x), c * (1 - k * y) * y, rtol=1e-5, atol=1e-6)
+  # The gradient flows through y only: d/dx sum(g * z) = vjp_y(g * C(1 - k y)).
+  g = _x(seed=1)
+  got = jax.grad(lambda x: jnp.sum(norm(x) * g))(x)
+  _, vjp = jax.vjp(standardise, x)
+  (want,) = vjp(g * c * (1 - k * y))
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+  full = jax.grad(lambda x: jnp.sum(c * (1 - k * standardise(x)) * standardise(x) * g))(x)
+  assert not np.allclose(got, full, atol=1e-3)  # detaching changes the gradient
+
+
+def test_sinusoidal_matches_vaswani_formula():
+  d = 8
+  pe = np.asarray(sinusoidal(jnp.array([[0, 3, 17]]), d))[0]
+  for row, pos in zip(pe, [0, 3, 17]):
+    freqs = 1.0 / 10000 ** (2 * np.arange(d // 2) / d)
+    np.testing.assert_allclose(row, np.concatenate([np.sin(pos * freqs), np.cos(pos * freqs)]), atol=1e-5)
+
+
+def test_rope_is_relative_and_norm_preserving():
+  q, k = _x((1, 1, 2, 16), 2), _x((1, 1, 2, 16), 3)
+
+  def score(m, n):
+    return jnp.sum(rope(q, jnp.array([[m]])) * rope(k, jnp.array([[n]])), axis=-1)
+
+  np.testing.assert_allclose(score(7, 3), score(12, 8), rtol=1e-4)  # depends on m - n only
+  assert not np.allclose(score(7, 3), score(7, 4), rtol=1e-3)
+  np.testing.assert_array_equal(rope(q, jnp.array([[0]])), q)  # position 0: identity
+  np.testing.assert_allclose(jnp.linalg.norm(rope(q, jnp.array([[9]])), axis=-1), jnp.linalg.norm(q, axis=-1),
+                             rtol=1e-5)
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu", "swiglu", "geglu"])
+def test_feed_forward_matches_formula(activation):
+  ffn = FeedForward(8, 16, activation, use_bias=True, hidden_dropout=0.0, rngs=nnx.Rngs(0))
+  ffn.bi_f[...] = jnp.linspace(-1, 1, 16)
+  x = np.asarray(_x(), np.float64)
+  wi, wo, bi = (np.asarray(w[...], np.float64) for w in (ffn.wi_df, ffn.wo_fd, ffn.bi_f))
+  h = x @ wi + bi
+  if activation in ("swiglu", "geglu"):
+    g = x @ np.asarray(ffn.wg_df[...], np.float64)
+    act = jax.nn.silu if activation == "swiglu" else jax.nn.gelu
+    h = np.asarray(act(g)) * h
+  else:
+    h = np.maximum(h, 0) if activation == "relu" else np.asarray(jax.nn.gelu(h))
+  np.testing.assert_allclose(ffn(_x(), None), h @ wo, rtol=1e-4, atol=1e-5)

@@ -1,0 +1,137 @@
+"""The Transformer: causality, padding invariance, cached decoding, gradients, sizes.
+
+Every combination of positions x norm x placement x activation is checked.
+"""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from seq2seq.config import CHOICES, ModelConfig
+from seq2seq.layers import LOGICAL_AXES
+from seq2seq.transformer import Transformer, count_params
+
+VOCAB = 37
+SRC_BS = np.array([[5, 6, 7, 8, 9, 10, 0, 0], [11, 12, 13, 14, 15, 16, 17, 18]])
+TGT_BT = np.array([[1, 20, 21, 22, 23, 24, 25], [1, 26, 27, 28, 0, 0, 0]])
+
+
+def small_config(**overrides) -> ModelConfig:
+  settings = dict(vocab_size=VOCAB, d_model=16, num_heads=2, num_encoder_layers=2, num_decoder_layers=2, d_ff=24,
+                  max_len=32, dropout_rate=0.0)
+  return ModelConfig(**(settings | overrides))
+
+
+def variants():
+  return list(itertools.product(CHOICES["positions"], CHOICES["norm"], CHOICES["norm_position"],
+                                CHOICES["activation"]))
+
+
+@pytest.mark.parametrize("positions, norm, norm_position, activation", variants())
+def test_variant_causal_padding_invariant_and_trainable(positions, norm, norm_position, activation):
+  cfg = small_config(positions=positions, norm=norm, norm_position=norm_position, activation=activation,
+                     dropout_rate=0.1, attention_dropout_rate=0.1, ffn_dropout_rate=0.1)
+  graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
+  t_change = 3
+  tgt_changed = TGT_BT.copy()
+  tgt_changed[:, t_change] += 1
+  pad = np.zeros((2, 3), TGT_BT.dtype)
+
+  def run(params, dropout_rng):
+    model = nnx.merge(graphdef, params)
+    logits = model(SRC_BS, TGT_BT)
+    changed = model(SRC_BS, tgt_changed)
+    src_padded = model(np.concatenate([SRC_BS, pad], 1), TGT_BT)
+    tgt_padded = model(SRC_BS, np.concatenate([TGT_BT, pad], 1))[:, :TGT_BT.shape[1]]
+
+    def loss(params):
+      logp = jax.nn.log_softmax(nnx.merge(graphdef, params)(SRC_BS, TGT_BT, dropout_rng=dropout_rng))
+      return -jnp.mean(jnp.take_along_axis(logp, (TGT_BT[..., None] + 1) % VOCAB, axis=-1))
+
+    return logits, changed, src_padded, tgt_padded, jax.value_and_grad(loss)(params)
+
+  logits, changed, src_padded, tgt_padded, (loss, grads) = run(params, jax.random.key(1))
+  # Causality: a change at target position t leaves every earlier position's logits alone.
+  np.testing.assert_array_equal(changed[:, :t_change], logits[:, :t_change])
+  assert not np.allclose(changed[:, t_change:], logits[:, t_change:])
+  # Padding: extra pad tokens on either side change no real position's logits.
+  real = TGT_BT != 0
+  np.testing.assert_allclose(src_padded[real], logits[real], atol=1e-5)
+  np.testing.assert_allclose(tgt_padded[real], logits[real], atol=1e-5)
+  # Forward and backward are finite, and every parameter receives a gradient.
+  assert np.isfinite(loss) and np.all(np.isfinite(logits))
+  for path, g in jax.tree_util.tree_leaves_with_path(grads):
+    assert np.all(np.isfinite(g)), path
+    assert np.any(g != 0), f"no gradient reaches {jax.tree_util.keystr(path)}"
+
+
+@pytest.mark.parametrize("positions, norm, norm_position",
+                         list(itertools.product(CHOICES["positions"], CHOICES["norm"], CHOICES["norm_position"])))
+def test_cached_decoding_reproduces_full_forward(positions, norm, norm_position):
+  cfg = small_config(positions=positions, norm=norm, norm_position=norm_position, activation="swiglu")
+  model = Transformer(cfg, rngs=nnx.Rngs(0))
+  tgt_bt = np.array([[1, 20, 21, 22, 23, 24, 25], [1, 26, 27, 28, 29, 30, 31]])
+  full_btv = nnx.jit(lambda m: m(SRC_BS, tgt_bt))(model)
+
+  src_segments_bs = (SRC_BS != 0).astype(np.int32)
+  cache = nnx.jit(lambda m: m.init_cache(m.encode(SRC_BS), src_segments_bs, tgt_bt.shape[1] + 3))(model)
+  step = nnx.jit(lambda m, tokens_b, cache: m.decode_step(tokens_b, cache))
+  for t in range(tgt_bt.shape[1]):
+    logits_bv, cache = step(model, tgt_bt[:, t], cache)
+    np.testing.assert_allclose(logits_bv, full_btv[:, t], atol=1e-5, err_msg=f"position {t}")
+  assert int(cache["index"]) == tgt_bt.shape[1]
+
+
+def test_dropout_depends_only_on_the_key():
+  model = Transformer(small_config(dropout_rate=0.3), rngs=nnx.Rngs(0))
+  fwd = nnx.jit(lambda m, key: m(SRC_BS, TGT_BT, dropout_rng=key))
+  a = fwd(model, jax.random.key(3))
+  np.testing.assert_array_equal(a, fwd(model, jax.random.key(3)))
+  assert not np.allclose(a, fwd(model, jax.random.key(4)))
+  clean = nnx.jit(lambda m: m(SRC_BS, TGT_BT))(model)
+  assert not np.allclose(a, clean)
+
+
+def test_bfloat16_compute_keeps_float32_parameters_and_logits():
+  model = Transformer(small_config(dtype="bfloat16"), rngs=nnx.Rngs(0))
+  assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
+  assert model.encode(SRC_BS).dtype == jnp.bfloat16
+  logits = model(SRC_BS, TGT_BT)
+  assert logits.dtype == jnp.float32 and np.all(np.isfinite(logits))
+
+
+def test_untied_unshared_embeddings_have_their_own_parameters():
+  tied = count_params(small_config())
+  untied = count_params(small_config(share_embeddings=False, tie_output=False))
+  assert untied - tied == 2 * VOCAB * 16
+
+
+def test_every_parameter_names_its_logical_axes():
+  model = Transformer(small_config(positions="learned", share_embeddings=False, tie_output=False),
+                      rngs=nnx.Rngs(0))
+  for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+    axes = var.get_metadata().get("axes")
+    assert axes is not None and len(axes) == var[...].ndim, path
+    assert set(axes) <= set(LOGICAL_AXES), (path, axes)
+
+
+@pytest.mark.parametrize("overrides, expected_millions", [
+    (dict(), 65),  # Vaswani et al. base
+    (dict(d_model=1024, num_heads=16, d_ff=4096, dropout_rate=0.3), 213),  # big
+])
+def test_parameter_count_matches_the_paper(overrides, expected_millions):
+  count = count_params(ModelConfig(vocab_size=37000, **overrides))
+  assert abs(count / 1e6 - expected_millions) <= 0.05 * expected_millions, count
+
+
+def test_bad_model_settings_name_the_key():
+  with pytest.raises(ValueError, match="config.model.norm"):
+    ModelConfig(vocab_size=10, norm="batchnorm")
+  with pytest.raises(ValueError, match="config.model.nrom"):
+    ModelConfig.from_config({"nrom": "rmsnorm"}, vocab_size=10)
+  with pytest.raises(ValueError, match="num_heads"):
+    ModelConfig(vocab_size=10, d_model=10, num_heads=3)
