@@ -44,18 +44,34 @@ def get_config() -> ml_collections.ConfigDict:
   ))
 
   config.data = ml_collections.ConfigDict(dict(
-      dir=os.environ.get("SEQ2SEQ_DATA_DIR", ""),  # "" = download into the cache
+      dir=os.environ.get("SEQ2SEQ_DATA_DIR", ""),  # "" = download Multi30k into cache_dir
+      cache_dir="",  # tokenizers and tokenized corpora; "" = $SEQ2SEQ_CACHE or ~/.cache/seq2seq
+      # Splits are KIND:WHAT specs (see seq2seq/sources.py); a bare name means `source:name`.
       source="multi30k",
       src_lang="en",
       tgt_lang="de",
       train_split="train",
       validation_split="val",
       test_splits=("test_2016_flickr",),
+      streaming=False,  # Hugging Face datasets: stream instead of downloading whole
+      multi30k_url="",  # "" = the public release; a mirror must serve the same files
+      tsv_columns=(0, 1),  # tsv: source and target columns
+      # Sentencepiece: one joint model, trained on a seeded sample of the training pairs.
       vocab_size=8000,
       spm_model_type="unigram",  # unigram | bpe
       spm_character_coverage=1.0,
-      max_len=128,  # subword tokens per side; longer pairs are dropped
-      max_tokens=4096,  # token budget per batch
+      spm_sample_size=2_000_000,  # sentences (both sides count)
+      spm_model="",  # path of an existing model to use instead
+      # Cleaning (training and validation corpora).
+      max_len=128,  # subword tokens per side, eos included; longer pairs are dropped
+      max_length_ratio=3.0,  # drop pairs whose longer side is more than this times the shorter
+      # Batching.
+      max_tokens=4096,  # token budget per batch and side: rows * padded length
+      batch_multiple=8,  # rows per batch are a multiple of this
+      bucket_min=8,  # shortest padded length
+      bucket_ratio=1.1,  # padded lengths grow by this ratio (fewer shapes: larger)
+      packing=False,  # pack several pairs per row instead of bucketing
+      pack_length=0,  # row length when packing; 0 = max_len
   ))
 
   config.train = ml_collections.ConfigDict(dict(

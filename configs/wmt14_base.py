@@ -11,7 +11,8 @@ def get_config():
   config = default.get_config()
   config.model.update(d_model=512, num_heads=8, num_encoder_layers=6, num_decoder_layers=6, d_ff=2048,
                       dropout_rate=0.1, norm_position="post")
-  config.data.update(source="wmt14", src_lang="en", tgt_lang="de", vocab_size=37000, max_tokens=25000,
-                     validation_split="newstest2013", test_splits=("newstest2014",))
+  config.data.update(src_lang="en", tgt_lang="de", vocab_size=37000, max_tokens=25000, max_len=256,
+                     train_split="hf:wmt14/de-en:train", validation_split="files:wmt14/newstest2013.{lang}",
+                     test_splits=("files:wmt14/newstest2014.{lang}",))
   config.train.update(steps=100_000, warmup_steps=4000, schedule="rsqrt", label_smoothing=0.1)
   return config

@@ -1,0 +1,139 @@
+"""The data pipeline from config to batches: sources -> sentencepiece -> cleaned, cached
+token arrays -> bucketed or packed batches. `python -m seq2seq.data --config=...` prints
+corpus statistics.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pathlib
+import sys
+
+import numpy as np
+
+from seq2seq import corpus as corpus_lib
+from seq2seq import tokenizer as tokenizer_lib
+from seq2seq.batching import Batching, BatchIterator, epoch_plan, plan_stats
+from seq2seq.sources import DataError, Source, check_language
+
+SPM_FILE = "spm.model"
+
+
+def cache_dir(config) -> pathlib.Path:
+  d = config.data.get("cache_dir", "") or os.environ.get("SEQ2SEQ_CACHE", "") or "~/.cache/seq2seq"
+  return pathlib.Path(os.path.expanduser(d))
+
+
+def source(config, split: str) -> Source:
+  """The source of one split; a split without ':' is taken from `config.data.source`."""
+  data = config.data
+  check_language(data.src_lang, "src_lang")
+  check_language(data.tgt_lang, "tgt_lang")
+  spec = split if ":" in split else f"{data.source}:{split}"
+  return Source(spec, data.src_lang, data.tgt_lang, data_dir=data.dir, cache_dir=str(cache_dir(config)),
+                streaming=data.get("streaming", False), tsv_columns=tuple(data.get("tsv_columns", (0, 1))),
+                **({"multi30k_url": data.multi30k_url} if data.get("multi30k_url") else {}))
+
+
+def tokenizer(config, workdir: str | None = None) -> tokenizer_lib.Tokenizer:
+  """The run's sentencepiece model: the workdir's, else `data.spm_model`, else trained.
+
+  A trained model is cached by (training data, settings, seed) and copied into the workdir,
+  so a restart reuses it even if the cache is gone.
+  """
+  data = config.data
+  in_workdir = pathlib.Path(workdir) / SPM_FILE if workdir else None
+  if in_workdir is not None and in_workdir.is_file():
+    return tokenizer_lib.Tokenizer.load(in_workdir)
+  if data.get("spm_model"):
+    tok = tokenizer_lib.Tokenizer.load(os.path.expanduser(data.spm_model))
+  else:
+    train = source(config, data.train_split)
+    settings = [train.fingerprint(), data.vocab_size, data.spm_model_type, data.spm_character_coverage,
+                data.spm_sample_size, config.seed]
+    key = hashlib.sha256(repr(settings).encode()).hexdigest()[:20]
+    cached = cache_dir(config) / "spm" / f"{key}.model"
+    if cached.is_file():
+      tok = tokenizer_lib.Tokenizer.load(cached)
+    else:
+      sample = tokenizer_lib.sample_sentences(train, data.spm_sample_size, config.seed)
+      model = tokenizer_lib.train(sample, vocab_size=data.vocab_size, model_type=data.spm_model_type,
+                                  character_coverage=data.spm_character_coverage, seed=config.seed)
+      tokenizer_lib.write_atomic(cached, model)
+      tok = tokenizer_lib.Tokenizer(model)
+  if in_workdir is not None:
+    tokenizer_lib.write_atomic(in_workdir, tok.model_bytes)
+  return tok
+
+
+def cleaning(config) -> corpus_lib.Cleaning:
+  return corpus_lib.Cleaning(max_len=config.data.max_len, max_length_ratio=config.data.max_length_ratio)
+
+
+def corpus(config, split: str, tok: tokenizer_lib.Tokenizer) -> corpus_lib.Corpus:
+  """The tokenized and cleaned split, cached on disk."""
+  src = source(config, split)
+  return corpus_lib.build(src, src.fingerprint(), tok, cleaning(config), cache_dir(config), src.spec)
+
+
+def batching(config) -> Batching:
+  data = config.data
+  return Batching(max_tokens=data.max_tokens, max_len=data.max_len, batch_multiple=data.batch_multiple,
+                  bucket_min=data.bucket_min, bucket_ratio=data.bucket_ratio, packing=data.packing,
+                  pack_length=data.pack_length)
+
+
+def train_iterator(config, tok, *, state: dict | None = None, process_index: int = 0,
+                   process_count: int = 1) -> BatchIterator:
+  """Endless training batches for this process, resumed from `state` when given."""
+  return BatchIterator(corpus(config, config.data.train_split, tok), batching(config), config.seed,
+                       process_index=process_index, process_count=process_count, state=state)
+
+
+def eval_pairs(config, split: str) -> list[tuple[str, str]]:
+  """Untokenized (source, reference) pairs of an evaluation split, nothing dropped."""
+  return list(source(config, split))
+
+
+def statistics(config, tok) -> str:
+  """A report of the training corpus: pairs kept/dropped, tokens, lengths, batches."""
+  train = corpus(config, config.data.train_split, tok)
+  stats, cfg = train.stats, batching(config)
+  plan = epoch_plan(train.src_lengths, train.tgt_lengths, cfg, config.seed, 0)
+  ps = plan_stats(plan, train.src_lengths, train.tgt_lengths)
+  lines = [f"split: {stats['source']}  ({config.data.src_lang}->{config.data.tgt_lang})",
+           f"vocabulary: {tok.vocab_size} sentencepiece {config.data.spm_model_type}",
+           "pairs: " + ", ".join(f"{k}={v}" for k, v in stats["pairs"].items()),
+           f"tokens: source={stats['tokens']['src']} target={stats['tokens']['tgt']} (eos included)"]
+  for side, lengths in (("source", train.src_lengths), ("target", train.tgt_lengths)):
+    pct = np.percentile(lengths, [50, 90, 95, 99, 100]).astype(int)
+    lines.append(f"{side} length p50/p90/p95/p99/max: " + "/".join(map(str, pct)))
+  mode = f"packing into {cfg.pack_length or cfg.max_len}" if cfg.packing else "length buckets"
+  lines += [f"batching: {mode}, max_tokens={cfg.max_tokens}",
+            f"batches per epoch: {ps['batches']}",
+            f"padding fraction: {ps['padding_fraction']:.2%}",
+            f"distinct batch shapes (B, S, T): {len(ps['shapes'])}: " + " ".join(map(str, ps["shapes"]))]
+  return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+  from absl import app, flags
+  from ml_collections import config_flags
+
+  config_flag = config_flags.DEFINE_config_file("config", None, "Path to a config file.", lock_config=True)
+  flags.mark_flags_as_required(["config"])
+
+  def run(_):
+    config = config_flag.value
+    try:
+      print(statistics(config, tokenizer(config)))
+    except DataError as e:
+      sys.exit(f"error: {e}")
+
+  app.run(run, argv=argv)
+  return 0
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,245 @@
+"""Where sentence pairs come from: local files (plain, gzip, SGML, TSV), Multi30k (local
+or downloaded with checksums), and Hugging Face datasets (hub, saved to disk, parquet).
+
+A split is named by a spec string `KIND:WHAT`:
+  multi30k:train                     <dir>/multi30k/train.<lang>.gz, else downloaded
+  files:wmt14/newstest2014.{lang}    one file per language ({lang} is substituted)
+  files:a.en.sgm,b.de.sgm            explicit source and target files (plain/.gz/.sgm)
+  tsv:corpus.tsv                     source<TAB>target per line
+  hf:wmt14/de-en:train               datasets.load_dataset(name, config, split)
+  hf-disk:/path/to/saved:train       datasets.load_from_disk(path)[split]
+  parquet:/path/*.parquet            datasets.load_dataset("parquet", data_files=...)
+Relative paths are resolved against the data directory. Every source yields
+(source sentence, target sentence) pairs and raises `DataError` naming the file and line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import hashlib
+import html
+import itertools
+import os
+import pathlib
+import re
+import tempfile
+import urllib.request
+from collections.abc import Iterator
+
+Pair = tuple[str, str]
+
+# ISO 639-1 codes of languages with public MT data (WMT, IWSLT, Multi30k, OPUS).
+LANGUAGES = frozenset(
+    "af am ar as az be bg bn bs ca cs cy da de el en eo es et eu fa fi fr ga gl gu ha he hi hr ht hu hy id ig is "
+    "it ja jv ka kk km kn ko ku ky la lb lo lt lv mg mi mk ml mn mr ms mt my ne nl no oc or pa pl ps pt ro ru "
+    "rw si sk sl so sq sr sv sw ta te tg th tk tl tr tt ug uk ur uz vi xh yi yo zh zu".split())
+
+MULTI30K_URL = "https://github.com/multi30k/dataset/raw/master/data/task1/raw"
+# sha256 of the Multi30k task-1 raw release files (<split>.<lang>.gz).
+MULTI30K_SHA256 = {
+    "test_2016_flickr.cs.gz": "200a4a74cc9560f051924abb9803be008d1908d77f747e9141aeb86dfd2797f1",
+    "test_2016_flickr.de.gz": "9204244e408ccb38d2a55cfcd344df15005fc42a07a6e55ca6c52b6ababb8cc8",
+    "test_2016_flickr.en.gz": "611d361c6334bc7246101d48097c13cf5c4413c5befc793cc629934359d532d9",
+    "test_2016_flickr.fr.gz": "6d326e188d259fb1d04ac19eae3af956559b3a0b93d7635e56c90987c40c8b90",
+    "test_2017_flickr.de.gz": "a2c89666db00c495cd8513b9d708d5a3acc205d7de312ef2bf5fb7ebc1540aee",
+    "test_2017_flickr.en.gz": "76a444ee25172e72695cddb13ae4a3bda59430617be88e0bb46b60504f054074",
+    "test_2017_flickr.fr.gz": "3ba671ceb2299f3304ffafefea7a833d08632fbaf0ba18546f8a2ec2391af496",
+    "train.cs.gz": "a65adb8b32e3bc664f21ecba7a6e7f6950fd1f405e135f7c312faabdb6255077",
+    "train.de.gz": "726e39b2fa9eb9ffb6dc763fb35a179f80fae06ffc5d28b6ace5faa883de28a6",
+    "train.en.gz": "d79cfa999dd4c51d2cb42499b6796d5a882c3a8a961923c25a898c90f8bbd56f",
+    "train.fr.gz": "622e75069e9f4c577425c4f277116ce66e63a2401c0a2312d90073cb12379a3c",
+    "val.cs.gz": "b63226e05c4bd5dd6a42897d74b86a1b9d2c31498252c572b1ea7f7996927fcc",
+    "val.de.gz": "f0cba2f995189cf5770f29a8a9a537a3ad3f51657ad873405082ff6863a5e75a",
+    "val.en.gz": "14f7d25ddd868909a9213e361768460edcacdd6ab9d1e77b92560dc10c10dc28",
+    "val.fr.gz": "ca3106f1a72390591d25f6c45cb4cd39dec4cd3f123e099748a3ce5256c160e9",
+}
+
+
+class DataError(ValueError):
+  """Bad input data; the message names the file (and line) at fault."""
+
+
+def check_language(code: str, key: str) -> str:
+  if code not in LANGUAGES:
+    raise DataError(f"config.data.{key}={code!r} is not a known ISO 639-1 language code")
+  return code
+
+
+# -- line readers ------------------------------------------------------------------------
+_SEG = re.compile(rb"<seg[^>]*>(.*?)</seg>", re.S)
+
+
+def read_lines(path: str | os.PathLike) -> Iterator[str]:
+  """Lines of a plain, gzip (.gz) or SGML (.sgm: the <seg> texts) file, without newlines."""
+  path = pathlib.Path(path)
+  if not path.is_file():
+    raise DataError(f"{path}: no such file")
+  opener = gzip.open if path.suffix == ".gz" else open
+  sgml = path.name.endswith((".sgm", ".sgm.gz"))
+  with opener(path, "rb") as f:
+    if sgml:
+      text = f.read()
+      for match in _SEG.finditer(text):
+        lineno = text.count(b"\n", 0, match.start()) + 1
+        yield html.unescape(_decode(match.group(1), path, lineno).strip())
+      return
+    for lineno, raw in enumerate(f, start=1):
+      yield _decode(raw, path, lineno).rstrip("\r\n")
+
+
+def _decode(raw: bytes, path, lineno: int) -> str:
+  try:
+    return raw.decode("utf-8")
+  except UnicodeDecodeError as e:
+    raise DataError(f"{path}:{lineno}: invalid UTF-8 at byte {e.start} of the line") from None
+
+
+def read_parallel(src_path, tgt_path) -> Iterator[Pair]:
+  """Pairs from two line-aligned files; a different number of lines is an error."""
+  src_lines, tgt_lines = read_lines(src_path), read_lines(tgt_path)
+  count = 0
+  for src, tgt in itertools.zip_longest(src_lines, tgt_lines):
+    if src is None or tgt is None:
+      longer, shorter = (tgt_path, src_path) if src is None else (src_path, tgt_path)
+      raise DataError(f"{shorter} has {count} lines but {longer} has more: source and target line counts differ")
+    count += 1
+    yield src, tgt
+
+
+def read_tsv(path, columns: tuple[int, int] = (0, 1)) -> Iterator[Pair]:
+  """Pairs from a tab-separated file, source and target in the given columns."""
+  for lineno, line in enumerate(read_lines(path), start=1):
+    fields = line.split("\t")
+    if len(fields) <= max(columns):
+      raise DataError(f"{path}:{lineno}: expected at least {max(columns) + 1} tab-separated fields, got {len(fields)}")
+    yield fields[columns[0]], fields[columns[1]]
+
+
+# -- Multi30k ----------------------------------------------------------------------------
+def download(url: str, dest: pathlib.Path, sha256: str) -> pathlib.Path:
+  """Downloads `url` to `dest` if absent, verifying its sha256; never leaves a partial file."""
+  if dest.is_file():
+    return dest
+  dest.parent.mkdir(parents=True, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+  try:
+    digest = hashlib.sha256()
+    with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=60) as response:
+      for chunk in iter(lambda: response.read(1 << 20), b""):
+        digest.update(chunk)
+        out.write(chunk)
+    if digest.hexdigest() != sha256:
+      raise DataError(f"{url}: sha256 {digest.hexdigest()} does not match the expected {sha256}; "
+                      f"nothing was written to {dest}")
+    os.replace(tmp, dest)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+  return dest
+
+
+def multi30k_file(split: str, lang: str, data_dir: str, cache_dir: str, base_url: str = MULTI30K_URL) -> pathlib.Path:
+  """The local Multi30k file, from `data_dir` if it has it, else downloaded into the cache."""
+  name = f"{split}.{lang}.gz"
+  if data_dir:
+    local = pathlib.Path(data_dir) / "multi30k" / name
+    if local.is_file():
+      return local
+  if name not in MULTI30K_SHA256:
+    raise DataError(f"multi30k has no split/language file {name!r} "
+                    f"(known: {', '.join(sorted(MULTI30K_SHA256))})")
+  return download(f"{base_url}/{name}", pathlib.Path(cache_dir) / "multi30k" / name, MULTI30K_SHA256[name])
+
+
+# -- Hugging Face datasets ----------------------------------------------------------------
+def _records_to_pairs(records, src_lang: str, tgt_lang: str, where: str) -> Iterator[Pair]:
+  for i, record in enumerate(records):
+    fields = record["translation"] if "translation" in record else record
+    try:
+      yield fields[src_lang], fields[tgt_lang]
+    except KeyError as e:
+      raise DataError(f"{where}: record {i} has no field {e.args[0]!r} (fields: {sorted(fields)})") from None
+
+
+def hf_pairs(kind: str, what: str, src_lang: str, tgt_lang: str, *, streaming: bool) -> Iterator[Pair]:
+  import datasets  # imported here: it is slow to import and only needed for these sources
+
+  if kind == "hf":
+    name, _, split = what.rpartition(":")
+    if not name:
+      raise DataError(f"hf:{what}: expected hf:NAME[/CONFIG]:SPLIT")
+    path, _, config = name.partition("/")
+    records = datasets.load_dataset(path, config or None, split=split, streaming=streaming)
+  elif kind == "hf-disk":
+    path, _, split = what.rpartition(":") if ":" in what else (what, "", "")
+    dataset = datasets.load_from_disk(path)
+    if isinstance(dataset, datasets.DatasetDict):
+      if split not in dataset:
+        raise DataError(f"{path}: no split {split!r} (splits: {sorted(dataset)})")
+      dataset = dataset[split]
+    records = dataset.to_iterable_dataset() if streaming else dataset
+  else:  # parquet
+    records = datasets.load_dataset("parquet", data_files=what, split="train", streaming=streaming)
+  yield from _records_to_pairs(records, src_lang, tgt_lang, f"{kind}:{what}")
+
+
+# -- specs -------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Source:
+  """One split of parallel data, resolved from a spec string; iterate to get pairs."""
+
+  spec: str
+  src_lang: str
+  tgt_lang: str
+  data_dir: str = ""
+  cache_dir: str = ""
+  streaming: bool = False
+  multi30k_url: str = MULTI30K_URL
+  tsv_columns: tuple[int, int] = (0, 1)
+
+  def _path(self, p: str) -> pathlib.Path:
+    p = pathlib.Path(os.path.expanduser(p))
+    return p if p.is_absolute() or not self.data_dir else pathlib.Path(self.data_dir) / p
+
+  @property
+  def kind_what(self) -> tuple[str, str]:
+    kind, sep, what = self.spec.partition(":")
+    if not sep or kind not in ("multi30k", "files", "tsv", "hf", "hf-disk", "parquet"):
+      raise DataError(f"data split spec {self.spec!r}: expected KIND:WHAT with KIND one of "
+                      "multi30k, files, tsv, hf, hf-disk, parquet")
+    return kind, what
+
+  def files(self) -> list[pathlib.Path]:
+    """The local files this source reads (empty for Hugging Face sources)."""
+    kind, what = self.kind_what
+    if kind == "multi30k":
+      return [multi30k_file(what, lang, self.data_dir, self.cache_dir, self.multi30k_url)
+              for lang in (self.src_lang, self.tgt_lang)]
+    if kind == "files":
+      if "," in what:
+        return [self._path(p) for p in what.split(",", 1)]
+      if "{lang}" not in what:
+        raise DataError(f"files:{what}: give a path with {{lang}} or two paths separated by a comma")
+      return [self._path(what.format(lang=lang)) for lang in (self.src_lang, self.tgt_lang)]
+    if kind == "tsv":
+      return [self._path(what)]
+    return []
+
+  def fingerprint(self) -> str:
+    """Identifies the content: file paths, sizes and mtimes, or the dataset spec."""
+    parts = [self.spec, self.src_lang, self.tgt_lang, str(self.tsv_columns)]
+    for f in self.files():
+      if not f.is_file():
+        raise DataError(f"{f}: no such file (split {self.spec!r})")
+      st = f.stat()
+      parts.append(f"{f.resolve()}:{st.st_size}:{st.st_mtime_ns}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+  def __iter__(self) -> Iterator[Pair]:
+    kind, what = self.kind_what
+    if kind in ("multi30k", "files"):
+      return read_parallel(*self.files())
+    if kind == "tsv":
+      return read_tsv(self.files()[0], self.tsv_columns)
+    return hf_pairs(kind, what, self.src_lang, self.tgt_lang, streaming=self.streaming)

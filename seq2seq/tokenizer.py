@@ -1,0 +1,116 @@
+"""One joint sentencepiece model for source and target: trained from a seeded sample of
+the training pairs, saved atomically, reused when it exists. Ids: pad=0, eos=1, unk=2."""
+
+from __future__ import annotations
+
+import io
+import os
+import pathlib
+import tempfile
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+import sentencepiece as spm
+
+PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
+
+
+def sample_sentences(pairs: Iterable[tuple[str, str]], size: int, seed: int) -> list[str]:
+  """Up to `size` sentences (both sides of the pairs), a uniform sample for a given seed.
+
+  Reservoir sampling (Vitter's algorithm R): one pass, memory bounded by `size`.
+  """
+  rng = np.random.default_rng(seed)
+  reservoir: list[str] = []
+  draws, d = np.empty(0, np.int64), 0
+  seen = 0
+  for pair in pairs:
+    for sentence in pair:
+      if not sentence.strip():
+        continue
+      if seen < size:
+        reservoir.append(sentence)
+      else:
+        if d == len(draws):  # draw uniforms in blocks: one numpy call per 65536 sentences
+          draws, d = rng.random(1 << 16), 0
+        j = int(draws[d] * (seen + 1))
+        d += 1
+        if j < size:
+          reservoir[j] = sentence
+      seen += 1
+  return reservoir
+
+
+def train(sentences: list[str], *, vocab_size: int, model_type: str = "unigram", character_coverage: float = 1.0,
+          seed: int = 0) -> bytes:
+  """Trains a sentencepiece model on `sentences`; returns the serialized model."""
+  if not sentences:
+    raise ValueError("cannot train a sentencepiece model on an empty sample")
+  if model_type not in ("unigram", "bpe"):
+    raise ValueError(f"config.data.spm_model_type must be 'unigram' or 'bpe', got {model_type!r}")
+  model = io.BytesIO()
+  # The sample is already seeded and in a fixed order; sentencepiece must not reshuffle it.
+  order = np.random.default_rng(seed).permutation(len(sentences))
+  spm.SentencePieceTrainer.train(
+      sentence_iterator=(sentences[i] for i in order), model_writer=model, vocab_size=vocab_size,
+      model_type=model_type, character_coverage=character_coverage, pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID,
+      bos_id=-1, input_sentence_size=0, shuffle_input_sentence=False, hard_vocab_limit=False,
+      max_sentence_length=1 << 14, num_threads=os.cpu_count() or 1, minloglevel=2)
+  return model.getvalue()
+
+
+def write_atomic(path: str | os.PathLike, data: bytes) -> None:
+  """Writes `data` to `path` through a temporary file and a rename: all or nothing."""
+  path = pathlib.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+  try:
+    with os.fdopen(fd, "wb") as f:
+      f.write(data)
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+
+
+class Tokenizer:
+  """Sentencepiece processor with batch encoding to id arrays and decoding to text."""
+
+  def __init__(self, model: bytes):
+    self.model_bytes = model
+    self.sp = spm.SentencePieceProcessor(model_proto=model)
+    if (self.sp.pad_id(), self.sp.eos_id(), self.sp.unk_id()) != (PAD_ID, EOS_ID, UNK_ID):
+      raise ValueError(f"sentencepiece model must have pad=0, eos=1, unk=2; has pad={self.sp.pad_id()}, "
+                       f"eos={self.sp.eos_id()}, unk={self.sp.unk_id()}")
+
+  @classmethod
+  def load(cls, path: str | os.PathLike) -> Tokenizer:
+    try:
+      return cls(pathlib.Path(path).read_bytes())
+    except (OSError, RuntimeError) as e:
+      raise ValueError(f"{path}: cannot load a sentencepiece model: {e}") from None
+
+  @property
+  def vocab_size(self) -> int:
+    return self.sp.get_piece_size()
+
+  def encode(self, sentences: list[str], num_threads: int = -1) -> list[list[int]]:
+    """Token ids of each sentence, with eos appended."""
+    return self.sp.encode(sentences, out_type=int, add_eos=True, num_threads=num_threads)
+
+  def decode(self, ids: Iterable[int]) -> str:
+    """Text of one id sequence; stops at the first eos and skips padding."""
+    out = []
+    for i in ids:
+      i = int(i)
+      if i == EOS_ID:
+        break
+      if i != PAD_ID:
+        out.append(i)
+    return self.sp.decode(out)
+
+
+def sentences_of(pairs: Iterable[tuple[str, str]]) -> Iterator[str]:
+  for src, tgt in pairs:
+    yield src
+    yield tgt
