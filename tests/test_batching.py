@@ -20,6 +20,12 @@ def setup(data_dir, session_cache):
   return config, data.corpus(config, config.data.train_split, tok)
 
 
+def batching_with(config, **data_overrides):
+  config = config.copy_and_resolve_references()
+  config.data.update(data_overrides)
+  return data.batching(config)
+
+
 def take(iterator, n):
   return [next(iterator) for _ in range(n)]
 
@@ -44,10 +50,7 @@ def test_same_seed_same_batches_other_seed_other_batches(setup):
 
 @pytest.mark.parametrize("packing", [False, True])
 def test_restored_state_gives_exactly_the_next_50_batches(setup, packing):
-  config, corpus = setup
-  config = config.copy_and_resolve_references()
-  config.data.packing = packing
-  cfg = data.batching(config)
+  corpus, cfg = setup[1], batching_with(setup[0], packing=packing)
   run = BatchIterator(corpus, cfg, seed=0)
   n_epoch = len(run.plan(0))
   for skip in (37, n_epoch - 20):  # mid-epoch, and 50 batches that cross into epoch 1
@@ -84,10 +87,7 @@ def examples_in(batch):
 
 @pytest.mark.parametrize("packing", [False, True])
 def test_processes_together_cover_every_example_exactly_once(setup, packing):
-  config, corpus = setup
-  config = config.copy_and_resolve_references()
-  config.data.packing = packing
-  cfg = data.batching(config)
+  corpus, cfg = setup[1], batching_with(setup[0], packing=packing)
   n_batches = len(BatchIterator(corpus, cfg, seed=0).plan(0))
   seen = []
   for p in range(4):
@@ -117,10 +117,7 @@ def test_budget_bounded_shapes_and_padding_under_10_percent(setup):
 
 
 def test_packing_uses_one_shape(setup):
-  config, corpus = setup
-  config = config.copy_and_resolve_references()
-  config.data.update(packing=True, pack_length=64)
-  cfg = data.batching(config)
+  corpus, cfg = setup[1], batching_with(setup[0], packing=True, pack_length=64)
   stats = plan_stats(epoch_plan(corpus.src_lengths, corpus.tgt_lengths, cfg, 0, 0), corpus.src_lengths,
                      corpus.tgt_lengths)
   assert stats["shapes"] == [(cfg.max_tokens // 64 // 8 * 8, 64, 64)]
