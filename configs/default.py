@@ -79,15 +79,19 @@ def get_config() -> ml_collections.ConfigDict:
       checkpoint_every=1000,
       log_every=100,
       eval_every=1000,
-      learning_rate=1.0,  # multiplies the schedule
-      schedule="rsqrt",
+      learning_rate=1.0,  # rsqrt: multiplies d_model^-0.5 * min(n^-0.5, n * warmup^-1.5); else the peak
+      schedule="rsqrt",  # rsqrt | warmup_cosine | warmup_linear | warmup_rsqrt | constant
       warmup_steps=4000,
+      end_lr_fraction=0.0,  # warmup_cosine / warmup_linear: final rate as a fraction of the peak
       label_smoothing=0.1,
       adam_b1=0.9,
       adam_b2=0.98,
       adam_eps=1e-9,
       weight_decay=0.0,
       grad_clip_norm=0.0,  # 0 = off
+      accum_steps=1,  # micro-batches per update (token-weighted gradient accumulation)
+      rng_impl="threefry2x32",  # dropout PRNG: threefry2x32 | rbg (cheaper on CPU)
+      peak_flops=0.0,  # FLOP/s of all devices for MFU; 0 = measure an f32 matmul at start
   ))
 
   # Mesh axis sizes; -1 takes the remaining devices.

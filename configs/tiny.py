@@ -10,7 +10,9 @@ def get_config():
   config = default.get_config()
   config.model.update(d_model=64, num_heads=4, num_encoder_layers=2, num_decoder_layers=2, d_ff=128,
                       dropout_rate=0.0, norm_position="pre", max_len=64)
-  config.data.update(vocab_size=1000, max_len=48, max_tokens=1024)
+  # Packing: one batch shape, so a test run compiles one train step.
+  config.data.update(vocab_size=1000, max_len=48, max_tokens=1024, packing=True, pack_length=64,
+                     spm_sample_size=20_000)
   config.train.update(steps=200, checkpoint_every=100, log_every=10, eval_every=100, warmup_steps=50,
                       schedule="rsqrt")
   config.eval.update(beam_size=2, max_len_b=10, batch_size=32)

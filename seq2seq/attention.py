@@ -58,6 +58,8 @@ class MultiHeadAttention(nnx.Module):
 
   `query`, `key_value` and `attend` are exposed separately so the decoder can cache
   keys/values (self-attention) or compute them once per source (cross-attention).
+  Keys get no bias: it would add the same q.b to every score of a query, which the
+  softmax cancels, so its gradient is zero and Adam would only amplify rounding noise.
   """
 
   def __init__(self, d_model: int, num_heads: int, head_dim: int, *, use_bias: bool, dropout_rate: float,
@@ -72,21 +74,20 @@ class MultiHeadAttention(nnx.Module):
     if use_bias:
       zeros = nnx.initializers.zeros
       self.bq_nh = param(rngs, zeros, (num_heads, head_dim), ("heads", "kv"))
-      self.bk_nh = param(rngs, zeros, (num_heads, head_dim), ("heads", "kv"))
       self.bv_nh = param(rngs, zeros, (num_heads, head_dim), ("heads", "kv"))
       self.bo_d = param(rngs, zeros, (d_model,), ("embed",))
     self.dropout_rate, self.use_rope, self.rope_base = dropout_rate, use_rope, rope_base
 
   def _project(self, x_btd, w, b):
     y_btnh = jnp.einsum("btd,dnh->btnh", x_btd, w[...].astype(x_btd.dtype))
-    return y_btnh + b[...].astype(x_btd.dtype) if self.use_bias else y_btnh
+    return y_btnh if b is None else y_btnh + b[...].astype(x_btd.dtype)
 
   def query(self, x_btd: jax.Array, positions_bt: jax.Array | None = None) -> jax.Array:
     q_btnh = self._project(x_btd, self.wq_dnh, self.bq_nh if self.use_bias else None)
     return rope(q_btnh, positions_bt, self.rope_base) if self.use_rope else q_btnh
 
   def key_value(self, x_bsd: jax.Array, positions_bs: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
-    k_bsnh = self._project(x_bsd, self.wk_dnh, self.bk_nh if self.use_bias else None)
+    k_bsnh = self._project(x_bsd, self.wk_dnh, None)
     v_bsnh = self._project(x_bsd, self.wv_dnh, self.bv_nh if self.use_bias else None)
     if self.use_rope:
       k_bsnh = rope(k_bsnh, positions_bs, self.rope_base)

@@ -1,0 +1,55 @@
+"""Where training reports go: DIR/metrics.jsonl (one JSON object per logged step) and
+TensorBoard event files in DIR. Only process 0 writes."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pathlib
+
+
+class MetricsWriter:
+  def __init__(self, workdir: str | os.PathLike, *, enabled: bool = True):
+    self.enabled = enabled
+    self.path = pathlib.Path(workdir) / "metrics.jsonl"
+    self._tb = None
+    if enabled:
+      from tensorboardX import SummaryWriter  # writes event files without TensorFlow
+
+      self._tb = SummaryWriter(str(workdir), flush_secs=30)
+
+  def write(self, step: int, values: dict) -> None:
+    """Appends {"step": step, **values} and the scalars to TensorBoard."""
+    if not self.enabled:
+      return
+    record = {"step": int(step)} | {k: _plain(v) for k, v in values.items()}
+    with open(self.path, "a", encoding="utf-8") as f:
+      f.write(json.dumps(record) + "\n")
+    for k, v in record.items():
+      if k != "step" and isinstance(v, (int, float)) and math.isfinite(v):
+        self._tb.add_scalar(k, v, int(step))
+
+  def flush(self) -> None:
+    if self._tb is not None:
+      self._tb.flush()
+
+  def close(self) -> None:
+    if self._tb is not None:
+      self._tb.close()
+
+
+def _plain(v):
+  if hasattr(v, "item"):
+    v = v.item()
+  if isinstance(v, float) and not math.isfinite(v):
+    return str(v)  # JSON has no NaN/inf
+  return v
+
+
+def read(workdir: str | os.PathLike) -> list[dict]:
+  """All records of DIR/metrics.jsonl."""
+  path = pathlib.Path(workdir) / "metrics.jsonl"
+  if not path.is_file():
+    return []
+  return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]

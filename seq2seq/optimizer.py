@@ -1,0 +1,60 @@
+"""Learning-rate schedules and the optax optimizer: Adam/AdamW (beta2 0.98, eps 1e-9 as
+Vaswani et al.), global-norm clipping, weight decay masked off norms and biases."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+SCHEDULES = ("rsqrt", "warmup_cosine", "warmup_linear", "warmup_rsqrt", "constant")
+
+
+def schedule(name: str, *, learning_rate: float, warmup_steps: int, total_steps: int, d_model: int,
+             end_fraction: float = 0.0) -> optax.Schedule:
+  """Learning rate as a function of the (0-based) update count.
+
+  rsqrt: Vaswani et al.: learning_rate * d_model^-0.5 * min(n^-0.5, n * warmup^-1.5), n = count + 1.
+  warmup_*: linear warmup to `learning_rate`, then cosine / linear decay to
+  `end_fraction * learning_rate` at `total_steps`, or inverse square root decay.
+  """
+  warmup = max(warmup_steps, 1)
+  if name == "rsqrt":
+    def rsqrt(count):
+      n = jnp.asarray(count, jnp.float32) + 1.0
+      return learning_rate * d_model**-0.5 * jnp.minimum(n**-0.5, n * warmup**-1.5)
+    return rsqrt
+  if name == "constant":
+    return optax.constant_schedule(learning_rate)
+  ramp = optax.linear_schedule(0.0, learning_rate, warmup)
+  end = end_fraction * learning_rate
+  decay_steps = max(total_steps - warmup, 1)
+  if name == "warmup_cosine":
+    decay = optax.cosine_decay_schedule(learning_rate, decay_steps, alpha=end_fraction)
+  elif name == "warmup_linear":
+    decay = optax.linear_schedule(learning_rate, end, decay_steps)
+  elif name == "warmup_rsqrt":
+    decay = lambda count: learning_rate * jnp.sqrt(warmup / (jnp.asarray(count, jnp.float32) + warmup))
+  else:
+    raise ValueError(f"config.train.schedule must be one of {SCHEDULES}, got {name!r}")
+  return optax.join_schedules([ramp, decay], [warmup])
+
+
+def decay_mask(params):
+  """True for matrices and embeddings; False for norm scales and biases (named b*, scale*, bias*)."""
+  def decays(path, _):
+    names = [str(k.key) for k in path if isinstance(k, jax.tree_util.DictKey)]  # skips Variable's `.value`
+    return not (names[-1].startswith("b") or names[-1].startswith("scale"))
+  return jax.tree_util.tree_map_with_path(decays, params)
+
+
+def make(train_cfg, *, d_model: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """The optimizer described by `config.train`, and its schedule (for logging)."""
+  lr = schedule(train_cfg.schedule, learning_rate=train_cfg.learning_rate, warmup_steps=train_cfg.warmup_steps,
+                total_steps=train_cfg.steps, d_model=d_model, end_fraction=train_cfg.get("end_lr_fraction", 0.0))
+  parts = []
+  if train_cfg.grad_clip_norm:
+    parts.append(optax.clip_by_global_norm(train_cfg.grad_clip_norm))
+  parts.append(optax.adamw(lr, b1=train_cfg.adam_b1, b2=train_cfg.adam_b2, eps=train_cfg.adam_eps,
+                           weight_decay=train_cfg.weight_decay, mask=decay_mask))
+  return optax.chain(*parts), lr

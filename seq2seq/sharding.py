@@ -1,0 +1,91 @@
+"""The device mesh and how arrays are laid out on it.
+
+Model code names parameter axes (`vocab`, `embed`, `heads`, `kv`, `mlp`); the rules below
+map those names onto mesh axes `data`, `fsdp`, `tensor`. Batches are split over
+`data` x `fsdp` along their first axis. A dimension a mesh axis does not divide is left
+unsharded, so any mesh works with any model (the same program on 1 CPU, 8 fake CPU
+devices, a GPU box or a TPU slice).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES = ("data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")
+# logical parameter axis -> mesh axis (None: replicated)
+RULES = {
+    "vocab": "tensor",
+    "embed": "fsdp",
+    "heads": "tensor",
+    "mlp": "tensor",
+    "kv": None,
+    None: None,
+}
+
+
+def mesh_shape(mesh_cfg, device_count: int) -> tuple[int, int, int]:
+  """Sizes of (data, fsdp, tensor); one of them may be -1, meaning the remaining devices."""
+  sizes = [int(mesh_cfg[a]) for a in MESH_AXES]
+  if sizes.count(-1) > 1:
+    raise ValueError(f"at most one of config.mesh.{{data,fsdp,tensor}} may be -1, got {dict(zip(MESH_AXES, sizes))}")
+  known = math.prod(s for s in sizes if s != -1)
+  if -1 in sizes:
+    if known <= 0 or device_count % known:
+      raise ValueError(f"config.mesh {dict(zip(MESH_AXES, sizes))} does not divide {device_count} devices")
+    sizes[sizes.index(-1)] = device_count // known
+  if math.prod(sizes) != device_count:
+    raise ValueError(f"config.mesh {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices, "
+                     f"but {device_count} are available")
+  return tuple(sizes)
+
+
+def make_mesh(mesh_cfg, devices=None) -> Mesh:
+  devices = jax.devices() if devices is None else devices
+  shape = mesh_shape(mesh_cfg, len(devices))
+  auto = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)  # shardings propagate; model code names no devices
+  return jax.make_mesh(shape, MESH_AXES, axis_types=auto, devices=devices)
+
+
+def spec_for(axes, shape, mesh: Mesh) -> PartitionSpec:
+  """PartitionSpec of one parameter from its logical axes, skipping axes that do not divide."""
+  used, out = set(), []
+  for name, dim in zip(axes, shape):
+    mesh_axis = RULES.get(name, None)
+    if mesh_axis is None or mesh_axis in used or dim % mesh.shape[mesh_axis]:
+      out.append(None)
+    else:
+      used.add(mesh_axis)
+      out.append(mesh_axis)
+  return PartitionSpec(*out)
+
+
+def state_shardings(state, mesh: Mesh):
+  """A tree of NamedShardings for an (abstract) nnx.State: params by their `axes`, the rest replicated."""
+  def one(x):
+    if isinstance(x, nnx.Variable):
+      axes = x.get_metadata().get("axes")
+      shape = x.shape if hasattr(x, "shape") else np.shape(x[...])
+      spec = spec_for(axes, shape, mesh) if axes is not None else PartitionSpec()
+      return NamedSharding(mesh, spec)
+    return NamedSharding(mesh, PartitionSpec())
+  return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, PartitionSpec(BATCH_AXES))
+
+
+def data_parallel_size(mesh: Mesh) -> int:
+  return mesh.shape["data"] * mesh.shape["fsdp"]
+
+
+def put_batch(local_batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
+  """Global arrays from this process's rows (multi-host: every process passes its own share)."""
+  sharding = batch_sharding(mesh)
+  return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in local_batch.items()}

@@ -1,0 +1,217 @@
+"""The training loop: config -> data -> model on a device mesh -> jitted, sharded train
+step (optax, label smoothing, gradient accumulation) -> metrics.jsonl / TensorBoard.
+
+`train_and_evaluate(config, workdir)` is what `python train.py` runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import pathlib
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from seq2seq import data, flops, optimizer, sharding
+from seq2seq.batching import BatchIterator, epoch_plan, make_batch
+from seq2seq.config import ModelConfig
+from seq2seq.loss import cross_entropy_sums, summarize
+from seq2seq.metrics import MetricsWriter
+from seq2seq.transformer import Transformer
+
+State = dict  # {"params": nnx.State, "opt_state": optax state, "step": int32 scalar}
+
+
+# -- state -------------------------------------------------------------------------------
+def init_state(model_cfg: ModelConfig, tx: optax.GradientTransformation, mesh, seed: int):
+  """Parameters and optimizer state created directly in their shardings on `mesh`."""
+  def init():
+    params = nnx.state(Transformer(model_cfg, rngs=nnx.Rngs(seed)), nnx.Param)
+    return {"params": params, "opt_state": tx.init(params), "step": jnp.zeros((), jnp.int32)}
+
+  graphdef = nnx.graphdef(nnx.eval_shape(lambda: Transformer(model_cfg, rngs=nnx.Rngs(seed))))
+  shardings = sharding.state_shardings(jax.eval_shape(init), mesh)
+  return graphdef, jax.jit(init, out_shardings=shardings)(), shardings
+
+
+# -- steps -------------------------------------------------------------------------------
+def _loss(params, graphdef, batch, dropout_rng, label_smoothing):
+  model = nnx.merge(graphdef, params)
+  logits_btv = model(batch["src_bs"], batch["tgt_in_bt"], src_segments_bs=batch["src_segments_bs"],
+                     tgt_segments_bt=batch["tgt_segments_bt"], src_positions_bs=batch["src_positions_bs"],
+                     tgt_positions_bt=batch["tgt_positions_bt"], dropout_rng=dropout_rng)
+  sums = cross_entropy_sums(logits_btv, batch["tgt_out_bt"], batch["tgt_segments_bt"] > 0, label_smoothing)
+  return sums["loss_sum"], sums
+
+
+def dropout_key(seed: int, step, micro: int = 0, impl: str = "threefry2x32"):
+  """The dropout key of (seed, step, micro-batch): the same on every restart."""
+  return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed, impl=impl), step), micro)
+
+
+def grad_sums(params, batch, key, *, graphdef, label_smoothing):
+  """Gradient of the summed (not averaged) token loss, and the metric sums."""
+  grads, sums = jax.grad(_loss, has_aux=True)(params, graphdef, batch, key, label_smoothing)
+  return grads, sums
+
+
+def apply_gradients(state: State, grads, sums, *, tx, schedule):
+  """One optimizer update from summed gradients: divides by the target token count."""
+  grads = jax.tree.map(lambda g: g / jnp.maximum(sums["tokens"], 1.0), grads)
+  updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+  new_state = {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state,
+               "step": state["step"] + 1}
+  return new_state, sums | {"grad_norm": optax.global_norm(grads), "learning_rate": schedule(state["step"])}
+
+
+def train_step(state: State, batch, *, seed, rng_impl, graphdef, label_smoothing, tx, schedule):
+  """A full update on one batch (no accumulation): forward, backward, optimizer."""
+  key = dropout_key(seed, state["step"], 0, rng_impl)
+  grads, sums = grad_sums(state["params"], batch, key, graphdef=graphdef, label_smoothing=label_smoothing)
+  return apply_gradients(state, grads, sums, tx=tx, schedule=schedule)
+
+
+def accumulate(acc, params, batch, step, micro, *, seed, rng_impl, graphdef, label_smoothing):
+  """Adds one micro-batch's summed gradients and metric sums to `acc`."""
+  key = dropout_key(seed, step, micro, rng_impl)
+  grads, sums = grad_sums(params, batch, key, graphdef=graphdef, label_smoothing=label_smoothing)
+  if acc is None:
+    return grads, sums
+  return jax.tree.map(jnp.add, acc[0], grads), jax.tree.map(jnp.add, acc[1], sums)
+
+
+def eval_sums(params, batch, *, graphdef):
+  return _loss(params, graphdef, batch, None, 0.0)[1]
+
+
+class Steps:
+  """The jitted functions of a run, with explicit shardings; state is donated."""
+
+  def __init__(self, config, graphdef, shardings, mesh, tx, schedule):
+    t = config.train
+    common = dict(seed=config.seed, rng_impl=t.get("rng_impl", "threefry2x32"), graphdef=graphdef,
+                  label_smoothing=t.label_smoothing)
+    batch_sh = sharding.batch_sharding(mesh)
+    self.accum_steps = max(int(t.get("accum_steps", 1)), 1)
+    self.train = jax.jit(functools.partial(train_step, tx=tx, schedule=schedule, **common),
+                         in_shardings=(shardings, batch_sh), out_shardings=(shardings, None), donate_argnums=0)
+    self.accumulate = jax.jit(functools.partial(accumulate, **common), static_argnums=4)
+    self.apply = jax.jit(functools.partial(apply_gradients, tx=tx, schedule=schedule),
+                         out_shardings=(shardings, None), donate_argnums=(0, 1))
+    self.eval = jax.jit(functools.partial(eval_sums, graphdef=graphdef))
+
+  def update(self, state: State, batches: list) -> tuple[State, dict]:
+    if len(batches) == 1:
+      return self.train(state, batches[0])
+    acc = None
+    for micro, batch in enumerate(batches):
+      acc = self.accumulate(acc, state["params"], batch, state["step"], micro)
+    return self.apply(state, *acc)
+
+
+# -- evaluation --------------------------------------------------------------------------
+def validation_batches(config, tok, mesh) -> list[dict]:
+  """The validation split as fixed, deterministic batches (this process's rows)."""
+  corpus = data.corpus(config, config.data.validation_split, tok)
+  plan = epoch_plan(corpus.src_lengths, corpus.tgt_lengths, data.batching(config), seed=0, epoch=0)
+  return [make_batch(corpus, p, jax.process_index(), jax.process_count()) for p in plan]
+
+
+def evaluate(steps: Steps, params, batches: list[dict], mesh) -> dict[str, float]:
+  totals = None
+  for local in batches:
+    sums = steps.eval(params, sharding.put_batch(local, mesh))
+    totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+  return summarize(jax.device_get(totals))
+
+
+# -- the loop ----------------------------------------------------------------------------
+def _progress(total: int, initial: int):
+  from tqdm import tqdm
+
+  return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True,
+              disable=not sys.stderr.isatty() or jax.process_index() != 0)
+
+
+def train_and_evaluate(config, workdir: str) -> dict:
+  """Trains `config` in `workdir`; returns the last logged metrics."""
+  workdir_path = pathlib.Path(workdir)
+  workdir_path.mkdir(parents=True, exist_ok=True)
+  is_main = jax.process_index() == 0
+  if is_main:
+    (workdir_path / "config.json").write_text(config.to_json_best_effort(indent=1, sort_keys=True))
+
+  mesh = sharding.make_mesh(config.mesh)
+  dp = sharding.data_parallel_size(mesh)
+  if config.data.batch_multiple % dp:
+    raise ValueError(f"config.data.batch_multiple={config.data.batch_multiple} must be a multiple of the "
+                     f"{dp} devices the batch is split over (mesh data x fsdp)")
+  tok = data.tokenizer(config, workdir)
+  model_cfg = ModelConfig.from_config(config.model, vocab_size=tok.vocab_size)
+  tx, schedule = optimizer.make(config.train, d_model=model_cfg.d_model)
+  graphdef, state, shardings = init_state(model_cfg, tx, mesh, config.seed)
+  steps = Steps(config, graphdef, shardings, mesh, tx, schedule)
+  train_iter: BatchIterator = data.train_iterator(config, tok, process_index=jax.process_index(),
+                                                  process_count=jax.process_count())
+  val_batches = validation_batches(config, tok, mesh) if config.train.eval_every else []
+  peak = float(config.train.get("peak_flops", 0.0)) or flops.measure_matmul_peak() * jax.device_count()
+
+  writer = MetricsWriter(workdir, enabled=is_main)
+  step = int(state["step"])
+  bar = _progress(config.train.steps, step)
+  window = {"sums": [], "tokens": 0, "slots": 0, "real": 0, "flops": 0.0, "start": time.perf_counter()}
+  last = {}
+  start_time = time.perf_counter()
+  while step < config.train.steps:
+    locals_ = [next(train_iter) for _ in range(steps.accum_steps)]
+    batches = [sharding.put_batch(b, mesh) for b in locals_]
+    state, step_metrics = steps.update(state, batches)
+    step += 1
+    window["sums"].append(step_metrics)
+    for b in locals_:
+      rows = b["src_bs"].shape[0] * jax.process_count()
+      window["tokens"] += int((b["tgt_segments_bt"] > 0).sum()) * jax.process_count()
+      window["real"] += int((b["src_segments_bs"] > 0).sum() + (b["tgt_segments_bt"] > 0).sum())
+      window["slots"] += b["src_bs"].size + b["tgt_out_bt"].size
+      window["flops"] += flops.train_step_flops(model_cfg, rows, b["src_bs"].shape[1], b["tgt_out_bt"].shape[1])
+    bar.update(1)
+    if step % config.train.log_every == 0 or step == config.train.steps:
+      last = _log(step, window, writer, bar, peak, start_time)
+      window = {"sums": [], "tokens": 0, "slots": 0, "real": 0, "flops": 0.0, "start": time.perf_counter()}
+    if config.train.eval_every and (step % config.train.eval_every == 0 or step == config.train.steps):
+      eval_start = time.perf_counter()
+      val = {f"val_{k}": v for k, v in evaluate(steps, state["params"], val_batches, mesh).items()}
+      window["start"] += time.perf_counter() - eval_start  # throughput counts training time only
+      writer.write(step, val)
+      last |= val
+      if is_main:
+        bar.write(f"step {step}: " + " ".join(f"{k}={v:.4g}" for k, v in val.items()))
+  bar.close()
+  writer.close()
+  return last
+
+
+def _log(step, window, writer, bar, peak, start_time) -> dict:
+  fetched = jax.device_get(window["sums"])
+  totals = {k: sum(float(m[k]) for m in fetched) for k in ("loss_sum", "nll_sum", "tokens", "correct")}
+  elapsed = time.perf_counter() - window["start"]
+  values = summarize(totals) | {
+      "learning_rate": float(fetched[-1]["learning_rate"]),
+      "grad_norm": float(fetched[-1]["grad_norm"]),
+      "target_tokens_per_s": window["tokens"] / elapsed,
+      "padding_fraction": 1.0 - window["real"] / max(window["slots"], 1),
+      "mfu": window["flops"] / elapsed / peak,
+      "wall_time_s": time.perf_counter() - start_time,
+  }
+  writer.write(step, values)
+  bar.set_postfix(loss=f"{values['loss']:.3f}", tok_s=f"{values['target_tokens_per_s']:.0f}")
+  if bar.disable and jax.process_index() == 0:
+    print(f"step {step}: loss {values['loss']:.4f} acc {values['accuracy']:.3f} ppl {values['perplexity']:.2f} "
+          f"lr {values['learning_rate']:.3g} gnorm {values['grad_norm']:.3g} "
+          f"tok/s {values['target_tokens_per_s']:.0f} mfu {values['mfu']:.1%}", flush=True)
+  return values | {"step": step}

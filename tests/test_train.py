@@ -1,0 +1,152 @@
+"""Training: schedules and loss against formulas, weight-decay mask, gradient accumulation,
+sharded meshes equal to one device, and an end-to-end run on real Multi30k."""
+
+import json
+import math
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from seq2seq import metrics, optimizer, sharding
+from seq2seq.config import ModelConfig
+from seq2seq.loss import cross_entropy_sums
+from seq2seq.train import Steps, init_state, train_and_evaluate
+
+from conftest import REPO, make_config
+from sharded_run import batches
+
+
+@pytest.mark.parametrize("count", [0, 9, 3999, 4000, 20000])
+def test_rsqrt_schedule_is_vaswani(count):
+  lr = optimizer.schedule("rsqrt", learning_rate=2.0, warmup_steps=4000, total_steps=10**5, d_model=512)
+  n = count + 1
+  assert float(lr(count)) == pytest.approx(2.0 * 512**-0.5 * min(n**-0.5, n * 4000**-1.5), rel=1e-6)
+
+
+def test_warmup_then_decay_schedules():
+  kw = dict(learning_rate=1e-3, warmup_steps=100, total_steps=1100, d_model=512)
+  for name in ("warmup_cosine", "warmup_linear", "warmup_rsqrt"):
+    lr = optimizer.schedule(name, **kw)
+    assert float(lr(0)) == 0.0 and float(lr(50)) == pytest.approx(5e-4) and float(lr(100)) == pytest.approx(1e-3)
+  cosine, linear, rsqrt = (optimizer.schedule(n, **kw) for n in ("warmup_cosine", "warmup_linear", "warmup_rsqrt"))
+  assert float(cosine(600)) == pytest.approx(1e-3 * 0.5 * (1 + math.cos(math.pi * 0.5)), rel=1e-5)
+  assert float(linear(600)) == pytest.approx(0.5e-3, rel=1e-5) and float(linear(1100)) == pytest.approx(0.0)
+  assert float(rsqrt(400)) == pytest.approx(1e-3 * math.sqrt(100 / 400), rel=1e-6)
+  with pytest.raises(ValueError, match="config.train.schedule"):
+    optimizer.schedule("step", **kw)
+
+
+def test_label_smoothed_loss_by_hand():
+  logits = np.array([[[2.0, 0.5, -1.0], [0.0, 1.0, 3.0]]], np.float32)
+  labels, weights, eps = np.array([[0, 1]]), np.array([[1, 0]]), 0.1  # second token is padding
+  logp = logits[0, 0] - np.log(np.exp(logits[0, 0]).sum())
+  want = (1 - eps) * -logp[0] + eps * -logp.mean()  # target (1-eps) one-hot + eps/V
+  sums = cross_entropy_sums(jnp.asarray(logits), jnp.asarray(labels), jnp.asarray(weights), eps)
+  assert float(sums["loss_sum"]) == pytest.approx(want, rel=1e-6)
+  assert float(sums["nll_sum"]) == pytest.approx(-logp[0], rel=1e-6)
+  assert float(sums["tokens"]) == 1.0 and float(sums["correct"]) == 1.0
+
+
+def test_weight_decay_skips_norms_and_biases():
+  from flax import nnx
+
+  from seq2seq.transformer import Transformer
+
+  params = nnx.state(Transformer(ModelConfig(vocab_size=20, d_model=8, num_heads=2, num_encoder_layers=1,
+                                             num_decoder_layers=1, d_ff=16), rngs=nnx.Rngs(0)), nnx.Param)
+  flat = {jax.tree_util.keystr(p): m for p, m in jax.tree_util.tree_leaves_with_path(optimizer.decay_mask(params))}
+  decayed = {k for k, v in flat.items() if v}
+  assert any("wq_dnh" in k for k in decayed) and any("embedding_vd" in k for k in decayed)
+  assert not any(s in k for k in decayed for s in ("bias_d", "scale_d", "bq_nh", "bo_d", "bi_f"))
+
+
+def test_mesh_sizes_from_config():
+  assert sharding.mesh_shape({"data": -1, "fsdp": 2, "tensor": 1}, 8) == (4, 2, 1)
+  with pytest.raises(ValueError, match="needs 4 devices, but 8"):
+    sharding.mesh_shape({"data": 2, "fsdp": 2, "tensor": 1}, 8)
+  with pytest.raises(ValueError, match="at most one"):
+    sharding.mesh_shape({"data": -1, "fsdp": -1, "tensor": 1}, 8)
+
+
+def _steps(accum_steps):
+  config = ml_collections.ConfigDict({"seed": 0, "train": dict(
+      label_smoothing=0.1, schedule="constant", learning_rate=1e-2, warmup_steps=0, steps=5, adam_b1=0.9,
+      adam_b2=0.98, adam_eps=1e-9, weight_decay=0.0, grad_clip_norm=0.0, accum_steps=accum_steps)})
+  model_cfg = ModelConfig(vocab_size=64, d_model=16, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
+                          d_ff=32, dropout_rate=0.0)
+  mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, jax.devices()[:1])
+  tx, lr = optimizer.make(config.train, d_model=16)
+  graphdef, state, shardings = init_state(model_cfg, tx, mesh, 0)
+  return Steps(config, graphdef, shardings, mesh, tx, lr), state, mesh
+
+
+def test_accumulating_k_micro_batches_equals_one_k_times_batch():
+  big = batches(1, rows=16)[0]
+  halves = [{k: v[:8] for k, v in big.items()}, {k: v[8:] for k, v in big.items()}]
+  steps, state, mesh = _steps(1)
+  step0 = state["step"]
+  big_grads, big_sums = steps.accumulate(None, state["params"], sharding.put_batch(big, mesh), step0, 0)
+  acc = None
+  for micro, half in enumerate(halves):
+    acc = steps.accumulate(acc, state["params"], sharding.put_batch(half, mesh), step0, micro)
+  assert float(acc[1]["tokens"]) == float(big_sums["tokens"])
+  assert float(acc[1]["loss_sum"]) == pytest.approx(float(big_sums["loss_sum"]), rel=1e-6)
+  # Equal up to float32 summation order, whose noise scales with the largest gradient (key
+  # biases have a gradient that is zero in exact arithmetic: only that noise is left).
+  scale = max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(big_grads))
+  for a, b in zip(jax.tree.leaves(acc[0]), jax.tree.leaves(big_grads)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6 * scale)
+  # The update path: two micro-batches through Steps.update give one optimizer step.
+  steps2, state2, _ = _steps(2)
+  new_state, m = steps2.update(state2, [sharding.put_batch(h, mesh) for h in halves])
+  assert int(new_state["step"]) == 1
+  assert float(m["grad_norm"]) == pytest.approx(float(optax_global_norm(big_grads) / big_sums["tokens"]), rel=1e-5)
+
+
+def optax_global_norm(tree):
+  import optax
+
+  return optax.global_norm(tree)
+
+
+def test_sharded_meshes_train_like_one_device():
+  out = subprocess.run([sys.executable, str(REPO / "tests" / "sharded_run.py"), "1,1,1", "8,1,1", "2,2,2", "1,8,1"],
+                       cwd=REPO, capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  runs = json.loads(out.stdout.strip().splitlines()[-1])
+  reference = runs["1,1,1"]["losses"]
+  assert reference[-1] < reference[0]
+  for mesh, run in runs.items():
+    np.testing.assert_allclose(run["losses"], reference, atol=1e-5, err_msg=mesh)
+    assert run["specs"] == run["expected_specs"], mesh
+  specs = runs["2,2,2"]["specs"]
+  assert specs["['src_embed']['embedding_vd']"] == "('tensor', 'fsdp')"
+  assert specs["['encoder_layers'][0]['self_attn']['wq_dnh']"] == "('fsdp', 'tensor', None)"
+  assert specs["['encoder_layers'][0]['ffn']['wo_fd']"] == "('tensor', 'fsdp')"
+  # Each device really holds its part: wi_df is [32, 64] = [embed, mlp].
+  assert runs["2,2,2"]["wi_df_shard_shape"] == [16, 32]
+  assert runs["1,8,1"]["wi_df_shard_shape"] == [4, 64]
+  assert runs["8,1,1"]["wi_df_shard_shape"] == [32, 64]
+
+
+def test_tiny_config_on_multi30k_learns_and_reports(data_dir, session_cache, tmp_path):
+  config = make_config("tiny", data_dir, session_cache)
+  config.train.update(steps=40, log_every=10, eval_every=20)
+  last = train_and_evaluate(config, str(tmp_path))
+  records = metrics.read(tmp_path)
+  train_records = [r for r in records if "loss" in r]
+  assert [r["step"] for r in train_records] == [10, 20, 30, 40]
+  assert train_records[-1]["loss"] < train_records[0]["loss"] - 1.0
+  for key in ("accuracy", "learning_rate", "grad_norm", "target_tokens_per_s", "padding_fraction", "mfu",
+              "wall_time_s", "perplexity"):
+    assert key in train_records[-1], key
+  val = [r for r in records if "val_loss" in r]
+  assert [r["step"] for r in val] == [20, 40] and val[1]["val_loss"] < val[0]["val_loss"]
+  assert last["val_loss"] == val[1]["val_loss"]
+  assert list(tmp_path.glob("events.out.tfevents.*"))
+  assert json.loads((tmp_path / "config.json").read_text())["model"]["d_model"] == 64

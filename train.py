@@ -1,0 +1,20 @@
+"""Trains a model: python train.py --config=configs/NAME.py --workdir=DIR [--config.a.b=value ...]"""
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from seq2seq.train import train_and_evaluate
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py).", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and the tokenizer.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+
+
+if __name__ == "__main__":
+  app.run(main)
