@@ -62,8 +62,30 @@ class Embed(nnx.Module):
 
   def attend(self, x_btd: jax.Array) -> jax.Array:
     """Logits in f32 against the embedding matrix."""
-    w_vd = self.embedding_vd[...].astype(x_btd.dtype)
-    return jnp.einsum("btd,vd->btv", x_btd, w_vd, preferred_element_type=jnp.float32)
+    return tied_logits(x_btd, self.embedding_vd[...].astype(x_btd.dtype))
+
+
+@jax.custom_vjp
+def tied_logits(x_btd: jax.Array, w_vd: jax.Array) -> jax.Array:
+  """x @ w^T in f32. The weight gradient is computed as (x^T g)^T: autodiff would instead
+  transpose the [b*t, v] logit gradient, the largest array of the step (slow on CPU)."""
+  out_dtype = jnp.promote_types(x_btd.dtype, jnp.float32)  # f32 logits from bf16 activations
+  return jnp.einsum("btd,vd->btv", x_btd, w_vd, preferred_element_type=out_dtype)
+
+
+def _tied_logits_fwd(x_btd, w_vd):
+  return tied_logits(x_btd, w_vd), (x_btd, w_vd)
+
+
+def _tied_logits_bwd(residuals, g_btv):
+  x_btd, w_vd = residuals
+  g_btv = g_btv.astype(x_btd.dtype)
+  dx_btd = jnp.einsum("btv,vd->btd", g_btv, w_vd)
+  dw_dv = jnp.einsum("btd,btv->dv", x_btd, g_btv, preferred_element_type=jnp.promote_types(w_vd.dtype, jnp.float32))
+  return dx_btd, dw_dv.T.astype(w_vd.dtype)
+
+
+tied_logits.defvjp(_tied_logits_fwd, _tied_logits_bwd)
 
 
 def sinusoidal(positions_bt: jax.Array, d_model: int) -> jax.Array:
