@@ -17,11 +17,11 @@ import numpy as np
 import optax
 from flax import nnx
 
-from seq2seq import data, flops, optimizer, sharding
+from seq2seq import checkpoint, data, flops, optimizer, sharding
 from seq2seq.batching import BatchIterator, epoch_plan, make_batch
 from seq2seq.config import ModelConfig
 from seq2seq.loss import cross_entropy_sums, summarize
-from seq2seq.metrics import MetricsWriter
+from seq2seq.metrics import MetricsWriter, truncate_after
 from seq2seq.transformer import Transformer
 
 State = dict  # {"params": nnx.State, "opt_state": optax state, "step": int32 scalar}
@@ -66,7 +66,7 @@ def apply_gradients(state: State, grads, sums, *, tx, schedule):
   updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
   new_state = {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state,
                "step": state["step"] + 1}
-  return new_state, sums | {"grad_norm": optax.global_norm(grads), "learning_rate": schedule(state["step"])}
+  return new_state, sums | {"grad_norm": optax.tree.norm(grads), "learning_rate": schedule(state["step"])}
 
 
 def train_step(state: State, batch, *, seed, rng_impl, graphdef, label_smoothing, tx, schedule):
@@ -161,39 +161,77 @@ def train_and_evaluate(config, workdir: str) -> dict:
   val_batches = validation_batches(config, tok, mesh) if config.train.eval_every else []
   peak = float(config.train.get("peak_flops", 0.0)) or flops.measure_matmul_peak() * jax.device_count()
 
+  ckpts = checkpoint.Checkpoints(workdir, every=config.train.checkpoint_every,
+                                 keep=config.train.get("keep_checkpoints", 3))
+  run_identity = checkpoint.identity(model_cfg, tok.model_bytes)
+  if ckpts.latest_step() is not None:  # rerunning the same command resumes
+    state, data_state = ckpts.restore(state, run_identity)
+    train_iter.restore(data_state)
+    if is_main:
+      truncate_after(workdir, int(state["step"]))
+      print(f"resumed from {ckpts.directory / str(int(state['step']))}", flush=True)
+
   writer = MetricsWriter(workdir, enabled=is_main)
   step = int(state["step"])
   bar = _progress(config.train.steps, step)
-  window = {"sums": [], "tokens": 0, "slots": 0, "real": 0, "flops": 0.0, "start": time.perf_counter()}
+  window = _new_window()
   last = {}
   start_time = time.perf_counter()
-  while step < config.train.steps:
-    locals_ = [next(train_iter) for _ in range(steps.accum_steps)]
-    batches = [sharding.put_batch(b, mesh) for b in locals_]
-    state, step_metrics = steps.update(state, batches)
-    step += 1
-    window["sums"].append(step_metrics)
-    for b in locals_:
-      rows = b["src_bs"].shape[0] * jax.process_count()
-      window["tokens"] += int((b["tgt_segments_bt"] > 0).sum()) * jax.process_count()
-      window["real"] += int((b["src_segments_bs"] > 0).sum() + (b["tgt_segments_bt"] > 0).sum())
-      window["slots"] += b["src_bs"].size + b["tgt_out_bt"].size
-      window["flops"] += flops.train_step_flops(model_cfg, rows, b["src_bs"].shape[1], b["tgt_out_bt"].shape[1])
-    bar.update(1)
-    if step % config.train.log_every == 0 or step == config.train.steps:
-      last = _log(step, window, writer, bar, peak, start_time)
-      window = {"sums": [], "tokens": 0, "slots": 0, "real": 0, "flops": 0.0, "start": time.perf_counter()}
-    if config.train.eval_every and (step % config.train.eval_every == 0 or step == config.train.steps):
-      eval_start = time.perf_counter()
-      val = {f"val_{k}": v for k, v in evaluate(steps, state["params"], val_batches, mesh).items()}
-      window["start"] += time.perf_counter() - eval_start  # throughput counts training time only
-      writer.write(step, val)
-      last |= val
-      if is_main:
-        bar.write(f"step {step}: " + " ".join(f"{k}={v:.4g}" for k, v in val.items()))
+  with checkpoint.StopSignal() as stop:
+    while step < config.train.steps:
+      locals_ = [next(train_iter) for _ in range(steps.accum_steps)]
+      batches = [sharding.put_batch(b, mesh) for b in locals_]
+      state, step_metrics = steps.update(state, batches)
+      step += 1
+      _account(window, step_metrics, locals_, model_cfg)
+      bar.update(1)
+      if step % config.train.log_every == 0 or step == config.train.steps:
+        last = _log(step, window, writer, bar, peak, start_time)
+        window = _new_window()
+      if config.train.eval_every and (step % config.train.eval_every == 0 or step == config.train.steps):
+        eval_start = time.perf_counter()
+        val = {f"val_{k}": v for k, v in evaluate(steps, state["params"], val_batches, mesh).items()}
+        window["start"] += time.perf_counter() - eval_start  # throughput counts training time only
+        writer.write(step, val)
+        last |= val
+        if is_main:
+          bar.write(f"step {step}: " + " ".join(f"{k}={v:.4g}" for k, v in val.items()))
+      stopping = _agree(stop.received is not None)
+      if step % config.train.checkpoint_every == 0 or step == config.train.steps or stopping:
+        ckpts.save(step, state, train_iter.state, run_identity)
+      if stopping:
+        ckpts.wait()
+        if is_main:
+          bar.write(f"signal {stop.received}: saved a checkpoint at step {step} in {ckpts.directory}; "
+                    "rerun the same command to resume")
+        break
   bar.close()
+  ckpts.close()
   writer.close()
   return last
+
+
+def _agree(flag: bool) -> bool:
+  """True on every process if any process got a stop signal (multi-host preemption)."""
+  if jax.process_count() == 1:
+    return flag
+  from jax.experimental import multihost_utils
+
+  return bool(np.max(multihost_utils.process_allgather(np.int32(flag))))
+
+
+def _new_window() -> dict:
+  return {"sums": [], "tokens": 0, "slots": 0, "real": 0, "flops": 0.0, "start": time.perf_counter()}
+
+
+def _account(window, step_metrics, local_batches, model_cfg) -> None:
+  window["sums"].append(step_metrics)
+  for b in local_batches:
+    rows = b["src_bs"].shape[0] * jax.process_count()
+    window["tokens"] += int((b["tgt_segments_bt"] > 0).sum()) * jax.process_count()
+    window["real"] += int((b["src_segments_bs"] > 0).sum() + (b["tgt_segments_bt"] > 0).sum())
+    window["slots"] += b["src_bs"].size + b["tgt_out_bt"].size
+    window["flops"] += flops.train_step_flops(model_cfg, rows, b["src_bs"].shape[1], b["tgt_out_bt"].shape[1])
 
 
 def _log(step, window, writer, bar, peak, start_time) -> dict:

@@ -1,0 +1,87 @@
+"""Checkpoints in DIR/checkpoints with orbax: the train state (params, optimizer state,
+step), the data iterator's position and the run's identity (model settings, vocabulary),
+saved asynchronously. Orbax writes each step to a temporary directory and renames it when
+complete, so restore only ever sees finished checkpoints. Nothing is pickled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import pathlib
+import signal
+
+import orbax.checkpoint as ocp
+
+from seq2seq.config import ModelConfig
+
+
+def identity(model_cfg: ModelConfig, spm_model: bytes) -> dict:
+  """What must match between a checkpoint and the run restoring it."""
+  return {"model": dataclasses.asdict(model_cfg), "spm_sha256": hashlib.sha256(spm_model).hexdigest()}
+
+
+def check_identity(saved: dict, current: dict, where: str) -> None:
+  """Raises a ValueError listing every setting that differs from the checkpoint's."""
+  diffs = [f"config.model.{k}: checkpoint has {v!r}, config has {current['model'].get(k)!r}"
+           for k, v in saved["model"].items() if current["model"].get(k) != v]
+  if saved["spm_sha256"] != current["spm_sha256"]:
+    diffs.append("the sentencepiece model (vocabulary) differs from the one the checkpoint was trained with")
+  if diffs:
+    raise ValueError(f"{where} does not match this run's config; restoring it would give garbage:\n  "
+                     + "\n  ".join(diffs))
+
+
+class Checkpoints:
+  """Saves every `every` steps (and on demand), keeps the last `keep`, restores the latest."""
+
+  def __init__(self, workdir: str, *, every: int, keep: int = 3, asynchronous: bool = True):
+    self.directory = pathlib.Path(workdir).resolve() / "checkpoints"
+    self.every = every
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, enable_async_checkpointing=asynchronous)
+    self.manager = ocp.CheckpointManager(self.directory, options=options)
+
+  def latest_step(self) -> int | None:
+    return self.manager.latest_step()
+
+  def save(self, step: int, state, data_state: dict, run_identity: dict) -> None:
+    self.manager.save(step, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state),
+        identity=ocp.args.JsonSave(run_identity)), force=True)
+
+  def restore(self, target_state, run_identity: dict, step: int | None = None):
+    """(state, data_state) of `step` (default: the latest), laid out like `target_state`."""
+    step = self.latest_step() if step is None else step
+    where = self.directory / str(step)
+    saved = self.manager.restore(step, args=ocp.args.Composite(identity=ocp.args.JsonRestore()))
+    check_identity(saved.identity, run_identity, str(where))
+    restored = self.manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(target_state), data=ocp.args.JsonRestore()))
+    return restored.state, restored.data
+
+  def wait(self) -> None:
+    self.manager.wait_until_finished()
+
+  def close(self) -> None:
+    self.manager.wait_until_finished()
+    self.manager.close()
+
+
+class StopSignal:
+  """Turns SIGTERM / SIGINT (preemption, Ctrl-C) into a flag the loop checks after each step."""
+
+  def __init__(self):
+    self.received: int | None = None
+    self._previous = {}
+
+  def __enter__(self):
+    for sig in (signal.SIGTERM, signal.SIGINT):
+      self._previous[sig] = signal.signal(sig, self._handle)
+    return self
+
+  def _handle(self, signum, _frame):
+    self.received = signum
+
+  def __exit__(self, *exc):
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)

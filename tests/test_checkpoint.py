@@ -1,0 +1,92 @@
+"""Checkpoints: rerunning resumes exactly, SIGTERM saves and exits 0, config mismatches
+are refused, unfinished checkpoint directories are ignored."""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from seq2seq import checkpoint, metrics
+from seq2seq.train import train_and_evaluate
+
+from conftest import REPO, make_config
+
+
+def tiny(data_dir, cache, **train):
+  config = make_config("tiny", data_dir, cache)
+  config.train.update(dict(log_every=5, eval_every=0, checkpoint_every=10) | train)
+  return config
+
+
+def final_params(workdir):
+  ckpts = checkpoint.Checkpoints(str(workdir), every=10)
+  import orbax.checkpoint as ocp
+
+  restored = ckpts.manager.restore(ckpts.latest_step(), args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+  ckpts.close()
+  return restored.state
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(data_dir, session_cache, tmp_path_factory):
+  workdir = tmp_path_factory.mktemp("uninterrupted")
+  train_and_evaluate(tiny(data_dir, session_cache, steps=30), str(workdir))
+  return workdir
+
+
+def test_rerun_resumes_exactly_where_the_run_stopped(uninterrupted, data_dir, session_cache, tmp_path):
+  train_and_evaluate(tiny(data_dir, session_cache, steps=15), str(tmp_path))  # stops (and saves) at 15
+  assert checkpoint.Checkpoints(str(tmp_path), every=10).latest_step() == 15
+  train_and_evaluate(tiny(data_dir, session_cache, steps=30), str(tmp_path))  # the same command, longer
+  want = {r["step"]: r["loss"] for r in metrics.read(uninterrupted)}
+  got = {r["step"]: r["loss"] for r in metrics.read(tmp_path)}
+  assert sorted(got) == [5, 10, 15, 20, 25, 30]
+  assert {s: got[s] for s in (20, 25, 30)} == {s: want[s] for s in (20, 25, 30)}  # bit-identical
+  a, b = final_params(uninterrupted), final_params(tmp_path)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_array_equal(x, y)
+
+
+def test_other_model_settings_are_refused(uninterrupted, data_dir, session_cache, tmp_path):
+  workdir = tmp_path / "copy"
+  shutil.copytree(uninterrupted, workdir)
+  config = tiny(data_dir, session_cache, steps=40)
+  config.model.d_ff = 256
+  with pytest.raises(ValueError, match=r"config\.model\.d_ff: checkpoint has 128, config has 256"):
+    train_and_evaluate(config, str(workdir))
+
+
+def test_unfinished_checkpoint_directory_is_ignored(uninterrupted, tmp_path):
+  workdir = tmp_path / "copy"
+  shutil.copytree(uninterrupted, workdir)
+  shutil.copytree(workdir / "checkpoints" / "30", workdir / "checkpoints" / "40.orbax-checkpoint-tmp-1234")
+  assert checkpoint.Checkpoints(str(workdir), every=10).latest_step() == 30
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_zero(data_dir, session_cache, tmp_path):
+  cmd = [sys.executable, "train.py", "--config=configs/tiny.py", f"--workdir={tmp_path}",
+         f"--config.data.dir={data_dir}", f"--config.data.cache_dir={session_cache}",
+         "--config.train.steps=100000", "--config.train.log_every=5", "--config.train.eval_every=0",
+         "--config.train.checkpoint_every=100000"]
+  proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  deadline = time.monotonic() + 240
+  while not metrics.read(tmp_path):  # wait for the first logged step: training is under way
+    assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.poll() else "timeout"
+    time.sleep(0.2)
+  proc.send_signal(signal.SIGTERM)
+  out, _ = proc.communicate(timeout=240)
+  assert proc.returncode == 0, out[-3000:]
+  step = checkpoint.Checkpoints(str(tmp_path), every=10).latest_step()
+  assert step >= 5 and f"saved a checkpoint at step {step}" in out
+  resumed = subprocess.run(cmd[:-4] + [f"--config.train.steps={step + 2}", "--config.train.log_every=1",
+                                       "--config.train.eval_every=0", "--config.train.checkpoint_every=100"],
+                           cwd=REPO, capture_output=True, text=True, timeout=240)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert f"resumed from {tmp_path.resolve() / 'checkpoints' / str(step)}" in resumed.stdout
+  assert [r["step"] for r in metrics.read(tmp_path)][-2:] == [step + 1, step + 2]
