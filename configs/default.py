@@ -77,6 +77,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.train = ml_collections.ConfigDict(dict(
       steps=100_000,
       checkpoint_every=1000,
+      keep_checkpoints=3,
       log_every=100,
       eval_every=1000,
       learning_rate=1.0,  # rsqrt: multiplies d_model^-0.5 * min(n^-0.5, n * warmup^-1.5); else the peak

@@ -3,7 +3,8 @@ model for 5 steps on several meshes and prints losses and parameter specs as JSO
 
 import os
 
-os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+if __name__ == "__main__":
+  os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 
 import json  # noqa: E402
 import sys  # noqa: E402
@@ -33,7 +34,7 @@ def batches(n, rows=16, s=12, t=10, vocab=64):
   return out
 
 
-def run(mesh_shape):
+def setup(mesh):
   config = ml_collections.ConfigDict({
       "seed": 0,
       "train": dict(label_smoothing=0.1, schedule="warmup_linear", learning_rate=1e-2, warmup_steps=2, steps=5,
@@ -41,11 +42,25 @@ def run(mesh_shape):
                     end_lr_fraction=0.0, accum_steps=1, rng_impl="threefry2x32")})
   model_cfg = ModelConfig(vocab_size=64, d_model=32, num_heads=4, num_encoder_layers=2, num_decoder_layers=2,
                           d_ff=64, dropout_rate=0.1, share_embeddings=False, tie_output=False)
-  devices = jax.devices()[:int(np.prod(mesh_shape))]
-  mesh = sharding.make_mesh(dict(zip(sharding.MESH_AXES, mesh_shape)), devices)
   tx, lr = optimizer.make(config.train, d_model=model_cfg.d_model)
   graphdef, state, shardings = init_state(model_cfg, tx, mesh, config.seed)
-  steps = Steps(config, graphdef, shardings, mesh, tx, lr)
+  return Steps(config, graphdef, shardings, mesh, tx, lr), state
+
+
+def run_steps(mesh, local_batches):
+  """Losses of 5 steps; each batch holds this process's rows only."""
+  steps, state = setup(mesh)
+  losses = []
+  for b in local_batches:
+    state, m = steps.update(state, [sharding.put_batch(b, mesh)])
+    losses.append(float(m["loss_sum"] / m["tokens"]))
+  return losses
+
+
+def run(mesh_shape):
+  devices = jax.devices()[:int(np.prod(mesh_shape))]
+  mesh = sharding.make_mesh(dict(zip(sharding.MESH_AXES, mesh_shape)), devices)
+  steps, state = setup(mesh)
   losses = []
   for b in batches(5):
     state, m = steps.update(state, [sharding.put_batch(b, mesh)])

@@ -3,6 +3,7 @@ sharded meshes equal to one device, and an end-to-end run on real Multi30k."""
 
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -177,3 +178,27 @@ def test_hand_written_gradients_equal_autodiff():
     want = jax.vjp(lambda x, w: jnp.einsum("btd,vd->btv", x, w), x, w)[1](g)
     for a, b in zip(got, want):
       np.testing.assert_allclose(a, b, rtol=1e-12)
+
+
+def test_two_processes_train_like_one():
+  """Multi-host on one machine: 2 processes (gloo collectives on 127.0.0.1), each feeding
+  only its half of every batch, give the losses of one process that sees whole batches."""
+  import socket
+
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  script = str(REPO / "tests" / "multihost_run.py")
+  env = dict(os.environ, PYTHONPATH=str(REPO / "tests"))
+  procs = [subprocess.Popen([sys.executable, script, str(i), "2", str(port)], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+  outs = [p.communicate(timeout=600) for p in procs]
+  for p, (_, err) in zip(procs, outs):
+    assert p.returncode == 0, err[-3000:]
+  two = json.loads(outs[0][0].strip().splitlines()[-1])
+  one = subprocess.run([sys.executable, script, "0", "1", "0"], cwd=REPO, env=env, capture_output=True, text=True,
+                       timeout=600)
+  assert one.returncode == 0, one.stderr[-3000:]
+  single = json.loads(one.stdout.strip().splitlines()[-1])
+  assert (two["processes"], two["devices"], single["processes"]) == (2, 2, 1)
+  np.testing.assert_allclose(two["losses"], single["losses"], atol=1e-5)
