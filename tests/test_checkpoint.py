@@ -135,3 +135,29 @@ def test_restore_on_another_mesh_continues_the_same_run(uninterrupted, data_dir,
   # The 10 steps after the restore match to 1e-5, the bound of the mesh-equivalence test;
   # beyond that, float32 reduction-order differences of 8 devices grow through Adam.
   np.testing.assert_allclose([got[15], got[20]], [want[15], want[20]], atol=1e-5)
+
+
+def test_average_of_the_last_checkpoints_is_the_mean_of_their_parameters(uninterrupted, tmp_path):
+  import orbax.checkpoint as ocp
+
+  from seq2seq import average
+
+  workdir = tmp_path / "copy"
+  shutil.copytree(uninterrupted, workdir)
+  out = subprocess.run([sys.executable, "-m", "seq2seq.average", f"--workdir={workdir}", "--last=2"], cwd=REPO,
+                       capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  params, identity = average.load_average(workdir / "average" / "last2")
+  assert identity["averaged_steps"] == [20, 30]
+  ckpts = checkpoint.Checkpoints(str(workdir), every=10)
+  p20, p30 = (ckpts.manager.restore(s, args=ocp.args.Composite(state=ocp.args.StandardRestore())).state["params"]
+              for s in (20, 30))
+  ckpts.close()
+  leaves = list(zip(jax.tree.leaves(params), jax.tree.leaves(p20), jax.tree.leaves(p30)))
+  assert len(leaves) > 10
+  for avg, a, b in leaves:
+    np.testing.assert_array_equal(avg, ((np.float64(a) + np.float64(b)) / 2).astype(np.float32))
+  assert not np.array_equal(leaves[0][1], leaves[0][2])
+  too_many = subprocess.run([sys.executable, "-m", "seq2seq.average", f"--workdir={workdir}", "--last=5"],
+                            cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert too_many.returncode != 0 and "fewer than --last=5" in too_many.stderr

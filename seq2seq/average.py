@@ -1,0 +1,75 @@
+"""Checkpoint averaging: the mean of the parameters of the last k checkpoints, saved as a
+checkpoint of its own that evaluation can load.
+
+  python -m seq2seq.average --workdir=DIR --last=5      # writes DIR/average/last5
+"""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from seq2seq.checkpoint import Checkpoints
+
+
+def average_params(workdir: str, last: int) -> tuple[dict, list[int], dict]:
+  """(mean parameters, the steps averaged, the run identity) of the newest `last` checkpoints."""
+  ckpts = Checkpoints(workdir, every=1, asynchronous=False)
+  try:
+    steps = sorted(ckpts.manager.all_steps())[-last:]
+    if len(steps) < last:
+      raise ValueError(f"{ckpts.directory} has {len(steps)} checkpoint(s), fewer than --last={last} "
+                       "(raise config.train.keep_checkpoints to keep more)")
+    total, identity = None, None
+    for step in steps:
+      restored = ckpts.manager.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(), identity=ocp.args.JsonRestore()))
+      params = jax.tree.map(lambda x: np.asarray(x, np.float64), restored.state["params"])
+      total = params if total is None else jax.tree.map(np.add, total, params)
+      identity = restored.identity
+  finally:
+    ckpts.close()
+  mean = jax.tree.map(lambda x: (x / len(steps)).astype(np.float32), total)
+  return mean, steps, identity
+
+
+def save_average(workdir: str, last: int) -> pathlib.Path:
+  params, steps, identity = average_params(workdir, last)
+  out = pathlib.Path(workdir).resolve() / "average" / f"last{last}"
+  checkpointer = ocp.Checkpointer(ocp.CompositeCheckpointHandler())
+  checkpointer.save(out, args=ocp.args.Composite(
+      state=ocp.args.StandardSave({"params": params}),
+      identity=ocp.args.JsonSave(identity | {"averaged_steps": steps})), force=True)
+  return out
+
+
+def load_average(path: str | pathlib.Path) -> tuple[dict, dict]:
+  """(parameters, identity) of an averaged checkpoint."""
+  restored = ocp.Checkpointer(ocp.CompositeCheckpointHandler()).restore(
+      pathlib.Path(path).resolve(), args=ocp.args.Composite(state=ocp.args.StandardRestore(),
+                                                            identity=ocp.args.JsonRestore()))
+  return restored.state["params"], restored.identity
+
+
+def main(argv=None) -> None:
+  from absl import app, flags
+
+  workdir = flags.DEFINE_string("workdir", None, "The run's directory.", required=True)
+  last = flags.DEFINE_integer("last", 5, "How many of the newest checkpoints to average.")
+
+  def run(_):
+    try:
+      out = save_average(workdir.value, last.value)
+    except ValueError as e:
+      sys.exit(f"error: {e}")
+    print(f"averaged the last {last.value} checkpoints into {out}")
+
+  app.run(run, argv=argv)
+
+
+if __name__ == "__main__":
+  main()
