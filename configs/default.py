@@ -93,6 +93,12 @@ def get_config() -> ml_collections.ConfigDict:
       accum_steps=1,  # micro-batches per update (token-weighted gradient accumulation)
       rng_impl="threefry2x32",  # dropout PRNG: threefry2x32 | rbg (cheaper on CPU)
       peak_flops=0.0,  # FLOP/s of all devices for MFU; 0 = measure an f32 matmul at start
+      # Divergence guard: on a NaN/inf loss or gradient norm (or a loss over spike_factor x
+      # its running mean), restore the last checkpoint, skip that data, scale the rate.
+      guard_max_rollbacks=3,  # then stop with an error; 0 = no guard
+      guard_spike_factor=0.0,  # 0 = only non-finite values count
+      guard_lr_factor=0.5,  # learning-rate multiplier applied at each rollback
+      inject_nan_at_step=-1,  # testing: make the gradients of this step NaN
   ))
 
   # Mesh axis sizes; -1 takes the remaining devices.

@@ -20,11 +20,12 @@ from flax import nnx
 from seq2seq import checkpoint, data, flops, optimizer, sharding
 from seq2seq.batching import BatchIterator, epoch_plan, make_batch
 from seq2seq.config import ModelConfig
+from seq2seq.guard import DivergenceGuard
 from seq2seq.loss import cross_entropy_sums, summarize
 from seq2seq.metrics import MetricsWriter, truncate_after
 from seq2seq.transformer import Transformer
 
-State = dict  # {"params": nnx.State, "opt_state": optax state, "step": int32 scalar}
+State = dict  # {"params": nnx.State, "opt_state": optax state, "step": int32 scalar, "lr_scale": f32 scalar}
 
 
 # -- state -------------------------------------------------------------------------------
@@ -32,7 +33,8 @@ def init_state(model_cfg: ModelConfig, tx: optax.GradientTransformation, mesh, s
   """Parameters and optimizer state created directly in their shardings on `mesh`."""
   def init():
     params = nnx.state(Transformer(model_cfg, rngs=nnx.Rngs(seed)), nnx.Param)
-    return {"params": params, "opt_state": tx.init(params), "step": jnp.zeros((), jnp.int32)}
+    return {"params": params, "opt_state": tx.init(params), "step": jnp.zeros((), jnp.int32),
+            "lr_scale": jnp.ones((), jnp.float32)}  # lowered by the divergence guard
 
   graphdef = nnx.graphdef(nnx.eval_shape(lambda: Transformer(model_cfg, rngs=nnx.Rngs(seed))))
   shardings = sharding.state_shardings(jax.eval_shape(init), mesh)
@@ -40,13 +42,14 @@ def init_state(model_cfg: ModelConfig, tx: optax.GradientTransformation, mesh, s
 
 
 # -- steps -------------------------------------------------------------------------------
-def _loss(params, graphdef, batch, dropout_rng, label_smoothing):
+def _loss(params, graphdef, batch, dropout_rng, label_smoothing, poison=False):
   model = nnx.merge(graphdef, params)
   logits_btv = model(batch["src_bs"], batch["tgt_in_bt"], src_segments_bs=batch["src_segments_bs"],
                      tgt_segments_bt=batch["tgt_segments_bt"], src_positions_bs=batch["src_positions_bs"],
                      tgt_positions_bt=batch["tgt_positions_bt"], dropout_rng=dropout_rng)
   sums = cross_entropy_sums(logits_btv, batch["tgt_out_bt"], batch["tgt_segments_bt"] > 0, label_smoothing)
-  return sums["loss_sum"], sums
+  loss = sums["loss_sum"] * jnp.where(poison, jnp.nan, 1.0)  # `train.inject_nan_at_step`: NaN gradients
+  return loss, sums | {"loss_sum": loss}
 
 
 def dropout_key(seed: int, step, micro: int = 0, impl: str = "threefry2x32"):
@@ -54,9 +57,9 @@ def dropout_key(seed: int, step, micro: int = 0, impl: str = "threefry2x32"):
   return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed, impl=impl), step), micro)
 
 
-def grad_sums(params, batch, key, *, graphdef, label_smoothing):
+def grad_sums(params, batch, key, *, graphdef, label_smoothing, poison=False):
   """Gradient of the summed (not averaged) token loss, and the metric sums."""
-  grads, sums = jax.grad(_loss, has_aux=True)(params, graphdef, batch, key, label_smoothing)
+  grads, sums = jax.grad(_loss, has_aux=True)(params, graphdef, batch, key, label_smoothing, poison)
   return grads, sums
 
 
@@ -64,15 +67,18 @@ def apply_gradients(state: State, grads, sums, *, tx, schedule):
   """One optimizer update from summed gradients: divides by the target token count."""
   grads = jax.tree.map(lambda g: g / jnp.maximum(sums["tokens"], 1.0), grads)
   updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+  updates = jax.tree.map(lambda u: u * state["lr_scale"], updates)
   new_state = {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state,
-               "step": state["step"] + 1}
-  return new_state, sums | {"grad_norm": optax.tree.norm(grads), "learning_rate": schedule(state["step"])}
+               "step": state["step"] + 1, "lr_scale": state["lr_scale"]}
+  return new_state, sums | {"grad_norm": optax.tree.norm(grads),
+                            "learning_rate": schedule(state["step"]) * state["lr_scale"]}
 
 
-def train_step(state: State, batch, *, seed, rng_impl, graphdef, label_smoothing, tx, schedule):
+def train_step(state: State, batch, poison=False, *, seed, rng_impl, graphdef, label_smoothing, tx, schedule):
   """A full update on one batch (no accumulation): forward, backward, optimizer."""
   key = dropout_key(seed, state["step"], 0, rng_impl)
-  grads, sums = grad_sums(state["params"], batch, key, graphdef=graphdef, label_smoothing=label_smoothing)
+  grads, sums = grad_sums(state["params"], batch, key, graphdef=graphdef, label_smoothing=label_smoothing,
+                          poison=poison)
   return apply_gradients(state, grads, sums, tx=tx, schedule=schedule)
 
 
@@ -99,15 +105,16 @@ class Steps:
     batch_sh = sharding.batch_sharding(mesh)
     self.accum_steps = max(int(t.get("accum_steps", 1)), 1)
     self.train = jax.jit(functools.partial(train_step, tx=tx, schedule=schedule, **common),
-                         in_shardings=(shardings, batch_sh), out_shardings=(shardings, None), donate_argnums=0)
+                         in_shardings=(shardings, batch_sh, None), out_shardings=(shardings, None), donate_argnums=0)
     self.accumulate = jax.jit(functools.partial(accumulate, **common), static_argnums=4)
     self.apply = jax.jit(functools.partial(apply_gradients, tx=tx, schedule=schedule),
                          out_shardings=(shardings, None), donate_argnums=(0, 1))
     self.eval = jax.jit(functools.partial(eval_sums, graphdef=graphdef))
 
-  def update(self, state: State, batches: list) -> tuple[State, dict]:
+  def update(self, state: State, batches: list, poison: bool = False) -> tuple[State, dict]:
+    """One optimizer update; `poison` makes its gradients NaN (to test the divergence guard)."""
     if len(batches) == 1:
-      return self.train(state, batches[0])
+      return self.train(state, batches[0], poison)
     acc = None
     for micro, batch in enumerate(batches):
       acc = self.accumulate(acc, state["params"], batch, state["step"], micro)
@@ -172,6 +179,9 @@ def train_and_evaluate(config, workdir: str) -> dict:
       print(f"resumed from {ckpts.directory / str(int(state['step']))}", flush=True)
 
   writer = MetricsWriter(workdir, enabled=is_main)
+  t = config.train
+  guard = DivergenceGuard(spike_factor=t.get("guard_spike_factor", 0.0)) if t.get("guard_max_rollbacks", 3) else None
+  rollbacks = 0
   step = int(state["step"])
   bar = _progress(config.train.steps, step)
   window = _new_window()
@@ -181,8 +191,29 @@ def train_and_evaluate(config, workdir: str) -> dict:
     while step < config.train.steps:
       locals_ = [next(train_iter) for _ in range(steps.accum_steps)]
       batches = [sharding.put_batch(b, mesh) for b in locals_]
-      state, step_metrics = steps.update(state, batches)
+      poison = step + 1 == t.get("inject_nan_at_step", -1) and not rollbacks
+      state, step_metrics = steps.update(state, batches, poison)
       step += 1
+      reason = guard and guard.check(float(step_metrics["loss_sum"] / jnp.maximum(step_metrics["tokens"], 1.0)),
+                                     float(step_metrics["grad_norm"]))
+      if reason:  # roll back to the last good checkpoint; the data that led here is skipped
+        rollbacks += 1
+        if rollbacks > t.get("guard_max_rollbacks", 3):
+          raise RuntimeError(f"training diverged {rollbacks} times, the last at step {step} ({reason}); stopping. "
+                             "Lower config.train.learning_rate or see metrics.jsonl")
+        ckpts.wait()
+        if ckpts.latest_step() is None:
+          raise RuntimeError(f"training diverged at step {step} ({reason}) before any checkpoint was saved")
+        lr_scale = float(state["lr_scale"]) * t.get("guard_lr_factor", 0.5)  # compounds over rollbacks
+        state, _ = ckpts.restore(state, run_identity)
+        state["lr_scale"] = jax.device_put(jnp.float32(lr_scale), shardings["lr_scale"])
+        event = {"event": "rollback", "reason": reason, "to_step": int(state["step"]),
+                 "lr_scale": float(state["lr_scale"])}
+        writer.write(step, event)
+        if is_main:
+          bar.write(f"step {step}: {reason}; rolled back to step {event['to_step']}, lr scale {event['lr_scale']}")
+        step, window = int(state["step"]), _new_window()
+        continue
       _account(window, step_metrics, locals_, model_cfg)
       bar.update(1)
       if step % config.train.log_every == 0 or step == config.train.steps:

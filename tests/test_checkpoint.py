@@ -161,3 +161,33 @@ def test_average_of_the_last_checkpoints_is_the_mean_of_their_parameters(uninter
   too_many = subprocess.run([sys.executable, "-m", "seq2seq.average", f"--workdir={workdir}", "--last=5"],
                             cwd=REPO, capture_output=True, text=True, timeout=300)
   assert too_many.returncode != 0 and "fewer than --last=5" in too_many.stderr
+
+
+def test_nan_at_a_step_rolls_back_to_the_last_checkpoint_and_training_goes_on(data_dir, session_cache, tmp_path):
+  config = tiny(data_dir, session_cache, steps=25, inject_nan_at_step=17, guard_lr_factor=0.5)
+  last = train_and_evaluate(config, str(tmp_path))
+  records = metrics.read(tmp_path)
+  events = [r for r in records if r.get("event") == "rollback"]
+  assert len(events) == 1
+  assert events[0]["step"] == 17 and events[0]["to_step"] == 10 and events[0]["lr_scale"] == 0.5
+  assert "non-finite" in events[0]["reason"]
+  assert np.isfinite(last["loss"]) and last["step"] == 25
+  params = final_params(tmp_path)
+  assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(params))
+  assert float(params["lr_scale"]) == 0.5
+
+
+def test_divergence_before_any_checkpoint_is_a_clear_error(data_dir, session_cache, tmp_path):
+  config = tiny(data_dir, session_cache, steps=25, inject_nan_at_step=5, guard_max_rollbacks=1)
+  with pytest.raises(RuntimeError, match="before any checkpoint was saved"):
+    train_and_evaluate(config, str(tmp_path))
+
+
+def test_divergence_after_the_allowed_rollbacks_stops_with_a_clear_error(data_dir, session_cache, tmp_path):
+  # A spike factor below 1 flags every step once the running mean exists (10 steps).
+  config = tiny(data_dir, session_cache, steps=25, guard_spike_factor=0.5, guard_max_rollbacks=2)
+  with pytest.raises(RuntimeError, match=r"training diverged 3 times, the last at step 11 \(loss .* over 0.5 x"):
+    train_and_evaluate(config, str(tmp_path))
+  events = [r for r in metrics.read(tmp_path) if r.get("event") == "rollback"]
+  assert [(e["step"], e["to_step"]) for e in events] == [(11, 10), (11, 10)]
+  assert [e["lr_scale"] for e in events] == [0.5, 0.25]
