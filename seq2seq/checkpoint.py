@@ -12,7 +12,9 @@ import pathlib
 import signal
 
 import orbax.checkpoint as ocp
+from orbax.checkpoint.checkpoint_managers import preservation_policy as policies
 
+from seq2seq import metrics
 from seq2seq.config import ModelConfig
 
 
@@ -33,21 +35,35 @@ def check_identity(saved: dict, current: dict, where: str) -> None:
 
 
 class Checkpoints:
-  """Saves every `every` steps (and on demand), keeps the last `keep`, restores the latest."""
+  """Saves every `every` steps (and on demand); keeps the last `keep` and the one with the
+  lowest validation loss; restores the latest."""
 
   def __init__(self, workdir: str, *, every: int, keep: int = 3, asynchronous: bool = True):
-    self.directory = pathlib.Path(workdir).resolve() / "checkpoints"
+    self.workdir = pathlib.Path(workdir).resolve()
+    self.directory = self.workdir / "checkpoints"
     self.every = every
-    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, enable_async_checkpointing=asynchronous)
+    keep_policy = policies.AnyPreservationPolicy([
+        policies.LatestN(n=keep),
+        policies.BestN(get_metric_fn=lambda m: -m["val_loss"], n=1, keep_checkpoints_without_metrics=False)])
+    options = ocp.CheckpointManagerOptions(preservation_policy=keep_policy, create=True,
+                                           enable_async_checkpointing=asynchronous)
     self.manager = ocp.CheckpointManager(self.directory, options=options)
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
 
-  def save(self, step: int, state, data_state: dict, run_identity: dict) -> None:
+  def best_step(self) -> int | None:
+    """The kept checkpoint with the lowest validation loss in metrics.jsonl."""
+    kept = set(self.manager.all_steps())
+    scored = [(r["val_loss"], r["step"]) for r in metrics.read(self.workdir) if "val_loss" in r and r["step"] in kept]
+    return min(scored)[1] if scored else None
+
+  def save(self, step: int, state, data_state: dict, run_identity: dict, val_loss: float | None = None) -> None:
+    """Saves asynchronously; `val_loss` (when validation ran at this step) ranks it for "best"."""
     self.manager.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state),
-        identity=ocp.args.JsonSave(run_identity)), force=True)
+        identity=ocp.args.JsonSave(run_identity)), metrics=None if val_loss is None else {"val_loss": val_loss},
+        force=True)
 
   def restore(self, target_state, run_identity: dict, step: int | None = None):
     """(state, data_state) of `step` (default: the latest), laid out like `target_state`."""

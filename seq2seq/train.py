@@ -224,12 +224,13 @@ def train_and_evaluate(config, workdir: str) -> dict:
         val = {f"val_{k}": v for k, v in evaluate(steps, state["params"], val_batches, mesh).items()}
         window["start"] += time.perf_counter() - eval_start  # throughput counts training time only
         writer.write(step, val)
-        last |= val
+        last |= val | {"val_step": step}
         if is_main:
           bar.write(f"step {step}: " + " ".join(f"{k}={v:.4g}" for k, v in val.items()))
       stopping = _agree(stop.received is not None)
       if step % config.train.checkpoint_every == 0 or step == config.train.steps or stopping:
-        ckpts.save(step, state, train_iter.state, run_identity)
+        val_loss = last.get("val_loss") if last.get("val_step") == step else None
+        ckpts.save(step, state, train_iter.state, run_identity, val_loss=val_loss)
       if stopping:
         ckpts.wait()
         if is_main:

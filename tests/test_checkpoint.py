@@ -191,3 +191,23 @@ def test_divergence_after_the_allowed_rollbacks_stops_with_a_clear_error(data_di
   events = [r for r in metrics.read(tmp_path) if r.get("event") == "rollback"]
   assert [(e["step"], e["to_step"]) for e in events] == [(11, 10), (11, 10)]
   assert [e["lr_scale"] for e in events] == [0.5, 0.25]
+
+
+def test_the_best_checkpoint_by_validation_loss_is_kept(tmp_path):
+  import jax.numpy as jnp
+
+  ckpts = checkpoint.Checkpoints(str(tmp_path), every=10, keep=1)
+  identity = {"model": {}, "spm_sha256": "x"}
+  writer = metrics.MetricsWriter(tmp_path)
+  for step, val_loss in [(10, 5.0), (20, 3.0), (30, 4.0), (40, 6.0)]:
+    ckpts.save(step, {"w": jnp.full((2,), float(step))}, {"seed": 0, "epoch": 0, "position": step}, identity,
+               val_loss=val_loss)
+    writer.write(step, {"val_loss": val_loss})
+    ckpts.wait()
+  writer.close()
+  assert set(ckpts.manager.all_steps()) == {20, 40}  # the latest, and the best
+  assert ckpts.best_step() == 20
+  restored, data_state = ckpts.restore({"w": jnp.zeros((2,))}, identity, step=20)
+  np.testing.assert_array_equal(restored["w"], [20.0, 20.0])
+  assert data_state["position"] == 20
+  ckpts.close()
