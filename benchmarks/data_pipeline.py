@@ -130,7 +130,7 @@ def main() -> None:
       n = 500
       start = time.perf_counter()
       for _ in range(n):
-        batch = next(iterator)
+        next(iterator)
       results[f"{mode}_batch_ms"] = (time.perf_counter() - start) / n * 1e3
     results["tokenize_plus_bucketing_s"] = results["tokenize_s"] + results["bucketing_plan_s"]
     results["peak_rss_gib"] = peak_rss_gib()

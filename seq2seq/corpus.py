@@ -130,8 +130,8 @@ def load(directory: pathlib.Path) -> Corpus:
   return Corpus(stats=stats, **arrays)
 
 
-def build(pairs: Iterable[Pair], fingerprint: str, tokenizer: Tokenizer, cleaning: Cleaning, cache_dir: str | os.PathLike,
-          where: str) -> Corpus:
+def build(pairs: Iterable[Pair], fingerprint: str, tokenizer: Tokenizer, cleaning: Cleaning,
+          cache_dir: str | os.PathLike, where: str) -> Corpus:
   """The tokenized corpus, from the cache when this data was tokenized this way before."""
   root = pathlib.Path(cache_dir) / "corpus"
   final = root / cache_key(fingerprint, tokenizer, cleaning)

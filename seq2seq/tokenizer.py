@@ -7,7 +7,7 @@ import io
 import os
 import pathlib
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 import numpy as np
 import sentencepiece as spm
@@ -109,8 +109,3 @@ class Tokenizer:
         out.append(i)
     return self.sp.decode(out)
 
-
-def sentences_of(pairs: Iterable[tuple[str, str]]) -> Iterator[str]:
-  for src, tgt in pairs:
-    yield src
-    yield tgt
