@@ -65,7 +65,7 @@ def test_other_model_settings_are_refused(uninterrupted, data_dir, session_cache
 def test_unfinished_checkpoint_directory_is_ignored(uninterrupted, tmp_path):
   workdir = tmp_path / "copy"
   shutil.copytree(uninterrupted, workdir)
-  shutil.copytree(workdir / "checkpoints" / "30", workdir / "checkpoints" / "40.orbax-checkpoint-tmp-1234")
+  shutil.copytree(workdir / "checkpoints" / "30", workdir / "checkpoints" / "40.orbax-checkpoint-tmp"  # the name orbax gives an unfinished save)
   assert checkpoint.Checkpoints(str(workdir), every=10).latest_step() == 30
 
 
@@ -92,26 +92,32 @@ def test_sigterm_saves_a_checkpoint_and_exits_zero(data_dir, session_cache, tmp_
   assert [r["step"] for r in metrics.read(tmp_path)][-2:] == [step + 1, step + 2]
 
 
-def test_sigkill_after_a_checkpoint_then_rerun_equals_the_uninterrupted_run(uninterrupted, data_dir, session_cache,
-                                                                             tmp_path):
+def test_sigkill_after_a_checkpoint_and_during_a_save_then_rerun_equals_the_uninterrupted_run(
+    uninterrupted, data_dir, session_cache, tmp_path):
   cmd = [sys.executable, "train.py", "--config=configs/tiny.py", f"--workdir={tmp_path}",
          f"--config.data.dir={data_dir}", f"--config.data.cache_dir={session_cache}", "--config.train.steps=30",
          "--config.train.log_every=5", "--config.train.eval_every=0", "--config.train.checkpoint_every=10"]
-  proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-  finished = lambda: sorted(int(p.name) for p in (tmp_path / "checkpoints").glob("*") if p.name.isdigit())
-  deadline = time.monotonic() + 240
-  while not (tmp_path / "checkpoints").is_dir() or not finished():  # the checkpoint at step 10 is complete
-    assert proc.poll() is None and time.monotonic() < deadline
-    time.sleep(0.05)
-  proc.send_signal(signal.SIGKILL)  # no chance to clean up; a later save may be half-written
-  proc.wait(timeout=60)
-  assert proc.returncode == -signal.SIGKILL
+  ckpt_dir = tmp_path / "checkpoints"
+  finished = lambda: [p.name for p in ckpt_dir.glob("*") if p.name.isdigit()]
+  in_flight = lambda: [p.name for p in ckpt_dir.glob("*.orbax-checkpoint-tmp*") if int(p.name.split(".")[0]) > 10]
+
+  def run_until(condition):
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 240
+    while proc.poll() is None and not (ckpt_dir.is_dir() and condition()):
+      assert time.monotonic() < deadline
+      time.sleep(0.001)
+    proc.send_signal(signal.SIGKILL)  # no chance to clean up
+    proc.wait(timeout=60)
+
+  run_until(finished)  # killed once the checkpoint at step 10 is complete
+  run_until(in_flight)  # killed while a later save is being written (if the run is still going by then)
   rerun = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
   assert rerun.returncode == 0, rerun.stderr[-3000:]
   assert "resumed from" in rerun.stdout
   want = {r["step"]: r["loss"] for r in metrics.read(uninterrupted)}
   got = {r["step"]: r["loss"] for r in metrics.read(tmp_path)}
-  assert got == want  # every logged loss, before and after the kill
+  assert got == want  # every logged loss, before and after the kills
   for x, y in zip(jax.tree.leaves(final_params(uninterrupted)), jax.tree.leaves(final_params(tmp_path))):
     np.testing.assert_array_equal(x, y)
 
