@@ -65,7 +65,8 @@ def test_other_model_settings_are_refused(uninterrupted, data_dir, session_cache
 def test_unfinished_checkpoint_directory_is_ignored(uninterrupted, tmp_path):
   workdir = tmp_path / "copy"
   shutil.copytree(uninterrupted, workdir)
-  shutil.copytree(workdir / "checkpoints" / "30", workdir / "checkpoints" / "40.orbax-checkpoint-tmp"  # the name orbax gives an unfinished save)
+  # "<step>.orbax-checkpoint-tmp" is the name orbax gives a save that has not finished.
+  shutil.copytree(workdir / "checkpoints" / "30", workdir / "checkpoints" / "40.orbax-checkpoint-tmp")
   assert checkpoint.Checkpoints(str(workdir), every=10).latest_step() == 30
 
 
