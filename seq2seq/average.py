@@ -18,7 +18,7 @@ from seq2seq.checkpoint import Checkpoints
 
 def average_params(workdir: str, last: int) -> tuple[dict, list[int], dict]:
   """(mean parameters, the steps averaged, the run identity) of the newest `last` checkpoints."""
-  ckpts = Checkpoints(workdir, every=1, asynchronous=False)
+  ckpts = Checkpoints(workdir, asynchronous=False)
   try:
     steps = sorted(ckpts.manager.all_steps())[-last:]
     if len(steps) < last:

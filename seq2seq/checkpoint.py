@@ -35,13 +35,12 @@ def check_identity(saved: dict, current: dict, where: str) -> None:
 
 
 class Checkpoints:
-  """Saves every `every` steps (and on demand); keeps the last `keep` and the one with the
+  """Saves when asked; keeps the last `keep` and the one with the
   lowest validation loss; restores the latest."""
 
-  def __init__(self, workdir: str, *, every: int, keep: int = 3, asynchronous: bool = True):
+  def __init__(self, workdir: str, *, keep: int = 3, asynchronous: bool = True):
     self.workdir = pathlib.Path(workdir).resolve()
     self.directory = self.workdir / "checkpoints"
-    self.every = every
     keep_policy = policies.AnyPreservationPolicy([
         policies.LatestN(n=keep),
         policies.BestN(get_metric_fn=lambda m: -m["val_loss"], n=1, keep_checkpoints_without_metrics=False)])

@@ -106,7 +106,7 @@ class Steps:
     self.accum_steps = max(int(t.get("accum_steps", 1)), 1)
     self.train = jax.jit(functools.partial(train_step, tx=tx, schedule=schedule, **common),
                          in_shardings=(shardings, batch_sh, None), out_shardings=(shardings, None), donate_argnums=0)
-    self.accumulate = jax.jit(functools.partial(accumulate, **common), static_argnums=4)
+    self.accumulate = jax.jit(functools.partial(accumulate, **common))
     self.apply = jax.jit(functools.partial(apply_gradients, tx=tx, schedule=schedule),
                          out_shardings=(shardings, None), donate_argnums=(0, 1))
     self.eval = jax.jit(functools.partial(eval_sums, graphdef=graphdef))
@@ -168,8 +168,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   val_batches = validation_batches(config, tok, mesh) if config.train.eval_every else []
   peak = float(config.train.get("peak_flops", 0.0)) or flops.measure_matmul_peak() * jax.device_count()
 
-  ckpts = checkpoint.Checkpoints(workdir, every=config.train.checkpoint_every,
-                                 keep=config.train.get("keep_checkpoints", 3))
+  ckpts = checkpoint.Checkpoints(workdir, keep=config.train.get("keep_checkpoints", 3))
   run_identity = checkpoint.identity(model_cfg, tok.model_bytes)
   if ckpts.latest_step() is not None:  # rerunning the same command resumes
     state, data_state = ckpts.restore(state, run_identity)
@@ -198,20 +197,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
                                      float(step_metrics["grad_norm"]))
       if reason:  # roll back to the last good checkpoint; the data that led here is skipped
         rollbacks += 1
-        if rollbacks > t.get("guard_max_rollbacks", 3):
-          raise RuntimeError(f"training diverged {rollbacks} times, the last at step {step} ({reason}); stopping. "
-                             "Lower config.train.learning_rate or see metrics.jsonl")
-        ckpts.wait()
-        if ckpts.latest_step() is None:
-          raise RuntimeError(f"training diverged at step {step} ({reason}) before any checkpoint was saved")
-        lr_scale = float(state["lr_scale"]) * t.get("guard_lr_factor", 0.5)  # compounds over rollbacks
-        state, _ = ckpts.restore(state, run_identity)
-        state["lr_scale"] = jax.device_put(jnp.float32(lr_scale), shardings["lr_scale"])
-        event = {"event": "rollback", "reason": reason, "to_step": int(state["step"]),
-                 "lr_scale": float(state["lr_scale"])}
-        writer.write(step, event)
-        if is_main:
-          bar.write(f"step {step}: {reason}; rolled back to step {event['to_step']}, lr scale {event['lr_scale']}")
+        state = _roll_back(state, step, reason, rollbacks, t, ckpts, run_identity, shardings, writer, bar, is_main)
         step, window = int(state["step"]), _new_window()
         continue
       _account(window, step_metrics, locals_, model_cfg)
@@ -241,6 +227,24 @@ def train_and_evaluate(config, workdir: str) -> dict:
   ckpts.close()
   writer.close()
   return last
+
+
+def _roll_back(state, step, reason, rollbacks, t, ckpts, run_identity, shardings, writer, bar, is_main):
+  """The last checkpoint's state with a lower learning-rate scale; logs a `rollback` event."""
+  if rollbacks > t.get("guard_max_rollbacks", 3):
+    raise RuntimeError(f"training diverged {rollbacks} times, the last at step {step} ({reason}); stopping. "
+                       "Lower config.train.learning_rate or see metrics.jsonl")
+  ckpts.wait()
+  if ckpts.latest_step() is None:
+    raise RuntimeError(f"training diverged at step {step} ({reason}) before any checkpoint was saved")
+  lr_scale = float(state["lr_scale"]) * t.get("guard_lr_factor", 0.5)  # compounds over rollbacks
+  state, _ = ckpts.restore(state, run_identity)
+  state["lr_scale"] = jax.device_put(jnp.float32(lr_scale), shardings["lr_scale"])
+  event = {"event": "rollback", "reason": reason, "to_step": int(state["step"]), "lr_scale": lr_scale}
+  writer.write(step, event)
+  if is_main:
+    bar.write(f"step {step}: {reason}; rolled back to step {event['to_step']}, lr scale {lr_scale}")
+  return state
 
 
 def _agree(flag: bool) -> bool:

@@ -25,7 +25,7 @@ def tiny(data_dir, cache, **train):
 
 
 def final_params(workdir):
-  ckpts = checkpoint.Checkpoints(str(workdir), every=10)
+  ckpts = checkpoint.Checkpoints(str(workdir))
   import orbax.checkpoint as ocp
 
   restored = ckpts.manager.restore(ckpts.latest_step(), args=ocp.args.Composite(state=ocp.args.StandardRestore()))
@@ -42,7 +42,7 @@ def uninterrupted(data_dir, session_cache, tmp_path_factory):
 
 def test_rerun_resumes_exactly_where_the_run_stopped(uninterrupted, data_dir, session_cache, tmp_path):
   train_and_evaluate(tiny(data_dir, session_cache, steps=15), str(tmp_path))  # stops (and saves) at 15
-  assert checkpoint.Checkpoints(str(tmp_path), every=10).latest_step() == 15
+  assert checkpoint.Checkpoints(str(tmp_path)).latest_step() == 15
   train_and_evaluate(tiny(data_dir, session_cache, steps=30), str(tmp_path))  # the same command, longer
   want = {r["step"]: r["loss"] for r in metrics.read(uninterrupted)}
   got = {r["step"]: r["loss"] for r in metrics.read(tmp_path)}
@@ -67,7 +67,7 @@ def test_unfinished_checkpoint_directory_is_ignored(uninterrupted, tmp_path):
   shutil.copytree(uninterrupted, workdir)
   # "<step>.orbax-checkpoint-tmp" is the name orbax gives a save that has not finished.
   shutil.copytree(workdir / "checkpoints" / "30", workdir / "checkpoints" / "40.orbax-checkpoint-tmp")
-  assert checkpoint.Checkpoints(str(workdir), every=10).latest_step() == 30
+  assert checkpoint.Checkpoints(str(workdir)).latest_step() == 30
 
 
 def test_sigterm_saves_a_checkpoint_and_exits_zero(data_dir, session_cache, tmp_path):
@@ -83,7 +83,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_zero(data_dir, session_cache, tmp_
   proc.send_signal(signal.SIGTERM)
   out, _ = proc.communicate(timeout=240)
   assert proc.returncode == 0, out[-3000:]
-  step = checkpoint.Checkpoints(str(tmp_path), every=10).latest_step()
+  step = checkpoint.Checkpoints(str(tmp_path)).latest_step()
   assert step >= 5 and f"saved a checkpoint at step {step}" in out
   resumed = subprocess.run(cmd[:-4] + [f"--config.train.steps={step + 2}", "--config.train.log_every=1",
                                        "--config.train.eval_every=0", "--config.train.checkpoint_every=100"],
@@ -156,7 +156,7 @@ def test_average_of_the_last_checkpoints_is_the_mean_of_their_parameters(uninter
   assert out.returncode == 0, out.stderr[-3000:]
   params, identity = average.load_average(workdir / "average" / "last2")
   assert identity["averaged_steps"] == [20, 30]
-  ckpts = checkpoint.Checkpoints(str(workdir), every=10)
+  ckpts = checkpoint.Checkpoints(str(workdir))
   p20, p30 = (ckpts.manager.restore(s, args=ocp.args.Composite(state=ocp.args.StandardRestore())).state["params"]
               for s in (20, 30))
   ckpts.close()
@@ -203,7 +203,7 @@ def test_divergence_after_the_allowed_rollbacks_stops_with_a_clear_error(data_di
 def test_the_best_checkpoint_by_validation_loss_is_kept(tmp_path):
   import jax.numpy as jnp
 
-  ckpts = checkpoint.Checkpoints(str(tmp_path), every=10, keep=1)
+  ckpts = checkpoint.Checkpoints(str(tmp_path), keep=1)
   identity = {"model": {}, "spm_sha256": "x"}
   writer = metrics.MetricsWriter(tmp_path)
   for step, val_loss in [(10, 5.0), (20, 3.0), (30, 4.0), (40, 6.0)]:
