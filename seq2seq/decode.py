@@ -1,0 +1,187 @@
+"""Search: greedy decoding and beam search (GNMT length penalty) on a decode step.
+
+A *stepper* turns the model into `init(src_bs) -> state` and `step(tokens_b, state) ->
+(logits_bv, state)`. `cached` keeps the self-attention keys/values of past tokens and
+the cross-attention keys/values of the source (the fast path); `uncached` reruns the
+decoder over the whole prefix each step (the reference it must equal). Every state array
+whose leading axis is the batch is gathered by beam index; names containing "cross" are
+the same for every beam of a sentence and are left alone.
+
+  tokens_bl, scores_b = search(model, src_bs, limits_b, beam_size=4, alpha=0.6, max_len=L)
+
+Output rows hold the generated tokens: eos ends a hypothesis, padding follows it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+NEG_INF = -1.0e9  # a score no hypothesis can have; finite so that sums stay ordered
+
+
+class Stepper(NamedTuple):
+  init: Callable[[jax.Array], Any]  # src_bs -> state
+  step: Callable[[jax.Array, Any], tuple[jax.Array, Any]]  # (tokens_b, state) -> (logits_bv, state)
+
+
+def cached(model, max_len: int) -> Stepper:
+  """Incremental decoding with the model's key/value cache."""
+  def init(src_bs):
+    segments_bs = (src_bs != model.cfg.pad_id).astype(jnp.int32)
+    return model.init_cache(model.encode(src_bs, src_segments_bs=segments_bs), segments_bs, max_len)
+
+  return Stepper(init, model.decode_step)
+
+
+def uncached(model, max_len: int) -> Stepper:
+  """Reruns the decoder over the whole prefix at every step (no cache): slow, for reference."""
+  def init(src_bs):
+    segments_bs = (src_bs != model.cfg.pad_id).astype(jnp.int32)
+    return {"index": jnp.zeros((), jnp.int32), "prefix_bl": jnp.zeros((src_bs.shape[0], max_len), jnp.int32),
+            "cross_enc_bsd": model.encode(src_bs, src_segments_bs=segments_bs), "cross_segments_bs": segments_bs}
+
+  def step(tokens_b, state):
+    index = state["index"]
+    prefix_bl = state["prefix_bl"].at[:, index].set(tokens_b)
+    ones_bl = jnp.ones_like(prefix_bl)  # later positions are hidden by the causal mask
+    logits_blv = model.decode(prefix_bl, state["cross_enc_bsd"], state["cross_segments_bs"], tgt_segments_bt=ones_bl)
+    logits_bv = jax.lax.dynamic_index_in_dim(logits_blv, index, axis=1, keepdims=False)
+    return logits_bv, state | {"index": index + 1, "prefix_bl": prefix_bl}
+
+  return Stepper(init, step)
+
+
+def length_penalty(length, alpha: float):
+  """GNMT (Wu et al. 2016): ((5 + length) / 6) ** alpha; a hypothesis scores log p / penalty."""
+  return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
+
+
+def output_limits(src_lengths_b, max_len_a: float, max_len_b: int, max_len: int):
+  """Longest output (eos included) per sentence: a * source length + b, at most `max_len`."""
+  limits = jnp.floor(max_len_a * src_lengths_b.astype(jnp.float32)).astype(jnp.int32) + max_len_b
+  return jnp.clip(limits, 1, max_len)
+
+
+def _log_probs(logits_xv, t, limits_x, min_len: int, pad_id: int, eos_id: int):
+  """Log-probabilities of output token t + 1 with the length rules applied: never padding;
+  no eos before `min_len` tokens; only eos once the row's limit is reached (the limit wins)."""
+  logp_xv = jax.nn.log_softmax(logits_xv.astype(jnp.float32), axis=-1)
+  is_eos_v = jnp.arange(logp_xv.shape[-1]) == eos_id
+  length = t + 1  # the hypothesis' length once this token is added
+  force_eos_x = length >= limits_x
+  no_eos_x = (length < min_len) & ~force_eos_x
+  banned_xv = (jnp.arange(logp_xv.shape[-1]) == pad_id)[None, :]
+  banned_xv = banned_xv | (is_eos_v[None, :] & no_eos_x[:, None]) | (~is_eos_v[None, :] & force_eos_x[:, None])
+  return jnp.where(banned_xv, NEG_INF, logp_xv)
+
+
+def greedy(stepper: Stepper, src_bs, limits_b, *, max_len: int, min_len: int = 0, bos_id: int = 1,
+           eos_id: int = 1, pad_id: int = 0):
+  """Most likely token at each step. Returns (tokens [b, max_len], log-probabilities [b])."""
+  b = src_bs.shape[0]
+  tokens_bl = jnp.full((b, max_len + 1), pad_id, jnp.int32).at[:, 0].set(bos_id)
+
+  def cond(carry):
+    t, _, done_b, _, _ = carry
+    return (t < max_len) & ~jnp.all(done_b)
+
+  def body(carry):
+    t, tokens_bl, done_b, logp_b, state = carry
+    logits_bv, state = stepper.step(tokens_bl[:, t], state)
+    logp_bv = _log_probs(logits_bv, t, limits_b, min_len, pad_id, eos_id)
+    next_b = jnp.argmax(logp_bv, axis=-1).astype(jnp.int32)
+    logp_b = logp_b + jnp.where(done_b, 0.0, jnp.max(logp_bv, axis=-1))
+    next_b = jnp.where(done_b, pad_id, next_b)  # finished rows are never extended
+    tokens_bl = tokens_bl.at[:, t + 1].set(next_b)
+    return t + 1, tokens_bl, done_b | (next_b == eos_id), logp_b, state
+
+  carry = (jnp.int32(0), tokens_bl, jnp.zeros((b,), bool), jnp.zeros((b,), jnp.float32), stepper.init(src_bs))
+  _, tokens_bl, _, logp_b, _ = jax.lax.while_loop(cond, body, carry)
+  return tokens_bl[:, 1:], logp_b
+
+
+def gather_beams(tree, origin_bk):
+  """Reorders every [b * k, ...] array of `tree` so that beam j holds beam origin_bk[:, j]'s state."""
+  b, k = origin_bk.shape
+  flat = (jnp.arange(b)[:, None] * k + origin_bk).reshape(-1)
+
+  def one(path, x):
+    if jnp.ndim(x) == 0 or "cross" in jax.tree_util.keystr(path):
+      return x
+    return jnp.take(x, flat, axis=0)
+
+  return jax.tree_util.tree_map_with_path(one, tree)
+
+
+def _take(x_bk, idx_bj):
+  """x[b, idx[b, j]] for arrays shaped [b, k, ...]."""
+  idx = idx_bj.reshape(idx_bj.shape + (1,) * (x_bk.ndim - 2))
+  return jnp.take_along_axis(x_bk, idx, axis=1)
+
+
+def beam_search(stepper: Stepper, src_bs, limits_b, *, beam_size: int, alpha: float, max_len: int,
+                min_len: int = 0, bos_id: int = 1, eos_id: int = 1, pad_id: int = 0):
+  """Beam search with the GNMT length penalty.
+
+  Keeps `beam_size` alive hypotheses and the `beam_size` best finished ones per sentence; a
+  hypothesis that emits eos among the k best candidates is finished and never extended. Stops when, for every sentence,
+  no alive hypothesis can still enter its k finished ones (log-probabilities only fall as
+  tokens are added and the penalty is largest at the length limit, so the bound is exact
+  for alpha >= 0): the k-best list is then final, not just its first entry.
+  Returns (tokens [b, k, max_len], scores [b, k]) of the finished hypotheses, best first.
+  """
+  if alpha < 0:
+    raise ValueError(f"alpha must be >= 0, got {alpha}")
+  b, k = src_bs.shape[0], beam_size
+  # Encode each sentence once, then copy its state to its k beams.
+  state = jax.tree.map(lambda x: x if jnp.ndim(x) == 0 else jnp.repeat(x, k, axis=0), stepper.init(src_bs))
+  seqs_bkl = jnp.full((b, k, max_len + 1), pad_id, jnp.int32).at[:, :, 0].set(bos_id)
+  alive_bk = jnp.full((b, k), NEG_INF).at[:, 0].set(0.0)  # one live start per sentence
+  finished = (jnp.full((b, k, max_len + 1), pad_id, jnp.int32), jnp.full((b, k), NEG_INF))
+  limits_bk = jnp.repeat(limits_b, k)
+
+  def cond(carry):
+    t, _, alive_bk, (_, fin_scores_bk), _ = carry
+    best_possible_b = jnp.max(alive_bk, axis=1) / length_penalty(limits_b, alpha)
+    return (t < max_len) & jnp.any(best_possible_b >= jnp.min(fin_scores_bk, axis=1))
+
+  def body(carry):
+    t, seqs_bkl, alive_bk, (fin_seqs_bkl, fin_scores_bk), state = carry
+    logits_xv, state = stepper.step(seqs_bkl[:, :, t].reshape(-1), state)
+    logp_bkv = _log_probs(logits_xv, t, limits_bk, min_len, pad_id, eos_id).reshape(b, k, -1)
+    vocab = logp_bkv.shape[-1]
+    # 2k candidates always include the k best that do not end in eos.
+    cand_logp_bc, flat_bc = jax.lax.top_k((alive_bk[:, :, None] + logp_bkv).reshape(b, k * vocab), 2 * k)
+    origin_bc, token_bc = flat_bc // vocab, (flat_bc % vocab).astype(jnp.int32)
+    cand_seqs_bcl = _take(seqs_bkl, origin_bc).at[:, :, t + 1].set(token_bc)
+    ends_bc = token_bc == eos_id
+    alive_bk, keep_bk = jax.lax.top_k(jnp.where(ends_bc, NEG_INF, cand_logp_bc), k)
+    seqs_bkl = _take(cand_seqs_bcl, keep_bk)
+    state = gather_beams(state, _take(origin_bc, keep_bk))
+    # Like fairseq, a hypothesis ending in eos finishes only if it ranks in the top k (so
+    # beam 1 is greedy search); continuations of empty beam slots never count.
+    real_bc = ends_bc & (jnp.arange(2 * k) < k)[None, :] & (cand_logp_bc > NEG_INF / 2)
+    new_scores_bc = jnp.where(real_bc, cand_logp_bc / length_penalty(t + 1, alpha), NEG_INF)
+    fin_scores_bk, pick_bk = jax.lax.top_k(jnp.concatenate([fin_scores_bk, new_scores_bc], axis=1), k)
+    fin_seqs_bkl = _take(jnp.concatenate([fin_seqs_bkl, cand_seqs_bcl], axis=1), pick_bk)
+    return t + 1, seqs_bkl, alive_bk, (fin_seqs_bkl, fin_scores_bk), state
+
+  carry = (jnp.int32(0), seqs_bkl, alive_bk, finished, state)
+  _, _, _, (fin_seqs_bkl, fin_scores_bk), _ = jax.lax.while_loop(cond, body, carry)
+  return fin_seqs_bkl[:, :, 1:], fin_scores_bk
+
+
+def search(model, src_bs, limits_b, *, beam_size: int, alpha: float, max_len: int, min_len: int = 0,
+           use_cache: bool = True):
+  """Best output per sentence: tokens [b, max_len] (eos, then padding). Beam 1 is greedy."""
+  cfg = model.cfg
+  stepper = (cached if use_cache else uncached)(model, max_len)
+  ids = dict(bos_id=1, eos_id=1, pad_id=cfg.pad_id)
+  if beam_size == 1:
+    return greedy(stepper, src_bs, limits_b, max_len=max_len, min_len=min_len, **ids)[0]
+  tokens_bkl, _ = beam_search(stepper, src_bs, limits_b, beam_size=beam_size, alpha=alpha, max_len=max_len,
+                              min_len=min_len, **ids)
+  return tokens_bkl[:, 0]

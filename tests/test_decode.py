@@ -1,0 +1,145 @@
+"""Search: exhaustive optimum, greedy = beam 1, cached = uncached, length rules."""
+
+import functools
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from seq2seq import decode
+from seq2seq.config import ModelConfig
+from seq2seq.transformer import Transformer
+
+EOS, PAD = 1, 0
+
+
+def make_model(vocab: int, **overrides) -> Transformer:
+  settings = dict(vocab_size=vocab, d_model=32, num_heads=2, num_encoder_layers=2, num_decoder_layers=2, d_ff=48,
+                  max_len=64, dropout_rate=0.0)
+  return Transformer(ModelConfig(**(settings | overrides)), rngs=nnx.Rngs(3))
+
+
+def run_search(model, src_bs, limits_b, fn, **kwargs):
+  graphdef, state = nnx.split(model)
+  max_len = kwargs.pop("max_len")
+  use_cache = kwargs.pop("use_cache", True)
+
+  @jax.jit
+  def go(state, src_bs, limits_b):
+    m = nnx.merge(graphdef, state)
+    stepper = (decode.cached if use_cache else decode.uncached)(m, max_len)
+    return fn(stepper, src_bs, limits_b, max_len=max_len, **kwargs)
+
+  return jax.device_get(go(state, src_bs, limits_b))
+
+
+def sequence_log_prob(model, src_1s, out):
+  """log p(out | src) by teacher forcing, with the same length rules the search applies."""
+  tgt_in = np.array([[EOS] + list(out[:-1])])
+  logp = jax.nn.log_softmax(model(src_1s, tgt_in)[0].astype(jnp.float32), axis=-1)
+  return float(sum(logp[i, tok] for i, tok in enumerate(out)))
+
+
+def test_length_penalty_formula():
+  for length, alpha in ((1, 0.6), (7, 0.6), (30, 1.0), (12, 0.0)):
+    assert float(decode.length_penalty(length, alpha)) == pytest.approx(((5 + length) / 6) ** alpha, rel=1e-6)
+
+
+def test_wide_beam_returns_every_hypothesis_in_exhaustive_order():
+  """With a beam as wide as the set of all hypotheses, beam search is exhaustive search."""
+  vocab, max_len, alpha = 6, 3, 0.6
+  words = [t for t in range(vocab) if t not in (PAD, EOS)]
+  model = make_model(vocab)
+  src_bs = np.array([[2, 3, 4, 5, EOS], [5, 4, EOS, PAD, PAD]])
+  limits_b = np.array([3, 2])
+  everything = [prefix + (EOS,) for n in range(max_len) for prefix in itertools.product(words, repeat=n)]
+  beam = len(everything)  # 1 + 4 + 16
+  tokens_bkl, scores_bk = run_search(model, src_bs, limits_b, decode.beam_search, beam_size=beam, alpha=alpha,
+                                     max_len=max_len)
+  for row in range(2):
+    allowed = [h for h in everything if len(h) <= limits_b[row]]
+    exhaustive = sorted(((sequence_log_prob(model, src_bs[row:row + 1], h) / ((5 + len(h)) / 6) ** alpha, h)
+                         for h in allowed), reverse=True)
+    found = [tuple(int(t) for t in tokens_bkl[row, j] if t != PAD) for j in range(len(allowed))]
+    assert found == [h for _, h in exhaustive]
+    np.testing.assert_allclose(scores_bk[row, :len(allowed)], [s for s, _ in exhaustive], rtol=1e-5)
+    assert np.all(scores_bk[row, len(allowed):] == decode.NEG_INF)  # empty slots stay empty
+
+
+def sources(vocab: int, seed: int = 0, batch: int = 5, width: int = 9):
+  rng = np.random.default_rng(seed)
+  src_bs = rng.integers(2, vocab, (batch, width))
+  lengths = rng.integers(1, width + 1, batch)
+  for i, n in enumerate(lengths):
+    src_bs[i, n - 1] = EOS
+    src_bs[i, n:] = PAD
+  return src_bs, lengths
+
+
+def test_beam_one_without_penalty_equals_greedy():
+  model = make_model(40)
+  src_bs, lengths = sources(40)
+  limits = np.asarray(decode.output_limits(jnp.asarray(lengths), 1.0, 3, 16))
+  greedy_bl, _ = run_search(model, src_bs, limits, decode.greedy, max_len=16)
+  beam_bkl, _ = run_search(model, src_bs, limits, decode.beam_search, beam_size=1, alpha=0.0, max_len=16)
+  np.testing.assert_array_equal(beam_bkl[:, 0], greedy_bl)
+
+
+@pytest.mark.parametrize("positions, norm_position", [("sinusoidal", "post"), ("rope", "pre"), ("learned", "pre")])
+def test_cached_equals_uncached(positions, norm_position):
+  model = make_model(40, positions=positions, norm_position=norm_position)
+  src_bs, lengths = sources(40, seed=1)
+  limits = np.asarray(decode.output_limits(jnp.asarray(lengths), 1.0, 4, 14))
+  for fn, kwargs in ((decode.greedy, {}), (decode.beam_search, dict(beam_size=4, alpha=0.6))):
+    fast = run_search(model, src_bs, limits, fn, max_len=14, **kwargs)
+    slow = run_search(model, src_bs, limits, fn, max_len=14, use_cache=False, **kwargs)
+    np.testing.assert_array_equal(fast[0], slow[0])
+    np.testing.assert_allclose(fast[1], slow[1], rtol=1e-5)
+
+
+def check_well_formed(tokens_bl, limits_b, min_len=0):
+  """One eos ends each hypothesis, padding follows, the length is within [min_len, limit]."""
+  for row, limit in zip(tokens_bl, limits_b):
+    ends = np.flatnonzero(row == EOS)
+    assert len(ends) == 1, row
+    length = ends[0] + 1
+    assert min(min_len, limit) <= length <= limit
+    assert np.all(row[length:] == PAD) and np.all(row[:length] != PAD)
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_length_rules_and_finished_hypotheses_never_extended(beam):
+  model = make_model(40)
+  src_bs, lengths = sources(40, seed=2, batch=6)
+  limits = np.array([1, 2, 5, 9, 12, 12])
+  for min_len in (0, 6, 20):
+    fn = decode.greedy if beam == 1 else functools.partial(decode.beam_search, beam_size=beam, alpha=0.6)
+    tokens, scores = run_search(model, src_bs, limits, fn, max_len=12, min_len=min_len)
+    if beam > 1:  # every filled slot of the k-best lists (a limit of 1 allows one hypothesis)
+      filled = (scores > decode.NEG_INF / 2).reshape(-1)
+      assert filled.reshape(scores.shape)[:, 0].all()
+      tokens, row_limits = tokens.reshape(-1, tokens.shape[-1])[filled], np.repeat(limits, beam)[filled]
+    else:
+      row_limits = limits
+    check_well_formed(tokens, row_limits, min_len)
+    if min_len == 20:  # eos only at the limit: every hypothesis is exactly as long as allowed
+      assert [int(np.flatnonzero(r == EOS)[0]) + 1 for r in tokens] == list(row_limits)
+
+
+def test_output_limits():
+  limits = decode.output_limits(jnp.array([1, 10, 100]), 1.5, 5, 120)
+  np.testing.assert_array_equal(limits, [6, 20, 120])
+
+
+def test_search_with_beam_one_is_greedy_fast_path():
+  model = make_model(40)
+  src_bs, lengths = sources(40, seed=4)
+  limits = np.full(len(lengths), 10)
+  greedy_bl, _ = run_search(model, src_bs, limits, decode.greedy, max_len=10)
+  graphdef, state = nnx.split(model)
+  out = jax.jit(lambda s: decode.search(nnx.merge(graphdef, s), src_bs, limits, beam_size=1, alpha=0.6,
+                                        max_len=10))(state)
+  np.testing.assert_array_equal(out, greedy_bl)
