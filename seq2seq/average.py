@@ -47,10 +47,11 @@ def save_average(workdir: str, last: int) -> pathlib.Path:
   return out
 
 
-def load_average(path: str | pathlib.Path) -> tuple[dict, dict]:
-  """(parameters, identity) of an averaged checkpoint."""
+def load_average(path: str | pathlib.Path, target_params=None) -> tuple[dict, dict]:
+  """(parameters, identity) of an averaged checkpoint; laid out like `target_params` if given."""
+  target = None if target_params is None else {"params": target_params}
   restored = ocp.Checkpointer(ocp.CompositeCheckpointHandler()).restore(
-      pathlib.Path(path).resolve(), args=ocp.args.Composite(state=ocp.args.StandardRestore(),
+      pathlib.Path(path).resolve(), args=ocp.args.Composite(state=ocp.args.StandardRestore(target),
                                                             identity=ocp.args.JsonRestore()))
   return restored.state["params"], restored.identity
 

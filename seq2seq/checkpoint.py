@@ -74,6 +74,15 @@ class Checkpoints:
         state=ocp.args.StandardRestore(target_state), data=ocp.args.JsonRestore()))
     return restored.state, restored.data
 
+  def restore_params(self, target_params, run_identity: dict, step: int):
+    """Only the parameters of `step` (no optimizer state), laid out like `target_params`."""
+    saved = self.manager.restore(step, args=ocp.args.Composite(identity=ocp.args.JsonRestore()))
+    check_identity(saved.identity, run_identity, str(self.directory / str(step)))
+    target = {"params": target_params}
+    restored = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+        target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True)))
+    return restored.state["params"]
+
   def wait(self) -> None:
     self.manager.wait_until_finished()
 

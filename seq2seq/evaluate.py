@@ -1,0 +1,185 @@
+"""BLEU evaluation of a trained run: load a checkpoint (latest, a step, the best by validation
+loss, or an average of the last K) on the config's mesh, translate the test sets or given
+files, score with sacreBLEU, and write hypotheses and a JSON result into DIR/eval/.
+
+  python eval.py --workdir=DIR                                   # the config's test sets
+  python eval.py --workdir=DIR --source=in.en --reference=ref.de
+  python eval.py --workdir=DIR --source=- < in.en > out.de       # translate stdin
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import sys
+import time
+
+import jax
+import ml_collections
+from flax import nnx
+
+from seq2seq import average, checkpoint, data, sharding
+from seq2seq.config import ModelConfig
+from seq2seq.score import score
+from seq2seq.sources import DataError, read_lines
+from seq2seq.tokenizer import Tokenizer
+from seq2seq.transformer import Transformer
+from seq2seq.translate import Translator
+
+
+def load_config(workdir: str | os.PathLike) -> ml_collections.ConfigDict:
+  """The resolved config the run wrote at start; $SEQ2SEQ_DATA_DIR overrides its data folder."""
+  path = pathlib.Path(workdir) / "config.json"
+  if not path.is_file():
+    raise ValueError(f"{path} not found: is {workdir} a training directory (python train.py --workdir=...)?")
+  config = ml_collections.ConfigDict(json.loads(path.read_text()))
+  if os.environ.get("SEQ2SEQ_DATA_DIR"):
+    config.data.dir = os.environ["SEQ2SEQ_DATA_DIR"]
+  return config
+
+
+def load_params(workdir, config, mesh, *, step: int | None = None, best: bool = False, average_last: int = 0):
+  """(model config, graphdef, parameters on `mesh`, tokenizer, label) of a run's checkpoint."""
+  tok_path = pathlib.Path(workdir) / data.SPM_FILE
+  if not tok_path.is_file():
+    raise ValueError(f"{tok_path} not found: the run's sentencepiece model is needed to translate")
+  tok = Tokenizer.load(tok_path)
+  model_cfg = ModelConfig.from_config(config.model, vocab_size=tok.vocab_size)
+  run_identity = checkpoint.identity(model_cfg, tok.model_bytes)
+
+  def init():
+    return nnx.state(Transformer(model_cfg, rngs=nnx.Rngs(0)), nnx.Param)
+
+  graphdef = nnx.graphdef(nnx.eval_shape(lambda: Transformer(model_cfg, rngs=nnx.Rngs(0))))
+  shardings = sharding.state_shardings(jax.eval_shape(init), mesh)
+  target = jax.jit(init, out_shardings=shardings)()
+  if average_last:
+    path = pathlib.Path(workdir).resolve() / "average" / f"last{average_last}"
+    if not path.is_dir():
+      average.save_average(workdir, average_last)
+    params, saved = average.load_average(path, target)
+    checkpoint.check_identity(saved, run_identity, str(path))
+    return model_cfg, graphdef, params, tok, f"average{average_last}-{saved['averaged_steps'][-1]}"
+  ckpts = checkpoint.Checkpoints(workdir, asynchronous=False)
+  try:
+    chosen = ckpts.best_step() if best else (step if step is not None else ckpts.latest_step())
+    if chosen is None or chosen not in ckpts.manager.all_steps():
+      what = "a validated checkpoint (best)" if best else f"checkpoint {step}" if step is not None else "a checkpoint"
+      raise ValueError(f"{ckpts.directory} has no {what}; it has steps {list(ckpts.manager.all_steps())}")
+    params = ckpts.restore_params(target, run_identity, chosen)
+  finally:
+    ckpts.close()
+  return model_cfg, graphdef, params, tok, f"{'best' if best else 'step'}{chosen}"
+
+
+def read_text(path: str) -> list[str]:
+  """Lines of a plain, gzipped or SGML file (one segment per line)."""
+  try:
+    return list(read_lines(path))
+  except OSError as e:
+    raise ValueError(f"cannot read {path}: {e}") from None
+
+
+def evaluate(translator: Translator, params, sources: list[str], references: list[str], *, name: str, label: str,
+             outdir: pathlib.Path, output: str = "", tokenize: str = "13a", lowercase: bool = False) -> dict:
+  """Translates, scores and writes DIR/eval/NAME.LABEL.{hyp,json}; returns the JSON result."""
+  start = time.perf_counter()
+  hypotheses = translator(params, sources, progress=True)
+  seconds = time.perf_counter() - start
+  result = score(hypotheses, references, tokenize=tokenize, lowercase=lowercase) | {
+      "name": name, "checkpoint": label, "sentences": len(sources), "seconds": seconds,
+      "sentences_per_s": len(sources) / max(seconds, 1e-9), "decode": translator.settings,
+      "truncated_sources": translator.truncated}
+  if jax.process_index() == 0:
+    outdir.mkdir(parents=True, exist_ok=True)
+    hyp_path = outdir / f"{name}.{label}.hyp"
+    text = "".join(h + "\n" for h in hypotheses)
+    for path in [hyp_path] + ([pathlib.Path(output)] if output else []):
+      _write_atomic(path, text)
+    result["hypotheses"] = str(hyp_path)
+    _write_atomic(outdir / f"{name}.{label}.json", json.dumps(result, indent=1) + "\n")
+  return result
+
+
+def _write_atomic(path: pathlib.Path, text: str) -> None:
+  tmp = path.with_name(path.name + ".tmp")
+  tmp.write_text(text, encoding="utf-8")
+  os.replace(tmp, path)
+
+
+def translate_stream(translator: Translator, params, lines, out) -> None:
+  """Stdin to stdout: line by line at a terminal, in batches when piped; one output line each."""
+  if hasattr(lines, "isatty") and lines.isatty():
+    for line in lines:
+      out.write(translator(params, [line.rstrip("\n")])[0] + "\n")
+      out.flush()
+    return
+  for hyp in translator(params, [line.rstrip("\n") for line in lines]):
+    out.write(hyp + "\n")
+  out.flush()
+
+
+def main(argv=None) -> None:
+  from absl import app, flags
+
+  f = flags
+  workdir = f.DEFINE_string("workdir", None, "The training run's directory.", required=True)
+  step = f.DEFINE_integer("step", None, "Evaluate this checkpoint step (default: the latest).")
+  best = f.DEFINE_bool("best", False, "Evaluate the kept checkpoint with the lowest validation loss.")
+  average_last = f.DEFINE_integer("average_last", 0, "Evaluate the average of the last K checkpoints.")
+  splits = f.DEFINE_multi_string("split", None, "Split(s) to evaluate (default: config.data.test_splits).")
+  source = f.DEFINE_string("source", None, "Source file to translate (plain/gz/sgm); '-' reads stdin.")
+  reference = f.DEFINE_string("reference", None, "Reference file for --source (plain/gz/sgm).")
+  output = f.DEFINE_string("output", "", "Also write the hypotheses to this file.")
+  beam_size = f.DEFINE_integer("beam_size", None, "Beam size (default: config.eval.beam_size); 1 = greedy.")
+  alpha = f.DEFINE_float("alpha", None, "Length penalty exponent (default: config.eval.alpha).")
+  max_len_a = f.DEFINE_float("max_len_a", None, "Max output length = a * source length + b.")
+  max_len_b = f.DEFINE_integer("max_len_b", None, "Max output length = a * source length + b.")
+  batch_size = f.DEFINE_integer("batch_size", None, "Sentences per batch (default: config.eval.batch_size).")
+  tokenize = f.DEFINE_string("tokenize", "13a", "sacreBLEU tokenizer (13a, intl, zh, char, none, ...).")
+  lowercase = f.DEFINE_bool("lowercase", False, "Case-insensitive BLEU and chrF.")
+
+  def run(_):
+    try:
+      config = load_config(workdir.value)
+      if (reference.value is None) != (source.value is None) and source.value != "-":
+        raise ValueError("--source and --reference go together (or --source=- alone to translate stdin)")
+      if [best.value, step.value is not None, bool(average_last.value)].count(True) > 1:
+        raise ValueError("choose at most one of --step, --best and --average_last")
+      if source.value not in (None, "-"):
+        sources, references = read_text(source.value), read_text(reference.value)
+        if len(sources) != len(references):
+          raise ValueError(f"--source={source.value} has {len(sources)} lines but --reference={reference.value} "
+                           f"has {len(references)}; they must be parallel, one segment per line")
+        jobs = [(pathlib.Path(source.value).name.removesuffix(".gz"), sources, references)]
+      else:
+        jobs = []
+        for split in [] if source.value == "-" else splits.value or list(config.data.test_splits):
+          pairs = data.eval_pairs(config, split)
+          jobs.append((split.replace("/", "_").replace(":", "_"), [s for s, _ in pairs], [t for _, t in pairs]))
+      mesh = sharding.make_mesh(config.mesh)
+      model_cfg, graphdef, params, tok, label = load_params(workdir.value, config, mesh, step=step.value,
+                                                            best=best.value, average_last=average_last.value)
+      e = config.eval
+      pick = lambda flag, default: default if flag.value is None else flag.value
+      translator = Translator(model_cfg, graphdef, tok, mesh, beam_size=pick(beam_size, e.beam_size),
+                              alpha=pick(alpha, e.alpha), max_len_a=pick(max_len_a, e.max_len_a),
+                              max_len_b=pick(max_len_b, e.max_len_b), batch_size=pick(batch_size, e.batch_size))
+      if source.value == "-":
+        translate_stream(translator, params, sys.stdin, sys.stdout)
+        return
+      outdir = pathlib.Path(workdir.value) / "eval"
+      results = [evaluate(translator, params, src, ref, name=name, label=label, outdir=outdir, output=output.value,
+                          tokenize=tokenize.value, lowercase=lowercase.value) for name, src, ref in jobs]
+    except (ValueError, DataError) as err:
+      sys.exit(f"error: {err}")
+    if jax.process_index() == 0:
+      for r in results:
+        print(f"{r['name']} ({r['checkpoint']}): {r['sentences']} sentences in {r['seconds']:.1f} s "
+              f"({r['sentences_per_s']:.1f} sentences/s); hypotheses in {r['hypotheses']}")
+      for r in results:  # the score lines come last, each ending with its signature
+        print(f"{r['name']}: {r['chrf_line']}")
+        print(f"{r['name']}: {r['bleu_line']}")
+
+  app.run(run, argv=argv)
