@@ -110,5 +110,8 @@ def get_config() -> ml_collections.ConfigDict:
       max_len_a=1.0,  # max target length = a * source length + b
       max_len_b=50,
       batch_size=64,
+      # Validation BLEU during training, on the first N sentences of the validation split.
+      val_bleu_sentences=0,  # 0 = off
+      val_beam_size=1,  # 1 = greedy (fast); the length settings above apply
   ))
   return config

@@ -23,7 +23,9 @@ from seq2seq.config import ModelConfig
 from seq2seq.guard import DivergenceGuard
 from seq2seq.loss import cross_entropy_sums, summarize
 from seq2seq.metrics import MetricsWriter, truncate_after
+from seq2seq.score import score
 from seq2seq.transformer import Transformer
+from seq2seq.translate import Translator
 
 State = dict  # {"params": nnx.State, "opt_state": optax state, "step": int32 scalar, "lr_scale": f32 scalar}
 
@@ -137,6 +139,24 @@ def evaluate(steps: Steps, params, batches: list[dict], mesh) -> dict[str, float
   return summarize(jax.device_get(totals))
 
 
+def bleu_validator(config, model_cfg, graphdef, tok, mesh):
+  """A function params -> {"bleu", "chrf"} on the first `eval.val_bleu_sentences` validation
+  pairs (the same decoding as eval.py), or None when that is 0."""
+  e = config.eval
+  n = e.get("val_bleu_sentences", 0)
+  if not n:
+    return None
+  pairs = data.eval_pairs(config, config.data.validation_split)[:n]
+  translator = Translator(model_cfg, graphdef, tok, mesh, beam_size=e.get("val_beam_size", 1), alpha=e.alpha,
+                          max_len_a=e.max_len_a, max_len_b=e.max_len_b, batch_size=e.batch_size)
+
+  def validate(params) -> dict[str, float]:
+    result = score(translator(params, [s for s, _ in pairs]), [t for _, t in pairs])
+    return {"bleu": result["bleu"], "chrf": result["chrf"]}
+
+  return validate
+
+
 # -- the loop ----------------------------------------------------------------------------
 def _progress(total: int, initial: int):
   from tqdm import tqdm
@@ -166,6 +186,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   train_iter: BatchIterator = data.train_iterator(config, tok, process_index=jax.process_index(),
                                                   process_count=jax.process_count())
   val_batches = validation_batches(config, tok, mesh) if config.train.eval_every else []
+  val_bleu = bleu_validator(config, model_cfg, graphdef, tok, mesh) if config.train.eval_every else None
   peak = float(config.train.get("peak_flops", 0.0)) or flops.measure_matmul_peak() * jax.device_count()
 
   ckpts = checkpoint.Checkpoints(workdir, keep=config.train.get("keep_checkpoints", 3))
@@ -207,7 +228,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
         window = _new_window()
       if config.train.eval_every and (step % config.train.eval_every == 0 or step == config.train.steps):
         eval_start = time.perf_counter()
-        val = {f"val_{k}": v for k, v in evaluate(steps, state["params"], val_batches, mesh).items()}
+        val = evaluate(steps, state["params"], val_batches, mesh) | (val_bleu(state["params"]) if val_bleu else {})
+        val = {f"val_{k}": v for k, v in val.items()}
         window["start"] += time.perf_counter() - eval_start  # throughput counts training time only
         writer.write(step, val)
         last |= val | {"val_step": step}

@@ -1,0 +1,144 @@
+"""eval.py and translation: sacreBLEU equality, checkpoint choice, file formats, stdin, order,
+blank lines, bad input, validation BLEU during training."""
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from seq2seq import evaluate, metrics, sharding
+from seq2seq.train import train_and_evaluate
+from seq2seq.translate import Translator
+
+from conftest import REPO, make_config
+
+VAL_SENTENCES = 24
+
+
+@pytest.fixture(scope="module")
+def run(data_dir, session_cache, tmp_path_factory):
+  """A tiny model trained 60 steps with validation (loss and greedy BLEU) every 20."""
+  workdir = tmp_path_factory.mktemp("eval_run")
+  config = make_config("tiny", data_dir, session_cache)
+  config.train.update(steps=60, log_every=20, eval_every=20, checkpoint_every=20, keep_checkpoints=3)
+  config.eval.update(val_bleu_sentences=VAL_SENTENCES, val_beam_size=1, batch_size=16)
+  train_and_evaluate(config, str(workdir))
+  return workdir
+
+
+@pytest.fixture(scope="module")
+def val_files(run, data_dir, tmp_path_factory):
+  """The first validation pairs as plain, gzipped and SGML files."""
+  folder = tmp_path_factory.mktemp("val_files")
+  config = evaluate.load_config(run)
+  from seq2seq import data
+
+  pairs = data.eval_pairs(config, config.data.validation_split)[:VAL_SENTENCES]
+  src, ref = [s for s, _ in pairs], [t for _, t in pairs]
+  (folder / "src.en").write_text("".join(s + "\n" for s in src), encoding="utf-8")
+  (folder / "ref.de").write_text("".join(t + "\n" for t in ref), encoding="utf-8")
+  with gzip.open(folder / "ref.de.gz", "wt", encoding="utf-8") as f:
+    f.writelines(t + "\n" for t in ref)
+  for name, lines in (("src.en.sgm", src), ("ref.de.sgm", ref)):
+    segs = "".join(f'<seg id="{i + 1}">{line.replace("&", "&amp;").replace("<", "&lt;")}</seg>\n'
+                   for i, line in enumerate(lines))
+    (folder / name).write_text(f'<srcset setid="t" srclang="any">\n<doc docid="d" genre="news">\n{segs}</doc>\n'
+                               "</srcset>\n", encoding="utf-8")
+  return folder
+
+
+def eval_py(*args, stdin=None, env=None):
+  return subprocess.run([sys.executable, "eval.py", *args], cwd=REPO, capture_output=True, text=True, input=stdin,
+                        env=env, timeout=600)
+
+
+def sacrebleu_cli(reference, hypotheses) -> float:
+  out = subprocess.run([sys.executable, "-m", "sacrebleu", str(reference), "-i", str(hypotheses), "-b", "-w", "6"],
+                       capture_output=True, text=True, check=True)
+  return float(out.stdout.strip())
+
+
+def test_eval_bleu_equals_sacrebleu_cli_and_validation_bleu(run, val_files):
+  out = eval_py(f"--workdir={run}", f"--source={val_files / 'src.en'}", f"--reference={val_files / 'ref.de.gz'}",
+                "--beam_size=1")
+  assert out.returncode == 0, out.stderr
+  lines = out.stdout.strip().splitlines()
+  assert lines[-1].startswith("src.en: BLEU = ") and lines[-1].endswith("version:" + __import__("sacrebleu").__version__)
+  assert "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp" in lines[-1]
+  result = json.loads((run / "eval" / "src.en.step60.json").read_text())
+  assert result["checkpoint"] == "step60" and result["sentences"] == VAL_SENTENCES
+  assert result["decode"]["beam_size"] == 1 and result["sentences_per_s"] > 0
+  hyps = (run / "eval" / "src.en.step60.hyp").read_text().splitlines()
+  assert len(hyps) == VAL_SENTENCES and any(hyps)
+  assert result["bleu"] == pytest.approx(sacrebleu_cli(val_files / "ref.de", run / "eval" / "src.en.step60.hyp"),
+                                         abs=1e-6)
+  # Validation BLEU during training is the same code on the same sentences and parameters.
+  logged = [r for r in metrics.read(run) if "val_bleu" in r]
+  assert [r["step"] for r in logged] == [20, 40, 60]
+  assert logged[-1]["val_bleu"] == pytest.approx(result["bleu"], abs=1e-9)
+  assert logged[-1]["val_chrf"] == pytest.approx(result["chrf"], abs=1e-9)
+
+
+def test_sgml_input_average_and_output_file(run, val_files, tmp_path):
+  out = eval_py(f"--workdir={run}", f"--source={val_files / 'src.en.sgm'}", f"--reference={val_files / 'ref.de.sgm'}",
+                "--average_last=2", "--beam_size=2", f"--output={tmp_path / 'out.de'}")
+  assert out.returncode == 0, out.stderr
+  result = json.loads((run / "eval" / "src.en.sgm.average2-60.json").read_text())
+  assert (run / "average" / "last2").is_dir()
+  assert (tmp_path / "out.de").read_text() == (run / "eval" / "src.en.sgm.average2-60.hyp").read_text()
+  assert result["bleu"] == pytest.approx(sacrebleu_cli(val_files / "ref.de", tmp_path / "out.de"), abs=1e-6)
+
+
+def test_best_checkpoint_is_chosen_by_validation_loss(run):
+  val = {r["step"]: r["val_loss"] for r in metrics.read(run) if "val_loss" in r}
+  out = eval_py(f"--workdir={run}", "--best", "--split=val", "--beam_size=1", "--max_len_b=5")
+  assert out.returncode == 0, out.stderr
+  best = min(val, key=val.get)
+  assert (run / "eval" / f"val.best{best}.json").is_file()
+  assert out.stdout.strip().splitlines()[-1].startswith("val: BLEU = ")
+
+
+def test_mismatched_reference_is_a_clear_error(run, val_files, tmp_path):
+  short = tmp_path / "short.de"
+  short.write_text("eins\nzwei\n")
+  out = eval_py(f"--workdir={run}", f"--source={val_files / 'src.en'}", f"--reference={short}")
+  assert out.returncode != 0
+  assert f"has {VAL_SENTENCES} lines but --reference={short} has 2" in out.stderr
+  missing = eval_py(f"--workdir={run}", "--step=7")
+  assert missing.returncode != 0 and "no checkpoint 7" in missing.stderr
+
+
+@pytest.fixture(scope="module")
+def translator(run):
+  config = evaluate.load_config(run)
+  mesh = sharding.make_mesh(config.mesh)
+  model_cfg, graphdef, params, tok, _ = evaluate.load_params(run, config, mesh)
+  return Translator(model_cfg, graphdef, tok, mesh, beam_size=2, alpha=0.6, max_len_a=1.0, max_len_b=8,
+                    batch_size=4), params
+
+
+def test_stdin_to_stdout_line_by_line(run, translator):
+  lines = ["A man is riding a bike.", "", "Two dogs play in the snow near a red house.", "   ", "Hello."]
+  out = eval_py(f"--workdir={run}", "--source=-", "--beam_size=2", "--max_len_b=8", "--batch_size=4",
+                stdin="".join(line + "\n" for line in lines))
+  assert out.returncode == 0, out.stderr
+  got = out.stdout.split("\n")[:-1]
+  tr, params = translator
+  assert got == tr(params, lines)
+  assert got[1] == "" and got[3] == "" and all(got[i] for i in (0, 2, 4))
+
+
+def test_output_order_equals_input_order(translator, val_files):
+  tr, params = translator
+  sources = (val_files / "src.en").read_text().splitlines()[:12]
+  sources = [sources[i][: 10 + 7 * i] for i in range(len(sources))]  # spread the lengths over buckets
+  reference = tr(params, sources)
+  perm = np.random.default_rng(0).permutation(len(sources))
+  shuffled = tr(params, [sources[i] for i in perm] + [""])
+  assert shuffled == [reference[i] for i in perm] + [""]
+  assert len(set(reference)) > 1
