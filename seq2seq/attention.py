@@ -53,6 +53,20 @@ def dot_product_attention(q_btnh: jax.Array, k_bsnh: jax.Array, v_bsnh: jax.Arra
   return explicit_attention(q_btnh, k_bsnh, v_bsnh, mask_b1ts, dropout_rate=dropout_rate, rng=rng)
 
 
+def single_query_attention(q_bnh: jax.Array, k_cnsh: jax.Array, v_cnsh: jax.Array, mask_cns: jax.Array) -> jax.Array:
+  """Attention of one query per row over cached keys/values stored heads-first ([c, n, s, h]):
+  the layout a batched product reads without transposing the cache. The b = c * g query
+  rows may share keys in groups of g consecutive rows (the beams of one sentence share its
+  cross-attention keys), so shared keys are read once per group. Returns [b, n, h]."""
+  (b, n, h), c = q_bnh.shape, k_cnsh.shape[0]
+  q_cgnh = q_bnh.reshape(c, b // c, n, h)
+  softmax_dtype = jnp.promote_types(q_bnh.dtype, jnp.float32)
+  logits_cgns = jnp.einsum("cgnh,cnsh->cgns", q_cgnh, k_cnsh, preferred_element_type=softmax_dtype)
+  logits_cgns = jnp.where(mask_cns[:, None], logits_cgns * h ** -0.5, jnp.finfo(softmax_dtype).min)
+  weights_cgns = jax.nn.softmax(logits_cgns, axis=-1).astype(v_cnsh.dtype)
+  return jnp.einsum("cgns,cnsh->cgnh", weights_cgns, v_cnsh).reshape(b, n, h)
+
+
 class MultiHeadAttention(nnx.Module):
   """Projections to heads, optional rotary positions, attention, output projection.
 
@@ -97,6 +111,12 @@ class MultiHeadAttention(nnx.Module):
     ctx_btnh = dot_product_attention(q_btnh, k_bsnh, v_bsnh, mask_b1ts, dropout_rate=self.dropout_rate, rng=rng)
     y_btd = jnp.einsum("btnh,nhd->btd", ctx_btnh, self.wo_nhd[...].astype(ctx_btnh.dtype))
     return y_btd + self.bo_d[...].astype(y_btd.dtype) if self.use_bias else y_btd
+
+  def attend_cached(self, q_bnh, k_bnsh, v_bnsh, mask_bns) -> jax.Array:
+    """`attend` for one decoding position over a heads-first cache: [b, d]."""
+    ctx_bnh = single_query_attention(q_bnh, k_bnsh, v_bnsh, mask_bns)
+    y_bd = jnp.einsum("bnh,nhd->bd", ctx_bnh, self.wo_nhd[...].astype(ctx_bnh.dtype))
+    return y_bd + self.bo_d[...].astype(y_bd.dtype) if self.use_bias else y_bd
 
   def __call__(self, x_btd: jax.Array, context_bsd: jax.Array, mask_b1ts: jax.Array, *,
                positions_bt: jax.Array | None = None, context_positions_bs: jax.Array | None = None,

@@ -89,25 +89,26 @@ class DecoderLayer(nnx.Module):
     cross = lambda h_btd: self.cross_attn(h_btd, enc_bsd, cross_mask_b1ts, rng=fold(rng, 2))
     return self._cross_and_ffn(y_btd, cross, rng)
 
-  def step(self, y_b1d, positions_b1, layer_cache: Cache, index, cross_mask_b11s):
-    """One decoding position: writes this token's key/value into the cache at `index`."""
+  def step(self, y_b1d, positions_b1, layer_cache: Cache, index, cross_mask_bs):
+    """One decoding position: writes this token's key/value into the cache at `index`.
+    Cached keys/values are heads-first, [b, n, max_len, h]."""
     new_cache = dict(layer_cache)
 
     def self_attn(h_b1d):
-      q_b1nh = self.self_attn.query(h_b1d, positions_b1)
+      q_bnh = self.self_attn.query(h_b1d, positions_b1)[:, 0]
       k_b1nh, v_b1nh = self.self_attn.key_value(h_b1d, positions_b1)
-      start = (0, index, 0, 0)
-      new_cache["k"] = jax.lax.dynamic_update_slice(layer_cache["k"], k_b1nh.astype(layer_cache["k"].dtype), start)
-      new_cache["v"] = jax.lax.dynamic_update_slice(layer_cache["v"], v_b1nh.astype(layer_cache["v"].dtype), start)
-      max_len = layer_cache["k"].shape[1]
-      mask_111l = (jnp.arange(max_len) <= index)[None, None, None, :]
-      return self.self_attn.attend(q_b1nh, new_cache["k"], new_cache["v"], mask_111l)
+      for name, x_b1nh in (("k", k_b1nh), ("v", v_b1nh)):
+        x_bn1h = jnp.swapaxes(x_b1nh, 1, 2).astype(layer_cache[name].dtype)
+        new_cache[name] = jax.lax.dynamic_update_slice(layer_cache[name], x_bn1h, (0, 0, index, 0))
+      mask_11l = (jnp.arange(layer_cache["k"].shape[2]) <= index)[None, None, :]
+      return self.self_attn.attend_cached(q_bnh, new_cache["k"], new_cache["v"], mask_11l)[:, None]
 
     y_b1d = residual(y_b1d, self_attn, self.self_norm, pre=self.pre, rate=self.rate, rng=None)
 
     def cross(h_b1d):
-      q_b1nh = self.cross_attn.query(h_b1d)
-      return self.cross_attn.attend(q_b1nh, layer_cache["cross_k"], layer_cache["cross_v"], cross_mask_b11s)
+      q_bnh = self.cross_attn.query(h_b1d)[:, 0]
+      mask_b1s = cross_mask_bs[:, None, :]
+      return self.cross_attn.attend_cached(q_bnh, layer_cache["cross_k"], layer_cache["cross_v"], mask_b1s)[:, None]
 
     return self._cross_and_ffn(y_b1d, cross, None), new_cache
 
@@ -192,29 +193,34 @@ class Transformer(nnx.Module):
   def init_cache(self, enc_bsd, src_segments_bs, max_decode_len: int) -> Cache:
     """Decoding state: empty self-attention K/V of `max_decode_len` and the cross K/V.
 
-    Every array but `index` has the batch first, so beam search can gather it by beam.
+    Keys/values are stored heads-first, [b, n, length, h], so each step reads them without
+    a transpose. Every array but `index` has the batch first, so beam search can gather it.
     """
     b, cfg = enc_bsd.shape[0], self.cfg
-    shape = (b, max_decode_len, cfg.num_heads, cfg.head_size)
+    shape = (b, cfg.num_heads, max_decode_len, cfg.head_size)
     layers = []
     for layer in self.decoder_layers:
-      cross_k, cross_v = layer.cross_attn.key_value(enc_bsd)
+      cross_k, cross_v = (jnp.swapaxes(x_bsnh, 1, 2) for x_bsnh in layer.cross_attn.key_value(enc_bsd))
       zeros = jnp.zeros(shape, cfg.compute_dtype)
       layers.append({"k": zeros, "v": zeros, "cross_k": cross_k, "cross_v": cross_v})
-    cross_mask_b11s = (src_segments_bs != 0)[:, None, None, :]
-    return {"index": jnp.zeros((), jnp.int32), "cross_mask_b11s": cross_mask_b11s, "layers": layers}
+    cross_mask_bs = src_segments_bs != 0
+    return {"index": jnp.zeros((), jnp.int32), "cross_mask_bs": cross_mask_bs, "layers": layers}
 
   def decode_step(self, tokens_b, cache: Cache) -> tuple[jax.Array, Cache]:
-    """Logits [b, v] (f32) for the token after `tokens_b`, which sits at `cache['index']`."""
+    """Logits [b, v] (f32) for the token after `tokens_b`, which sits at `cache['index']`.
+
+    The cross-attention entries may hold one row per group of g consecutive rows of
+    `tokens_b` (beam search keeps one copy per sentence for its beams).
+    """
     index = cache["index"]
     tokens_b1 = tokens_b[:, None]
     positions_b1 = jnp.full(tokens_b1.shape, index, jnp.int32)
     y_b1d = self._embed(tokens_b1, positions_b1, self._tgt_embed, self.tgt_positions, None)
     new_layers = []
     for layer, layer_cache in zip(self.decoder_layers, cache["layers"]):
-      y_b1d, layer_cache = layer.step(y_b1d, positions_b1, layer_cache, index, cache["cross_mask_b11s"])
+      y_b1d, layer_cache = layer.step(y_b1d, positions_b1, layer_cache, index, cache["cross_mask_bs"])
       new_layers.append(layer_cache)
-    new_cache = {"index": index + 1, "cross_mask_b11s": cache["cross_mask_b11s"], "layers": new_layers}
+    new_cache = {"index": index + 1, "cross_mask_bs": cache["cross_mask_bs"], "layers": new_layers}
     return self._logits(y_b1d)[:, 0], new_cache
 
 

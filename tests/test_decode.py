@@ -143,3 +143,14 @@ def test_search_with_beam_one_is_greedy_fast_path():
   out = jax.jit(lambda s: decode.search(nnx.merge(graphdef, s), src_bs, limits, beam_size=1, alpha=0.6,
                                         max_len=10))(state)
   np.testing.assert_array_equal(out, greedy_bl)
+
+
+@pytest.mark.parametrize("n, k", [(8000, 8), (32000, 8), (5000, 3), (300, 2)])
+def test_blocked_top_k_equals_lax_top_k(n, k):
+  x = jnp.asarray(np.random.default_rng(n).standard_normal((6, n)).astype(np.float32))
+  x = x.at[0, :].set(decode.NEG_INF).at[0, 7].set(0.0)  # a row where almost everything is banned
+  values, indices = jax.jit(decode.top_k, static_argnums=1)(x, k)
+  ref_values, ref_indices = jax.lax.top_k(x, k)
+  np.testing.assert_array_equal(values, ref_values)
+  np.testing.assert_array_equal(indices[1:], ref_indices[1:])  # row 0 ties: any banned index will do
+  assert int(indices[0, 0]) == 7

@@ -142,3 +142,20 @@ def test_output_order_equals_input_order(translator, val_files):
   shuffled = tr(params, [sources[i] for i in perm] + [""])
   assert shuffled == [reference[i] for i in perm] + [""]
   assert len(set(reference)) > 1
+
+
+def test_sharded_mesh_gives_the_same_translations(run, val_files, tmp_path):
+  """The checkpoint is loaded onto the config's mesh: (2,2,2) on 8 devices equals 1 device."""
+  import shutil
+
+  sharded = tmp_path / "run"
+  shutil.copytree(run, sharded, ignore=shutil.ignore_patterns("eval", "average"))
+  config = json.loads((sharded / "config.json").read_text())
+  config["mesh"] = {"data": 2, "fsdp": 2, "tensor": 2}
+  (sharded / "config.json").write_text(json.dumps(config))
+  args = [f"--source={val_files / 'src.en'}", f"--reference={val_files / 'ref.de'}", "--beam_size=3"]
+  one = eval_py(f"--workdir={run}", *args, f"--output={tmp_path / 'one.de'}")
+  env = os.environ | {"XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"}
+  eight = eval_py(f"--workdir={sharded}", *args, f"--output={tmp_path / 'eight.de'}", env=env)
+  assert one.returncode == 0 and eight.returncode == 0, one.stderr + eight.stderr
+  assert (tmp_path / "eight.de").read_text() == (tmp_path / "one.de").read_text()
