@@ -147,10 +147,11 @@ def beam_search(stepper: Stepper, src_bs, limits_b, *, beam_size: int, alpha: fl
   """Beam search with the GNMT length penalty.
 
   Keeps `beam_size` alive hypotheses and the `beam_size` best finished ones per sentence; a
-  hypothesis that emits eos among the k best candidates is finished and never extended. Stops when, for every sentence,
-  no alive hypothesis can still enter its k finished ones (log-probabilities only fall as
-  tokens are added and the penalty is largest at the length limit, so the bound is exact
-  for alpha >= 0): the k-best list is then final, not just its first entry.
+  hypothesis that emits eos among the k best candidates is finished and never extended.
+  Stops when, for every sentence, no alive hypothesis is left or none can still enter its k
+  finished ones (log-probabilities only fall as tokens are added and the penalty is largest
+  at the length limit, so the bound is exact for alpha >= 0): the k-best list is then
+  final, not just its first entry.
   Returns (tokens [b, k, max_len], scores [b, k]) of the finished hypotheses, best first.
   """
   if alpha < 0:
@@ -166,8 +167,9 @@ def beam_search(stepper: Stepper, src_bs, limits_b, *, beam_size: int, alpha: fl
 
   def cond(carry):
     t, _, alive_bk, (_, fin_scores_bk), _ = carry
-    best_possible_b = jnp.max(alive_bk, axis=1) / length_penalty(limits_b, alpha)
-    return (t < max_len) & jnp.any(best_possible_b >= jnp.min(fin_scores_bk, axis=1))
+    best_alive_b = jnp.max(alive_bk, axis=1)
+    improvable_b = best_alive_b / length_penalty(limits_b, alpha) >= jnp.min(fin_scores_bk, axis=1)
+    return (t < max_len) & jnp.any(improvable_b & (best_alive_b > NEG_INF / 2))  # a row past its limit is done
 
   def body(carry):
     t, seqs_bkl, alive_bk, (fin_seqs_bkl, fin_scores_bk), state = carry

@@ -44,7 +44,7 @@ class Translator:
     dp = sharding.data_parallel_size(mesh)
     self.batch_size = dp * math.ceil(batch_size / dp)  # rows are split over the data-parallel devices
     self.use_cache = use_cache
-    self.truncated = 0  # sources cut to the model's position table (learned positions only)
+    self.truncated = 0  # sources of the last call cut to the model's position table (learned positions)
     self._batch_sharding = sharding.batch_sharding(mesh)
     self._search = jax.jit(self._search_fn, static_argnames=("max_len",),
                            out_shardings=NamedSharding(mesh, PartitionSpec()))
@@ -68,7 +68,7 @@ class Translator:
     sources = list(sources)
     if self.cfg.positions == "learned":
       limit = self.cfg.max_len
-      self.truncated += sum(len(s) > limit for s in sources)
+      self.truncated = sum(len(s) > limit for s in sources)
       sources = [s if len(s) <= limit else s[:limit - 1] + [EOS_ID] for s in sources]
     order = sorted(range(len(sources)), key=lambda i: -len(sources[i]))  # longest first: memory errors show early
     outputs: list[list[int]] = [[] for _ in sources]

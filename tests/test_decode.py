@@ -154,3 +154,28 @@ def test_blocked_top_k_equals_lax_top_k(n, k):
   np.testing.assert_array_equal(values, ref_values)
   np.testing.assert_array_equal(indices[1:], ref_indices[1:])  # row 0 ties: any banned index will do
   assert int(indices[0, 0]) == 7
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_search_stops_once_every_sentence_is_finished(beam):
+  """Steps run = the longest limit in the batch, not max_len (rows past their limit are done)."""
+  model = make_model(40)
+  graphdef, state = nnx.split(model)
+  src_bs, _ = sources(40, seed=5, batch=3)
+  steps = []
+
+  def counted(m, max_len):
+    inner = decode.cached(m, max_len)
+
+    def step(tokens_b, st):
+      jax.debug.callback(lambda: steps.append(1))
+      return inner.step(tokens_b, st)
+
+    return decode.Stepper(inner.init, step)
+
+  for limits, expected in (([1, 1, 1], 1), ([1, 3, 2], 3)):
+    steps.clear()
+    fn = decode.greedy if beam == 1 else functools.partial(decode.beam_search, beam_size=beam, alpha=0.6)
+    out = jax.jit(lambda s: fn(counted(nnx.merge(graphdef, s), 20), src_bs, jnp.array(limits), max_len=20))(state)
+    jax.block_until_ready(out)
+    assert 1 <= len(steps) <= expected  # may stop earlier: every row emitted eos / none can still win
