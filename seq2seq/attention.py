@@ -29,15 +29,17 @@ def attention_mask(q_segments_bt: jax.Array, k_segments_bs: jax.Array, *, causal
 
 
 def explicit_attention(q_btnh: jax.Array, k_bsnh: jax.Array, v_bsnh: jax.Array, mask_b1ts: jax.Array,
-                       *, dropout_rate: float = 0.0, rng: jax.Array | None = None) -> jax.Array:
-  """softmax(q k^T / sqrt(h) + mask) v written out, with dropout on the attention weights."""
+                       *, dropout_rate: float = 0.0, rng: jax.Array | None = None, return_weights: bool = False):
+  """softmax(q k^T / sqrt(h) + mask) v written out, with dropout on the attention weights
+  (and the weights [b, n, t, s] themselves with `return_weights`)."""
   scale = q_btnh.shape[-1] ** -0.5
   softmax_dtype = jnp.promote_types(q_btnh.dtype, jnp.float32)  # f32 for bf16 inputs
   logits_bnts = jnp.einsum("btnh,bsnh->bnts", q_btnh, k_bsnh, preferred_element_type=softmax_dtype) * scale
   logits_bnts = jnp.where(mask_b1ts, logits_bnts, jnp.finfo(logits_bnts.dtype).min)
   weights_bnts = jax.nn.softmax(logits_bnts, axis=-1).astype(v_bsnh.dtype)
-  weights_bnts = dropout(weights_bnts, dropout_rate, rng)
-  return jnp.einsum("bnts,bsnh->btnh", weights_bnts, v_bsnh)
+  dropped_bnts = dropout(weights_bnts, dropout_rate, rng)
+  out_btnh = jnp.einsum("bnts,bsnh->btnh", dropped_bnts, v_bsnh)
+  return (out_btnh, weights_bnts) if return_weights else out_btnh
 
 
 def dot_product_attention(q_btnh: jax.Array, k_bsnh: jax.Array, v_bsnh: jax.Array, mask_b1ts: jax.Array,
@@ -91,6 +93,7 @@ class MultiHeadAttention(nnx.Module):
       self.bv_nh = param(rngs, zeros, (num_heads, head_dim), ("heads", "kv"))
       self.bo_d = param(rngs, zeros, (d_model,), ("embed",))
     self.dropout_rate, self.use_rope, self.rope_base = dropout_rate, use_rope, rope_base
+    self.record_weights = False  # True: keep the attention weights of each call (for plots)
 
   def _project(self, x_btd, w, b):
     y_btnh = jnp.einsum("btd,dnh->btnh", x_btd, w[...].astype(x_btd.dtype))
@@ -108,7 +111,12 @@ class MultiHeadAttention(nnx.Module):
     return k_bsnh, v_bsnh
 
   def attend(self, q_btnh, k_bsnh, v_bsnh, mask_b1ts, rng: jax.Array | None = None) -> jax.Array:
-    ctx_btnh = dot_product_attention(q_btnh, k_bsnh, v_bsnh, mask_b1ts, dropout_rate=self.dropout_rate, rng=rng)
+    if self.record_weights:  # sown as nnx.Intermediate "weights_bnts"; see Transformer.cross_attention_weights
+      ctx_btnh, weights_bnts = explicit_attention(q_btnh, k_bsnh, v_bsnh, mask_b1ts, dropout_rate=self.dropout_rate,
+                                                  rng=rng, return_weights=True)
+      self.sow(nnx.Intermediate, "weights_bnts", weights_bnts)
+    else:
+      ctx_btnh = dot_product_attention(q_btnh, k_bsnh, v_bsnh, mask_b1ts, dropout_rate=self.dropout_rate, rng=rng)
     y_btd = jnp.einsum("btnh,nhd->btd", ctx_btnh, self.wo_nhd[...].astype(ctx_btnh.dtype))
     return y_btd + self.bo_d[...].astype(y_btd.dtype) if self.use_bias else y_btd
 

@@ -190,6 +190,19 @@ class Transformer(nnx.Module):
     return self.decode(tgt_in_bt, enc_bsd, src_segments_bs, tgt_segments_bt=tgt_segments_bt,
                        tgt_positions_bt=tgt_positions_bt, dropout_rng=fold(dropout_rng, 1))
 
+  def cross_attention_weights(self, src_bs, tgt_in_bt) -> jax.Array:
+    """Cross-attention weights [layers, b, n, t, s] of a teacher-forced pass (for plots)."""
+    layers = [layer.cross_attn for layer in self.decoder_layers]
+    for attn in layers:
+      attn.record_weights = True
+    try:
+      self(src_bs, tgt_in_bt)
+      weights = [nnx.pop(attn, nnx.Intermediate)["weights_bnts"][0] for attn in layers]
+    finally:
+      for attn in layers:
+        attn.record_weights = False
+    return jnp.stack(weights)
+
   def init_cache(self, enc_bsd, src_segments_bs, max_decode_len: int) -> Cache:
     """Decoding state: empty self-attention K/V of `max_decode_len` and the cross K/V.
 

@@ -135,3 +135,17 @@ def test_bad_model_settings_name_the_key():
     ModelConfig.from_config({"nrom": "rmsnorm"}, vocab_size=10)
   with pytest.raises(ValueError, match="num_heads"):
     ModelConfig(vocab_size=10, d_model=10, num_heads=3)
+
+
+def test_cross_attention_weights_are_distributions_over_real_source_tokens():
+  model = Transformer(small_config(), rngs=nnx.Rngs(0))
+  weights = model.cross_attention_weights(SRC_BS, TGT_BT)
+  assert weights.shape == (2, 2, 2, TGT_BT.shape[1], SRC_BS.shape[1])  # layers, b, heads, t, s
+  np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-5)
+  assert np.all(weights[:, 0, :, :, 6:] == 0.0)  # sentence 0's padding gets no attention
+  # Recording takes the explicit attention path; the model's output is the same either way.
+  assert not model.decoder_layers[0].cross_attn.record_weights
+  fused = model(SRC_BS, TGT_BT)
+  for layer in model.decoder_layers:
+    layer.cross_attn.record_weights = True
+  np.testing.assert_allclose(model(SRC_BS, TGT_BT), fused, atol=1e-5)
