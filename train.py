@@ -1,5 +1,9 @@
 """Trains a model: python train.py --config=configs/NAME.py --workdir=DIR [--config.a.b=value ...]"""
 
+import pathlib
+import shlex
+import sys
+
 from absl import app, flags
 from ml_collections import config_flags
 
@@ -13,6 +17,10 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  workdir = pathlib.Path(_WORKDIR.value)
+  workdir.mkdir(parents=True, exist_ok=True)
+  with open(workdir / "commands.txt", "a", encoding="utf-8") as f:  # every start (and restart) of the run
+    f.write(shlex.join(["python", *sys.argv]) + "\n")
   train_and_evaluate(_CONFIG.value, _WORKDIR.value)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shlex
 import sys
 import time
 
@@ -81,8 +82,25 @@ def read_text(path: str) -> list[str]:
     raise ValueError(f"cannot read {path}: {e}") from None
 
 
+def hardware() -> str:
+  """What the run is on, for result tables: devices and, on a CPU, the host's processor."""
+  devices = f"{jax.device_count()} x {jax.devices()[0].device_kind}"
+  if jax.devices()[0].platform != "cpu":
+    return devices
+  model = next((line.split(":", 1)[1].strip() for line in _cpuinfo() if line.startswith("model name")), "CPU")
+  return f"{os.cpu_count()}-core {model}"
+
+
+def _cpuinfo() -> list[str]:
+  try:
+    return pathlib.Path("/proc/cpuinfo").read_text().splitlines()
+  except OSError:
+    return []
+
+
 def evaluate(translator: Translator, params, sources: list[str], references: list[str], *, name: str, label: str,
-             outdir: pathlib.Path, output: str = "", tokenize: str = "13a", lowercase: bool = False) -> dict:
+             outdir: pathlib.Path, output: str = "", tokenize: str = "13a", lowercase: bool = False,
+             extra: dict | None = None) -> dict:
   """Translates, scores and writes DIR/eval/NAME.LABEL.{hyp,json}; returns the JSON result."""
   start = time.perf_counter()
   hypotheses = translator(params, sources, progress=True)
@@ -90,7 +108,7 @@ def evaluate(translator: Translator, params, sources: list[str], references: lis
   result = score(hypotheses, references, tokenize=tokenize, lowercase=lowercase) | {
       "name": name, "checkpoint": label, "sentences": len(sources), "seconds": seconds,
       "sentences_per_s": len(sources) / max(seconds, 1e-9), "decode": translator.settings,
-      "truncated_sources": translator.truncated}
+      "truncated_sources": translator.truncated, "hardware": hardware()} | (extra or {})
   if jax.process_index() == 0:
     outdir.mkdir(parents=True, exist_ok=True)
     hyp_path = outdir / f"{name}.{label}.hyp"
@@ -171,7 +189,8 @@ def main(argv=None) -> None:
         return
       outdir = pathlib.Path(workdir.value) / "eval"
       results = [evaluate(translator, params, src, ref, name=name, label=label, outdir=outdir, output=output.value,
-                          tokenize=tokenize.value, lowercase=lowercase.value) for name, src, ref in jobs]
+                          tokenize=tokenize.value, lowercase=lowercase.value,
+                          extra={"command": shlex.join(["python", *sys.argv])}) for name, src, ref in jobs]
     except (ValueError, DataError) as err:
       sys.exit(f"error: {err}")
     if jax.process_index() == 0:
