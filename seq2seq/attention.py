@@ -111,10 +111,10 @@ class MultiHeadAttention(nnx.Module):
     return k_bsnh, v_bsnh
 
   def attend(self, q_btnh, k_bsnh, v_bsnh, mask_b1ts, rng: jax.Array | None = None) -> jax.Array:
-    if self.record_weights:  # sown as nnx.Intermediate "weights_bnts"; see Transformer.cross_attention_weights
+    if self.record_weights:  # kept as an nnx.Intermediate; see Transformer.cross_attention_weights
       ctx_btnh, weights_bnts = explicit_attention(q_btnh, k_bsnh, v_bsnh, mask_b1ts, dropout_rate=self.dropout_rate,
                                                   rng=rng, return_weights=True)
-      self.sow(nnx.Intermediate, "weights_bnts", weights_bnts)
+      self.weights_bnts = nnx.Intermediate(weights_bnts)
     else:
       ctx_btnh = dot_product_attention(q_btnh, k_bsnh, v_bsnh, mask_b1ts, dropout_rate=self.dropout_rate, rng=rng)
     y_btd = jnp.einsum("btnh,nhd->btd", ctx_btnh, self.wo_nhd[...].astype(ctx_btnh.dtype))

@@ -197,10 +197,12 @@ class Transformer(nnx.Module):
       attn.record_weights = True
     try:
       self(src_bs, tgt_in_bt)
-      weights = [nnx.pop(attn, nnx.Intermediate)["weights_bnts"][0] for attn in layers]
+      weights = [attn.weights_bnts[...] for attn in layers]
     finally:
       for attn in layers:
         attn.record_weights = False
+        if hasattr(attn, "weights_bnts"):
+          del attn.weights_bnts
     return jnp.stack(weights)
 
   def init_cache(self, enc_bsd, src_segments_bs, max_decode_len: int) -> Cache:
