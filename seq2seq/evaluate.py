@@ -1,6 +1,7 @@
 """BLEU evaluation of a trained run: load a checkpoint (latest, a step, the best by validation
 loss, or an average of the last K) on the config's mesh, translate the test sets or given
-files, score with sacreBLEU, and write hypotheses and a JSON result into DIR/eval/.
+files, score with sacreBLEU, and write hypotheses and a JSON result into DIR/eval/
+(NAME.CHECKPOINT.SEARCH.{hyp,json}, e.g. test_2016_flickr.step20000.beam4.json).
 
   python eval.py --workdir=DIR                                   # the config's test sets
   python eval.py --workdir=DIR --source=in.en --reference=ref.de
@@ -101,7 +102,7 @@ def _cpuinfo() -> list[str]:
 def evaluate(translator: Translator, params, sources: list[str], references: list[str], *, name: str, label: str,
              outdir: pathlib.Path, output: str = "", tokenize: str = "13a", lowercase: bool = False,
              extra: dict | None = None) -> dict:
-  """Translates, scores and writes DIR/eval/NAME.LABEL.{hyp,json}; returns the JSON result."""
+  """Translates, scores and writes DIR/eval/NAME.CHECKPOINT.{beamK|greedy}.{hyp,json}; returns the result."""
   start = time.perf_counter()
   hypotheses = translator(params, sources, progress=True)
   seconds = time.perf_counter() - start
@@ -111,12 +112,14 @@ def evaluate(translator: Translator, params, sources: list[str], references: lis
       "truncated_sources": translator.truncated, "hardware": hardware()} | (extra or {})
   if jax.process_index() == 0:
     outdir.mkdir(parents=True, exist_ok=True)
-    hyp_path = outdir / f"{name}.{label}.hyp"
+    beam = translator.settings["beam_size"]
+    stem = f"{name}.{label}.{'greedy' if beam == 1 else f'beam{beam}'}"  # one file per checkpoint and search
+    hyp_path = outdir / f"{stem}.hyp"
     text = "".join(h + "\n" for h in hypotheses)
     for path in [hyp_path] + ([pathlib.Path(output)] if output else []):
       _write_atomic(path, text)
     result["hypotheses"] = str(hyp_path)
-    _write_atomic(outdir / f"{name}.{label}.json", json.dumps(result, indent=1) + "\n")
+    _write_atomic(outdir / f"{stem}.json", json.dumps(result, indent=1) + "\n")
   return result
 
 
