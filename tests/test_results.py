@@ -1,0 +1,55 @@
+"""Plots and the README results table are generated from a run's files."""
+
+import json
+
+import pytest
+
+from seq2seq import plot, results
+
+
+def fake_run(root, with_bleu=True):
+  run = root / "m30k"
+  (run / "eval").mkdir(parents=True)
+  records = [{"step": s, "loss": 5.0 - s / 100, "nll": 4.5 - s / 100, "learning_rate": 1e-3 * s / 100, "target_tokens_per_s": 1000.0 + s,
+              "wall_time_s": 6.0 * s} for s in (50, 100, 150, 200)]
+  records += [{"step": s, "val_loss": 4.0 - s / 200, "val_nll": 4.0 - s / 200} | ({"val_bleu": s / 10, "val_chrf": s / 5} if with_bleu else {})
+              for s in (100, 200)]
+  (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+  (run / "commands.txt").write_text("python train.py --config=configs/multi30k.py --workdir=/tmp/m30k\n")
+  result = {"name": "test_2016_flickr", "bleu": 36.123, "chrf": 61.5, "checkpoint": "average5-200",
+            "bleu_signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0",
+            "decode": {"beam_size": 4, "alpha": 0.6}, "hardware": "2-core CPU",
+            "command": "python eval.py --workdir=/tmp/m30k --average_last=5"}
+  (run / "eval" / "test_2016_flickr.average5-200.json").write_text(json.dumps(result))
+  return run
+
+
+def test_results_table_comes_from_the_run_files(tmp_path):
+  run = fake_run(tmp_path)
+  text = results.table([str(run)])
+  row = text.splitlines()[2]
+  for cell in ("**36.12**", "61.50", "average5-200", "beam 4, alpha 0.6", "| 200 |", "| 20 min |", "| 1125 |",
+               "python train.py --config=configs/multi30k.py", "python eval.py --workdir=/tmp/m30k --average_last=5"):
+    assert cell in row, cell
+  assert "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0" in text
+  readme = tmp_path / "README.md"
+  readme.write_text(f"# Title\n\n{results.START}\nold table\n{results.END}\n\nafter\n")
+  results.update_readme(readme, text)
+  assert readme.read_text() == f"# Title\n\n{results.START}\n{text}{results.END}\n\nafter\n"
+  (tmp_path / "plain.md").write_text("no markers\n")
+  with pytest.raises(ValueError, match="markers"):
+    results.update_readme(tmp_path / "plain.md", text)
+  with pytest.raises(ValueError, match="no eval results"):
+    results.rows(tmp_path)
+
+
+def test_plots_have_one_png_per_panel_with_data(tmp_path):
+  import matplotlib.image
+
+  written = plot.plot(fake_run(tmp_path))
+  assert sorted(p.name for p in written) == ["bleu.png", "learning_rate.png", "loss.png", "throughput.png"]
+  assert all(matplotlib.image.imread(p).shape[:2] == (350, 600) for p in written)
+  assert sorted(p.name for p in plot.plot(fake_run(tmp_path / "b", with_bleu=False))) == [
+      "learning_rate.png", "loss.png", "throughput.png"]
+  with pytest.raises(ValueError, match="metrics.jsonl"):
+    plot.plot(tmp_path / "empty")
