@@ -25,7 +25,7 @@ from seq2seq import average, checkpoint, data, sharding
 from seq2seq.config import ModelConfig
 from seq2seq.score import score
 from seq2seq.sources import DataError, read_lines
-from seq2seq.tokenizer import Tokenizer
+from seq2seq.tokenizer import Tokenizer, write_atomic
 from seq2seq.transformer import Transformer
 from seq2seq.translate import Translator
 
@@ -117,16 +117,10 @@ def evaluate(translator: Translator, params, sources: list[str], references: lis
     hyp_path = outdir / f"{stem}.hyp"
     text = "".join(h + "\n" for h in hypotheses)
     for path in [hyp_path] + ([pathlib.Path(output)] if output else []):
-      _write_atomic(path, text)
+      write_atomic(path, text.encode("utf-8"))
     result["hypotheses"] = str(hyp_path)
-    _write_atomic(outdir / f"{stem}.json", json.dumps(result, indent=1) + "\n")
+    write_atomic(outdir / f"{stem}.json", (json.dumps(result, indent=1) + "\n").encode("utf-8"))
   return result
-
-
-def _write_atomic(path: pathlib.Path, text: str) -> None:
-  tmp = path.with_name(path.name + ".tmp")
-  tmp.write_text(text, encoding="utf-8")
-  os.replace(tmp, path)
 
 
 def translate_stream(translator: Translator, params, lines, out) -> None:
