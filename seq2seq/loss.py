@@ -23,9 +23,9 @@ def smoothed_xent(logits_btv: jax.Array, labels_bt: jax.Array, label_smoothing: 
 
 def _xent_fwd(logits_btv, labels_bt, eps):
   logits_btv = logits_btv.astype(jnp.promote_types(logits_btv.dtype, jnp.float32))  # bf16 -> f32
-  lse_bt = jax.nn.logsumexp(logits_btv, axis=-1)
-  onehot_btv = labels_bt[..., None] == jnp.arange(logits_btv.shape[-1], dtype=labels_bt.dtype)
-  nll_bt = lse_bt - jnp.sum(jnp.where(onehot_btv, logits_btv, 0.0), axis=-1)
+  max_bt = jnp.max(logits_btv, axis=-1)
+  lse_bt = max_bt + jnp.log(jnp.sum(jnp.exp(logits_btv - max_bt[..., None]), axis=-1))
+  nll_bt = lse_bt - label_logits(logits_btv, labels_bt)
   loss_bt = (1.0 - eps) * nll_bt + eps * (lse_bt - jnp.mean(logits_btv, axis=-1))
   return (loss_bt, nll_bt), (logits_btv, lse_bt, labels_bt)
 
@@ -46,6 +46,13 @@ def _xent_bwd(eps, residuals, cotangents):
 smoothed_xent.defvjp(_xent_fwd, _xent_bwd)
 
 
+def label_logits(logits_btv: jax.Array, labels_bt: jax.Array) -> jax.Array:
+  """logits[b, t, labels[b, t]], as a masked sum: with the vocabulary sharded over devices
+  each computes its part (a gather would collect the whole [b, t, v] first)."""
+  onehot_btv = labels_bt[..., None] == jnp.arange(logits_btv.shape[-1], dtype=labels_bt.dtype)
+  return jnp.sum(jnp.where(onehot_btv, logits_btv, 0.0), axis=-1)
+
+
 def cross_entropy_sums(logits_btv: jax.Array, labels_bt: jax.Array, weights_bt: jax.Array,
                        label_smoothing: float = 0.0) -> dict[str, jax.Array]:
   """Sums over weighted tokens: smoothed loss, plain NLL, token count, correct predictions.
@@ -55,7 +62,11 @@ def cross_entropy_sums(logits_btv: jax.Array, labels_bt: jax.Array, weights_bt: 
   """
   loss_bt, nll_bt = smoothed_xent(logits_btv, labels_bt, float(label_smoothing))
   w_bt = weights_bt.astype(jnp.float32)
-  correct_bt = (jnp.argmax(logits_btv, axis=-1) == labels_bt).astype(jnp.float32)
+  # Correct when the label's logit is the largest (a tie counts). It reuses the reductions of
+  # the loss (XLA computes identical expressions once); argmax, an index-carrying reduction
+  # over [b, t, v], took 3% of a CPU train step.
+  fixed_btv = jax.lax.stop_gradient(logits_btv)
+  correct_bt = (label_logits(fixed_btv, labels_bt) >= jnp.max(fixed_btv, axis=-1)).astype(jnp.float32)
   return {"loss_sum": jnp.sum(loss_bt * w_bt), "nll_sum": jnp.sum(nll_bt * w_bt), "tokens": jnp.sum(w_bt),
           "correct": jnp.sum(correct_bt * w_bt)}
 
