@@ -236,6 +236,9 @@ def train_and_evaluate(config, workdir: str) -> dict:
         if is_main:
           bar.write(f"step {step}: " + " ".join(f"{k}={v:.4g}" for k, v in val.items()))
       stopping = _agree(stop.received is not None)
+      if stopping and window["sums"]:  # a last record for the steps since the last logged one
+        last = _log(step, window, writer, bar, peak, start_time)
+        window = _new_window()
       if step % config.train.checkpoint_every == 0 or step == config.train.steps or stopping:
         val_loss = last.get("val_loss") if last.get("val_step") == step else None
         ckpts.save(step, state, train_iter.state, run_identity, val_loss=val_loss)

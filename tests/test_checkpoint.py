@@ -85,6 +85,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_zero(data_dir, session_cache, tmp_
   assert proc.returncode == 0, out[-3000:]
   step = checkpoint.Checkpoints(str(tmp_path)).latest_step()
   assert step >= 5 and f"saved a checkpoint at step {step}" in out
+  assert metrics.read(tmp_path)[-1]["step"] == step  # the steps since the last log_every are logged too
   resumed = subprocess.run(cmd[:-4] + [f"--config.train.steps={step + 2}", "--config.train.log_every=1",
                                        "--config.train.eval_every=0", "--config.train.checkpoint_every=100"],
                            cwd=REPO, capture_output=True, text=True, timeout=240)
