@@ -16,14 +16,34 @@ import orbax.checkpoint as ocp
 from seq2seq.checkpoint import Checkpoints
 
 
-def average_params(workdir: str, last: int) -> tuple[dict, list[int], dict]:
-  """(mean parameters, the steps averaged, the run identity) of the newest `last` checkpoints."""
+def newest_steps(workdir: str, last: int) -> list[int]:
+  """The steps of the newest `last` checkpoints (an error if there are fewer)."""
   ckpts = Checkpoints(workdir, asynchronous=False)
   try:
     steps = sorted(ckpts.manager.all_steps())[-last:]
-    if len(steps) < last:
-      raise ValueError(f"{ckpts.directory} has {len(steps)} checkpoint(s), fewer than --last={last} "
-                       "(raise config.train.keep_checkpoints to keep more)")
+  finally:
+    ckpts.close()
+  if len(steps) < last:
+    raise ValueError(f"{ckpts.directory} has {len(steps)} checkpoint(s), fewer than --last={last} "
+                     "(raise config.train.keep_checkpoints to keep more)")
+  return steps
+
+
+def averaged_steps(path: str | pathlib.Path) -> list[int] | None:
+  """The steps an averaged checkpoint at `path` was made from (None if there is none)."""
+  path = pathlib.Path(path).resolve()
+  if not path.is_dir():
+    return None
+  restored = ocp.Checkpointer(ocp.CompositeCheckpointHandler()).restore(
+      path, args=ocp.args.Composite(identity=ocp.args.JsonRestore()))
+  return list(restored.identity.get("averaged_steps", []))
+
+
+def average_params(workdir: str, last: int) -> tuple[dict, list[int], dict]:
+  """(mean parameters, the steps averaged, the run identity) of the newest `last` checkpoints."""
+  steps = newest_steps(workdir, last)
+  ckpts = Checkpoints(workdir, asynchronous=False)
+  try:
     total, identity = None, None
     for step in steps:
       restored = ckpts.manager.restore(step, args=ocp.args.Composite(

@@ -58,7 +58,7 @@ def load_params(workdir, config, mesh, *, step: int | None = None, best: bool = 
   target = jax.jit(init, out_shardings=shardings)()
   if average_last:
     path = pathlib.Path(workdir).resolve() / "average" / f"last{average_last}"
-    if not path.is_dir():
+    if average.averaged_steps(path) != average.newest_steps(workdir, average_last):  # none yet, or stale
       average.save_average(workdir, average_last)
     params, saved = average.load_average(path, target)
     checkpoint.check_identity(saved, run_identity, str(path))

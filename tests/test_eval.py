@@ -94,6 +94,25 @@ def test_sgml_input_average_and_output_file(run, val_files, tmp_path):
   assert result["bleu"] == pytest.approx(sacrebleu_cli(val_files / "ref.de", tmp_path / "out.de"), abs=1e-6)
 
 
+def test_a_stale_average_is_recomputed(run, tmp_path):
+  """An average made before the newest checkpoints changed is remade from the current ones."""
+  import shutil
+
+  from seq2seq import average
+
+  copy = tmp_path / "run"
+  shutil.copytree(run, copy, ignore=shutil.ignore_patterns("eval", "average"))
+  average.save_average(str(copy), 2)
+  assert average.averaged_steps(copy / "average" / "last2") == [40, 60]
+  shutil.rmtree(copy / "checkpoints" / "60")  # the newest two are now 20 and 40
+  config = evaluate.load_config(copy)
+  *_, params, _, label = evaluate.load_params(copy, config, sharding.make_mesh(config.mesh), average_last=2)
+  assert label == "average2-40" and average.averaged_steps(copy / "average" / "last2") == [20, 40]
+  want, _, _ = average.average_params(str(copy), 2)
+  for x, y in zip(jax.tree.leaves(want), jax.tree.leaves(params)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
 def test_best_checkpoint_is_chosen_by_validation_loss(run):
   val = {r["step"]: r["val_loss"] for r in metrics.read(run) if "val_loss" in r}
   out = eval_py(f"--workdir={run}", "--best", "--split=val", "--beam_size=1", "--max_len_b=5")
