@@ -33,14 +33,45 @@ def xavier(in_axis, out_axis):
 def dropout(x: jax.Array, rate: float, rng: jax.Array | None) -> jax.Array:
   """Inverted dropout; identity when `rng` is None (evaluation) or rate is 0.
 
-  Draws raw uint32 bits and compares them to a threshold: cheaper than
-  `jax.random.bernoulli`, which builds floats first.
+  The keep mask is a counter-based hash of each element's index under the key
+  (`keep_mask`), computed inside the fusion that applies it: no separate pass
+  drawing random bits, which cost 15% of a CPU train step with threefry.
   """
   if rng is None or rate == 0.0:
     return x
+  return jnp.where(keep_mask(rng, x.shape, rate), x / (1.0 - rate), jnp.zeros_like(x))
+
+
+_MIX1, _MIX2, _GOLDEN = 0x85EBCA6B, 0xC2B2AE35, 0x9E3779B9
+
+
+def _fmix32(h: jax.Array) -> jax.Array:
+  """MurmurHash3's 32-bit finaliser: a bijection with full avalanche."""
+  h = (h ^ (h >> 16)) * jnp.uint32(_MIX1)
+  h = (h ^ (h >> 13)) * jnp.uint32(_MIX2)
+  return h ^ (h >> 16)
+
+
+def keep_mask(rng: jax.Array, shape: Sequence[int], rate: float) -> jax.Array:
+  """Bernoulli(1 - rate) booleans of `shape`, a pure function of (key, shape).
+
+  Element i (row-major index over the whole, global shape) keeps iff
+  fmix32(fmix32(i * golden ^ k0) ^ k1) >= rate * 2^32, with (k0, k1) the key's words.
+  The index is global, so the mask does not depend on how the array is sharded.
+  Arrays of 2^32 elements or more take `jax.random.bits` instead.
+  """
   threshold = jnp.uint32(min(int(rate * 2**32), 2**32 - 1))
-  keep = jax.random.bits(rng, x.shape, jnp.uint32) >= threshold
-  return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
+  size = math.prod(shape)
+  if size >= 2**32:
+    return jax.random.bits(rng, tuple(shape), jnp.uint32) >= threshold
+  words = jax.random.key_data(rng).reshape(-1)
+  index = jnp.zeros(shape, jnp.uint32)
+  stride = 1
+  for axis in reversed(range(len(shape))):
+    index = index + jax.lax.broadcasted_iota(jnp.uint32, tuple(shape), axis) * jnp.uint32(stride)
+    stride *= shape[axis]
+  h = _fmix32(index * jnp.uint32(_GOLDEN) ^ words[0])
+  return _fmix32(h ^ words[-1]) >= threshold
 
 
 def fold(rng: jax.Array | None, i: int) -> jax.Array | None:

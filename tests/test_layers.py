@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from seq2seq.layers import FeedForward, Norm, dropout, rope, sinusoidal
+from seq2seq.layers import FeedForward, Norm, dropout, keep_mask, rope, sinusoidal
 
 
 def test_dropout_identity_without_key_and_unbiased_with_it():
@@ -21,6 +21,42 @@ def test_dropout_identity_without_key_and_unbiased_with_it():
   assert abs((1 - kept.mean()) - 0.3) < 5 * math.sqrt(0.3 * 0.7 / kept.size)
   np.testing.assert_array_equal(y, dropout(x, 0.3, jax.random.key(0)))
 
+
+
+def _fmix32_np(h):
+  h = h.astype(np.uint64)
+  h ^= h >> 16
+  h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+  h ^= h >> 13
+  h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+  return h ^ (h >> 16)
+
+
+def test_keep_mask_is_the_documented_hash_of_the_global_index():
+  key = jax.random.key(7)
+  k0, k1 = (int(w) for w in jax.random.key_data(key))
+  index = np.arange(3 * 5 * 7, dtype=np.uint64)
+  h = _fmix32_np(_fmix32_np((index * 0x9E3779B9) & 0xFFFFFFFF ^ k0) ^ k1)
+  want = (h >= int(0.25 * 2**32)).reshape(3, 5, 7)
+  np.testing.assert_array_equal(keep_mask(key, (3, 5, 7), 0.25), want)
+
+
+def test_keep_masks_are_independent_across_neighbours_and_keys():
+  p, n = 0.7, 10**6  # keep probability, draws
+  a = np.asarray(keep_mask(jax.random.key(0), (n,), 1 - p))
+  b = np.asarray(keep_mask(jax.random.key(1), (n,), 1 - p))
+  # Joint keep rates of independent Bernoulli(p) pairs are p^2 with standard deviation
+  # sqrt(p^2 (1 - p^2) / n) = 4.8e-4; allow 5 sigma.
+  bound = 5 * math.sqrt(p * p * (1 - p * p) / n)
+  for joint in ((a[1:] & a[:-1]).mean(), (a[1024:] & a[:-1024]).mean(), (a & b).mean()):
+    assert abs(joint - p * p) < bound
+  assert abs(a.mean() - p) < 5 * math.sqrt(p * (1 - p) / n)
+
+
+def test_keep_mask_of_a_huge_array_falls_back_to_random_bits():
+  jaxpr = str(jax.make_jaxpr(lambda k: keep_mask(k, (2**16, 2**16), 0.1))(jax.random.key(0)))
+  assert "random_bits" in jaxpr and "shift_right" not in jaxpr
+  assert "random_bits" not in str(jax.make_jaxpr(lambda k: keep_mask(k, (2**16, 2**15), 0.1))(jax.random.key(0)))
 
 def _x(shape=(2, 3, 8), seed=0):
   return jnp.asarray(np.random.default_rng(seed).standard_normal(shape) * 3 + 1, jnp.float32)
