@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from seq2seq.layers import dropout, param, rope, xavier
+from seq2seq.layers import dense, dropout, param, rope, xavier
 
 
 def attention_mask(q_segments_bt: jax.Array, k_segments_bs: jax.Array, *, causal: bool = False) -> jax.Array:
@@ -96,7 +96,7 @@ class MultiHeadAttention(nnx.Module):
     self.record_weights = False  # True: keep the attention weights of each call (for plots)
 
   def _project(self, x_btd, w, b):
-    y_btnh = jnp.einsum("btd,dnh->btnh", x_btd, w[...].astype(x_btd.dtype))
+    y_btnh = dense(x_btd, w[...])
     return y_btnh if b is None else y_btnh + b[...].astype(x_btd.dtype)
 
   def query(self, x_btd: jax.Array, positions_bt: jax.Array | None = None) -> jax.Array:
@@ -117,13 +117,13 @@ class MultiHeadAttention(nnx.Module):
       self.weights_bnts = nnx.Intermediate(weights_bnts)
     else:
       ctx_btnh = dot_product_attention(q_btnh, k_bsnh, v_bsnh, mask_b1ts, dropout_rate=self.dropout_rate, rng=rng)
-    y_btd = jnp.einsum("btnh,nhd->btd", ctx_btnh, self.wo_nhd[...].astype(ctx_btnh.dtype))
+    y_btd = dense(ctx_btnh, self.wo_nhd[...], contract=2)
     return y_btd + self.bo_d[...].astype(y_btd.dtype) if self.use_bias else y_btd
 
   def attend_cached(self, q_bnh, k_bnsh, v_bnsh, mask_bns) -> jax.Array:
     """`attend` for one decoding position over a heads-first cache: [b, d]."""
     ctx_bnh = single_query_attention(q_bnh, k_bnsh, v_bnsh, mask_bns)
-    y_bd = jnp.einsum("bnh,nhd->bd", ctx_bnh, self.wo_nhd[...].astype(ctx_bnh.dtype))
+    y_bd = dense(ctx_bnh, self.wo_nhd[...], contract=2)
     return y_bd + self.bo_d[...].astype(y_bd.dtype) if self.use_bias else y_bd
 
   def __call__(self, x_btd: jax.Array, context_bsd: jax.Array, mask_b1ts: jax.Array, *,

@@ -21,7 +21,7 @@ from flax import nnx
 
 from seq2seq.attention import MultiHeadAttention, attention_mask
 from seq2seq.config import ModelConfig
-from seq2seq.layers import Embed, FeedForward, LearnedPositions, Norm, dropout, fold, param, sinusoidal
+from seq2seq.layers import Embed, dense, FeedForward, LearnedPositions, Norm, dropout, fold, param, sinusoidal
 
 Cache = dict[str, Any]
 
@@ -156,8 +156,7 @@ class Transformer(nnx.Module):
       y_btd = self.decoder_norm(y_btd)
     if self.output_dv is None:
       return self._tgt_embed.attend(y_btd)
-    w_dv = self.output_dv[...].astype(y_btd.dtype)
-    return jnp.einsum("btd,dv->btv", y_btd, w_dv, preferred_element_type=jnp.float32)
+    return dense(y_btd, self.output_dv[...], out_dtype=jnp.float32)
 
   # -- public API -----------------------------------------------------------------------
   def encode(self, src_bs, *, src_segments_bs=None, src_positions_bs=None, dropout_rng=None):
