@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from seq2seq.layers import FeedForward, Norm, dropout, keep_mask, rope, sinusoidal
+from seq2seq.layers import FeedForward, Norm, dense, dropout, keep_mask, rope, sinusoidal, tied_logits
 
 
 def test_dropout_identity_without_key_and_unbiased_with_it():
@@ -131,3 +131,24 @@ def test_feed_forward_matches_formula(activation):
   else:
     h = np.maximum(h, 0) if activation == "relu" else np.asarray(jax.nn.gelu(h))
   np.testing.assert_allclose(ffn(_x(), None), h @ wo, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("spec,contract,transposed", [("btd,df->btf", 1, False), ("btnh,nhd->btd", 2, False),
+                                                      ("btd,vd->btv", 1, True)])
+def test_dense_and_its_gradients_equal_the_einsum(spec, contract, transposed):
+  # Small integers: every product and sum is exact in f32, so the results must be equal.
+  terms, out = spec.split("->")[0].split(","), spec.split("->")[1]
+  sizes = dict(b=2, t=3, d=4, f=5, n=2, h=3, v=7)
+  rng = np.random.default_rng(0)
+  x, w, c = (jnp.asarray(rng.integers(-3, 4, tuple(sizes[ch] for ch in term)), jnp.float32)
+             for term in (*terms, out))
+  ours = lambda x, w: jnp.sum(dense(x, w, contract=contract, w_transposed=transposed) * c)
+  ref = lambda x, w: jnp.sum(jnp.einsum(spec, x, w) * c)
+  np.testing.assert_array_equal(dense(x, w, contract=contract, w_transposed=transposed), jnp.einsum(spec, x, w))
+  want = jax.grad(ref, (0, 1))(x, w)
+  for g, wanted in zip(jax.grad(ours, (0, 1))(x, w), want):
+    np.testing.assert_array_equal(g, wanted)
+  if transposed:  # the tied output layer's hand-written backward pass
+    tied = lambda x, w: jnp.sum(tied_logits(x, w) * c)
+    for g, wanted in zip(jax.grad(tied, (0, 1))(x, w), want):
+      np.testing.assert_array_equal(g, wanted)
