@@ -39,9 +39,10 @@ def averaged_steps(path: str | pathlib.Path) -> list[int] | None:
   return list(restored.identity.get("averaged_steps", []))
 
 
-def average_params(workdir: str, last: int) -> tuple[dict, list[int], dict]:
-  """(mean parameters, the steps averaged, the run identity) of the newest `last` checkpoints."""
-  steps = newest_steps(workdir, last)
+def average_params(workdir: str, last: int, steps: list[int] | None = None) -> tuple[dict, list[int], dict]:
+  """(mean parameters, the steps averaged, the run identity) of the newest `last` checkpoints
+  (`steps`: their steps, when the caller has already listed them)."""
+  steps = newest_steps(workdir, last) if steps is None else steps
   ckpts = Checkpoints(workdir, asynchronous=False)
   try:
     total, identity = None, None
@@ -57,8 +58,8 @@ def average_params(workdir: str, last: int) -> tuple[dict, list[int], dict]:
   return mean, steps, identity
 
 
-def save_average(workdir: str, last: int) -> pathlib.Path:
-  params, steps, identity = average_params(workdir, last)
+def save_average(workdir: str, last: int, steps: list[int] | None = None) -> pathlib.Path:
+  params, steps, identity = average_params(workdir, last, steps)
   out = pathlib.Path(workdir).resolve() / "average" / f"last{last}"
   checkpointer = ocp.Checkpointer(ocp.CompositeCheckpointHandler())
   checkpointer.save(out, args=ocp.args.Composite(

@@ -1,7 +1,7 @@
 """BLEU evaluation of a trained run: load a checkpoint (latest, a step, the best by validation
 loss, or an average of the last K) on the config's mesh, translate the test sets or given
 files, score with sacreBLEU, and write hypotheses and a JSON result into DIR/eval/
-(NAME.CHECKPOINT.SEARCH.{hyp,json}, e.g. test_2016_flickr.step20000.beam4.json).
+(NAME.CHECKPOINT.SEARCH.{hyp,json}, e.g. test_2016_flickr.step20000.beam4-alpha0.6.json).
 
   python eval.py --workdir=DIR                                   # the config's test sets
   python eval.py --workdir=DIR --source=in.en --reference=ref.de
@@ -10,6 +10,7 @@ files, score with sacreBLEU, and write hypotheses and a JSON result into DIR/eva
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import pathlib
@@ -58,8 +59,9 @@ def load_params(workdir, config, mesh, *, step: int | None = None, best: bool = 
   target = jax.jit(init, out_shardings=shardings)()
   if average_last:
     path = pathlib.Path(workdir).resolve() / "average" / f"last{average_last}"
-    if average.averaged_steps(path) != average.newest_steps(workdir, average_last):  # none yet, or stale
-      average.save_average(workdir, average_last)
+    steps = average.newest_steps(workdir, average_last)
+    if average.averaged_steps(path) != steps:  # none yet, or stale
+      average.save_average(workdir, average_last, steps)
     params, saved = average.load_average(path, target)
     checkpoint.check_identity(saved, run_identity, str(path))
     return model_cfg, graphdef, params, tok, f"average{average_last}-{saved['averaged_steps'][-1]}"
@@ -99,10 +101,22 @@ def _cpuinfo() -> list[str]:
     return []
 
 
+def search_name(settings: dict) -> str:
+  """The SEARCH part of result file names: greedy or beamK-alphaA, plus the length limits
+  where they differ from Translator's defaults (so differently decoded runs do not
+  overwrite each other)."""
+  name = "greedy" if settings["beam_size"] == 1 else f"beam{settings['beam_size']}-alpha{settings['alpha']:g}"
+  defaults = {k: v.default for k, v in inspect.signature(Translator).parameters.items()}
+  a, b, m = settings["max_len_a"], settings["max_len_b"], settings["min_len"]
+  if (a, b) != (defaults["max_len_a"], defaults["max_len_b"]):
+    name += f"-len{a:g}x+{b}"
+  return name + (f"-min{m}" if m != defaults["min_len"] else "")
+
+
 def evaluate(translator: Translator, params, sources: list[str], references: list[str], *, name: str, label: str,
              outdir: pathlib.Path, output: str = "", tokenize: str = "13a", lowercase: bool = False,
              extra: dict | None = None) -> dict:
-  """Translates, scores and writes DIR/eval/NAME.CHECKPOINT.{beamK|greedy}.{hyp,json}; returns the result."""
+  """Translates, scores and writes DIR/eval/NAME.CHECKPOINT.SEARCH.{hyp,json}; returns the result."""
   start = time.perf_counter()
   hypotheses = translator(params, sources, progress=True)
   seconds = time.perf_counter() - start
@@ -112,8 +126,7 @@ def evaluate(translator: Translator, params, sources: list[str], references: lis
       "truncated_sources": translator.truncated, "hardware": hardware()} | (extra or {})
   if jax.process_index() == 0:
     outdir.mkdir(parents=True, exist_ok=True)
-    beam = translator.settings["beam_size"]
-    stem = f"{name}.{label}.{'greedy' if beam == 1 else f'beam{beam}'}"  # one file per checkpoint and search
+    stem = f"{name}.{label}.{search_name(translator.settings)}"  # one file per checkpoint and search
     hyp_path = outdir / f"{stem}.hyp"
     text = "".join(h + "\n" for h in hypotheses)
     for path in [hyp_path] + ([pathlib.Path(output)] if output else []):

@@ -70,12 +70,12 @@ def test_eval_bleu_equals_sacrebleu_cli_and_validation_bleu(run, val_files):
   lines = out.stdout.strip().splitlines()
   assert lines[-1].startswith("src.en: BLEU = ") and lines[-1].endswith("version:" + __import__("sacrebleu").__version__)
   assert "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp" in lines[-1]
-  result = json.loads((run / "eval" / "src.en.step60.greedy.json").read_text())
+  result = json.loads((run / "eval" / "src.en.step60.greedy-len1x+10.json").read_text())
   assert result["checkpoint"] == "step60" and result["sentences"] == VAL_SENTENCES
   assert result["decode"]["beam_size"] == 1 and result["sentences_per_s"] > 0
-  hyps = (run / "eval" / "src.en.step60.greedy.hyp").read_text().splitlines()
+  hyps = (run / "eval" / "src.en.step60.greedy-len1x+10.hyp").read_text().splitlines()
   assert len(hyps) == VAL_SENTENCES and any(hyps)
-  assert result["bleu"] == pytest.approx(sacrebleu_cli(val_files / "ref.de", run / "eval" / "src.en.step60.greedy.hyp"),
+  assert result["bleu"] == pytest.approx(sacrebleu_cli(val_files / "ref.de", run / "eval" / "src.en.step60.greedy-len1x+10.hyp"),
                                          abs=1e-6)
   # Validation BLEU during training is the same code on the same sentences and parameters.
   logged = [r for r in metrics.read(run) if "val_bleu" in r]
@@ -88,9 +88,9 @@ def test_sgml_input_average_and_output_file(run, val_files, tmp_path):
   out = eval_py(f"--workdir={run}", f"--source={val_files / 'src.en.sgm'}", f"--reference={val_files / 'ref.de.sgm'}",
                 "--average_last=2", "--beam_size=2", f"--output={tmp_path / 'out.de'}")
   assert out.returncode == 0, out.stderr
-  result = json.loads((run / "eval" / "src.en.sgm.average2-60.beam2.json").read_text())
+  result = json.loads((run / "eval" / "src.en.sgm.average2-60.beam2-alpha0.6-len1x+10.json").read_text())
   assert (run / "average" / "last2").is_dir()
-  assert (tmp_path / "out.de").read_text() == (run / "eval" / "src.en.sgm.average2-60.beam2.hyp").read_text()
+  assert (tmp_path / "out.de").read_text() == (run / "eval" / "src.en.sgm.average2-60.beam2-alpha0.6-len1x+10.hyp").read_text()
   assert result["bleu"] == pytest.approx(sacrebleu_cli(val_files / "ref.de", tmp_path / "out.de"), abs=1e-6)
 
 
@@ -118,7 +118,7 @@ def test_best_checkpoint_is_chosen_by_validation_loss(run):
   out = eval_py(f"--workdir={run}", "--best", "--split=val", "--beam_size=1", "--max_len_b=5")
   assert out.returncode == 0, out.stderr
   best = min(val, key=val.get)
-  assert (run / "eval" / f"val.best{best}.greedy.json").is_file()
+  assert (run / "eval" / f"val.best{best}.greedy-len1x+5.json").is_file()
   assert out.stdout.strip().splitlines()[-1].startswith("val: BLEU = ")
 
 
@@ -178,3 +178,12 @@ def test_sharded_mesh_gives_the_same_translations(run, val_files, tmp_path):
   eight = eval_py(f"--workdir={sharded}", *args, f"--output={tmp_path / 'eight.de'}", env=env)
   assert one.returncode == 0 and eight.returncode == 0, one.stderr + eight.stderr
   assert (tmp_path / "eight.de").read_text() == (tmp_path / "one.de").read_text()
+
+
+def test_result_names_tell_decodings_apart():
+  base = dict(beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50, min_len=0)
+  names = [evaluate.search_name(base | change) for change in
+           ({}, {"alpha": 1.2}, {"beam_size": 1}, {"beam_size": 1, "alpha": 1.2}, {"max_len_a": 1.2, "max_len_b": 10},
+            {"min_len": 3})]
+  assert names == ["beam4-alpha0.6", "beam4-alpha1.2", "greedy", "greedy", "beam4-alpha0.6-len1.2x+10",
+                   "beam4-alpha0.6-min3"]
