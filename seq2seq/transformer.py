@@ -21,7 +21,7 @@ from flax import nnx
 
 from seq2seq.attention import MultiHeadAttention, attention_mask
 from seq2seq.config import ModelConfig
-from seq2seq.layers import Embed, dense, FeedForward, LearnedPositions, Norm, dropout, fold, param, sinusoidal
+from seq2seq.layers import Embed, FeedForward, LearnedPositions, Norm, dense, dropout, fold, param, sinusoidal
 
 Cache = dict[str, Any]
 

@@ -10,7 +10,7 @@ from seq2seq.config import ModelConfig
 from seq2seq.transformer import count_params
 
 CONFIG_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs"
-NAMES = ["default", "tiny", "multi30k", "wmt14_base", "wmt14_big"]
+NAMES = sorted(p.stem for p in CONFIG_DIR.glob("*.py") if p.stem != "__init__")  # every config file
 
 
 def load(name):
