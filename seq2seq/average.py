@@ -39,10 +39,8 @@ def averaged_steps(path: str | pathlib.Path) -> list[int] | None:
   return list(restored.identity.get("averaged_steps", []))
 
 
-def average_params(workdir: str, last: int, steps: list[int] | None = None) -> tuple[dict, list[int], dict]:
-  """(mean parameters, the steps averaged, the run identity) of the newest `last` checkpoints
-  (`steps`: their steps, when the caller has already listed them)."""
-  steps = newest_steps(workdir, last) if steps is None else steps
+def average_params(workdir: str, steps: list[int]) -> tuple[dict, dict]:
+  """(mean parameters, the run identity) of the checkpoints at `steps` (see newest_steps)."""
   ckpts = Checkpoints(workdir, asynchronous=False)
   try:
     total, identity = None, None
@@ -55,12 +53,13 @@ def average_params(workdir: str, last: int, steps: list[int] | None = None) -> t
   finally:
     ckpts.close()
   mean = jax.tree.map(lambda x: (x / len(steps)).astype(np.float32), total)
-  return mean, steps, identity
+  return mean, identity
 
 
-def save_average(workdir: str, last: int, steps: list[int] | None = None) -> pathlib.Path:
-  params, steps, identity = average_params(workdir, last, steps)
-  out = pathlib.Path(workdir).resolve() / "average" / f"last{last}"
+def save_average(workdir: str, steps: list[int]) -> pathlib.Path:
+  """Writes the mean of the checkpoints at `steps` (the newest ones) to DIR/average/lastK."""
+  params, identity = average_params(workdir, steps)
+  out = pathlib.Path(workdir).resolve() / "average" / f"last{len(steps)}"
   checkpointer = ocp.Checkpointer(ocp.CompositeCheckpointHandler())
   checkpointer.save(out, args=ocp.args.Composite(
       state=ocp.args.StandardSave({"params": params}),
@@ -85,7 +84,7 @@ def main(argv=None) -> None:
 
   def run(_):
     try:
-      out = save_average(workdir.value, last.value)
+      out = save_average(workdir.value, newest_steps(workdir.value, last.value))
     except ValueError as e:
       sys.exit(f"error: {e}")
     print(f"averaged the last {last.value} checkpoints into {out}")

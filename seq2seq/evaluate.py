@@ -61,7 +61,7 @@ def load_params(workdir, config, mesh, *, step: int | None = None, best: bool = 
     path = pathlib.Path(workdir).resolve() / "average" / f"last{average_last}"
     steps = average.newest_steps(workdir, average_last)
     if average.averaged_steps(path) != steps:  # none yet, or stale
-      average.save_average(workdir, average_last, steps)
+      average.save_average(workdir, steps)
     params, saved = average.load_average(path, target)
     checkpoint.check_identity(saved, run_identity, str(path))
     return model_cfg, graphdef, params, tok, f"average{average_last}-{saved['averaged_steps'][-1]}"

@@ -102,13 +102,13 @@ def test_a_stale_average_is_recomputed(run, tmp_path):
 
   copy = tmp_path / "run"
   shutil.copytree(run, copy, ignore=shutil.ignore_patterns("eval", "average"))
-  average.save_average(str(copy), 2)
+  average.save_average(str(copy), average.newest_steps(str(copy), 2))
   assert average.averaged_steps(copy / "average" / "last2") == [40, 60]
   shutil.rmtree(copy / "checkpoints" / "60")  # the newest two are now 20 and 40
   config = evaluate.load_config(copy)
   *_, params, _, label = evaluate.load_params(copy, config, sharding.make_mesh(config.mesh), average_last=2)
   assert label == "average2-40" and average.averaged_steps(copy / "average" / "last2") == [20, 40]
-  want, _, _ = average.average_params(str(copy), 2)
+  want, _ = average.average_params(str(copy), average.newest_steps(str(copy), 2))
   for x, y in zip(jax.tree.leaves(want), jax.tree.leaves(params)):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
