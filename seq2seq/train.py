@@ -17,12 +17,11 @@ import numpy as np
 import optax
 from flax import nnx
 
-from seq2seq import checkpoint, data, flops, optimizer, sharding
+from seq2seq import checkpoint, data, flops, metrics, optimizer, sharding
 from seq2seq.batching import BatchIterator, epoch_plan, make_batch
 from seq2seq.config import ModelConfig
 from seq2seq.guard import DivergenceGuard
 from seq2seq.loss import cross_entropy_sums, summarize
-from seq2seq.metrics import MetricsWriter, truncate_after
 from seq2seq.score import score
 from seq2seq.transformer import Transformer
 from seq2seq.translate import Translator
@@ -195,10 +194,11 @@ def train_and_evaluate(config, workdir: str) -> dict:
     state, data_state = ckpts.restore(state, run_identity)
     train_iter.restore(data_state)
     if is_main:
-      truncate_after(workdir, int(state["step"]))
       print(f"resumed from {ckpts.directory / str(int(state['step']))}", flush=True)
+  if is_main:  # records past the restored step (or any, on a fresh start) are redone
+    metrics.truncate_after(workdir, int(state["step"]))
 
-  writer = MetricsWriter(workdir, enabled=is_main)
+  writer = metrics.MetricsWriter(workdir, enabled=is_main)
   t = config.train
   guard = DivergenceGuard(spike_factor=t.get("guard_spike_factor", 0.0)) if t.get("guard_max_rollbacks", 3) else None
   rollbacks = 0
@@ -206,7 +206,9 @@ def train_and_evaluate(config, workdir: str) -> dict:
   bar = _progress(config.train.steps, step)
   window = _new_window()
   last = {}
-  start_time = time.perf_counter()
+  # wall_time_s counts across restarts: it goes on from the last one logged before the restored step.
+  logged = [r["wall_time_s"] for r in metrics.read(workdir) if "wall_time_s" in r] if is_main else []
+  start_time = time.perf_counter() - (logged[-1] if logged else 0.0)
   with checkpoint.StopSignal() as stop:
     while step < config.train.steps:
       locals_ = [next(train_iter) for _ in range(steps.accum_steps)]

@@ -1,6 +1,7 @@
 """Checkpoints: rerunning resumes exactly, SIGTERM saves and exits 0, config mismatches
 are refused, unfinished checkpoint directories are ignored."""
 
+import json
 import os
 import shutil
 import signal
@@ -41,12 +42,21 @@ def uninterrupted(data_dir, session_cache, tmp_path_factory):
 
 
 def test_rerun_resumes_exactly_where_the_run_stopped(uninterrupted, data_dir, session_cache, tmp_path):
+  (tmp_path / "metrics.jsonl").write_text('{"step": 7, "loss": 99.0}\n')  # from a crash before any checkpoint
   train_and_evaluate(tiny(data_dir, session_cache, steps=15), str(tmp_path))  # stops (and saves) at 15
   assert checkpoint.Checkpoints(str(tmp_path)).latest_step() == 15
+  records = metrics.read(tmp_path)
+  assert [r["step"] for r in records] == [5, 10, 15]  # the stale record is gone
+  records[-1]["wall_time_s"] = 1e6  # as if the first run had taken that long
+  (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+  before = time.perf_counter()
   train_and_evaluate(tiny(data_dir, session_cache, steps=30), str(tmp_path))  # the same command, longer
+  took = time.perf_counter() - before
   want = {r["step"]: r["loss"] for r in metrics.read(uninterrupted)}
   got = {r["step"]: r["loss"] for r in metrics.read(tmp_path)}
   assert sorted(got) == [5, 10, 15, 20, 25, 30]
+  wall = [r["wall_time_s"] for r in metrics.read(tmp_path) if r["step"] > 15]  # goes on from the first run's
+  assert 1e6 < wall[0] < wall[1] < wall[2] < 1e6 + took
   assert {s: got[s] for s in (20, 25, 30)} == {s: want[s] for s in (20, 25, 30)}  # bit-identical
   a, b = final_params(uninterrupted), final_params(tmp_path)
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
