@@ -206,7 +206,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   bar = _progress(config.train.steps, step)
   window = _new_window()
   last = {}
-  # wall_time_s counts across restarts: it goes on from the last one logged before the restored step.
+  # wall_time_s counts across restarts: it goes on from the last one logged at or before the restored step.
   logged = [r["wall_time_s"] for r in metrics.read(workdir) if "wall_time_s" in r] if is_main else []
   start_time = time.perf_counter() - (logged[-1] if logged else 0.0)
   with checkpoint.StopSignal() as stop:
