@@ -56,10 +56,15 @@ def average_params(workdir: str, steps: list[int]) -> tuple[dict, dict]:
   return mean, identity
 
 
+def directory(workdir: str | pathlib.Path, k: int) -> pathlib.Path:
+  """Where the mean of the newest `k` checkpoints is kept: DIR/average/lastK."""
+  return pathlib.Path(workdir).resolve() / "average" / f"last{k}"
+
+
 def save_average(workdir: str, steps: list[int]) -> pathlib.Path:
   """Writes the mean of the checkpoints at `steps` (the newest ones) to DIR/average/lastK."""
   params, identity = average_params(workdir, steps)
-  out = pathlib.Path(workdir).resolve() / "average" / f"last{len(steps)}"
+  out = directory(workdir, len(steps))
   checkpointer = ocp.Checkpointer(ocp.CompositeCheckpointHandler())
   checkpointer.save(out, args=ocp.args.Composite(
       state=ocp.args.StandardSave({"params": params}),

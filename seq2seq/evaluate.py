@@ -58,7 +58,7 @@ def load_params(workdir, config, mesh, *, step: int | None = None, best: bool = 
   shardings = sharding.state_shardings(jax.eval_shape(init), mesh)
   target = jax.jit(init, out_shardings=shardings)()
   if average_last:
-    path = pathlib.Path(workdir).resolve() / "average" / f"last{average_last}"
+    path = average.directory(workdir, average_last)
     steps = average.newest_steps(workdir, average_last)
     if average.averaged_steps(path) != steps:  # none yet, or stale
       average.save_average(workdir, steps)

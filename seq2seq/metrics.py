@@ -55,13 +55,14 @@ def read(workdir: str | os.PathLike) -> list[dict]:
   return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def truncate_after(workdir: str | os.PathLike, step: int) -> None:
-  """Drops records of steps after `step` (a restart redoes them), rewriting atomically."""
+def truncate_after(workdir: str | os.PathLike, step: int) -> list[dict]:
+  """Drops records of steps after `step` (a restart redoes them), rewriting atomically; returns those kept."""
   path = pathlib.Path(workdir) / "metrics.jsonl"
   if not path.is_file():
-    return
+    return []
   kept = [line for line in path.read_text(encoding="utf-8").splitlines()
           if line.strip() and json.loads(line)["step"] <= step]
   tmp = path.with_suffix(".jsonl.tmp")
   tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
   os.replace(tmp, path)
+  return [json.loads(line) for line in kept]

@@ -195,8 +195,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
     train_iter.restore(data_state)
     if is_main:
       print(f"resumed from {ckpts.directory / str(int(state['step']))}", flush=True)
-  if is_main:  # records past the restored step (or any, on a fresh start) are redone
-    metrics.truncate_after(workdir, int(state["step"]))
+  # Records past the restored step (or any, on a fresh start) are redone.
+  kept = metrics.truncate_after(workdir, int(state["step"])) if is_main else []
 
   writer = metrics.MetricsWriter(workdir, enabled=is_main)
   t = config.train
@@ -207,7 +207,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   window = _new_window()
   last = {}
   # wall_time_s counts across restarts: it goes on from the last one logged at or before the restored step.
-  logged = [r["wall_time_s"] for r in metrics.read(workdir) if "wall_time_s" in r] if is_main else []
+  logged = [r["wall_time_s"] for r in kept if "wall_time_s" in r]
   start_time = time.perf_counter() - (logged[-1] if logged else 0.0)
   with checkpoint.StopSignal() as stop:
     while step < config.train.steps:
