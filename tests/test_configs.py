@@ -50,3 +50,11 @@ def test_wmt14_configs_are_vaswani_base_and_big():
           big.model.dropout_rate) == (1024, 16, 6, 4096, 0.3)
   base_cfg = ModelConfig.from_config(base.model, vocab_size=base.data.vocab_size)
   assert abs(count_params(base_cfg) / 65e6 - 1) < 0.05
+
+
+def test_multi30k_6k_is_the_run_reported_as_m30k_d02():
+  """The README's m30k_d02 run used these overrides of multi30k_long.py; the config must match them."""
+  reported = load("multi30k_long")
+  reported.model.dropout_rate = 0.2
+  reported.train.update(steps=6000, checkpoint_every=500, eval_every=1000)
+  assert load("multi30k_6k").to_dict() == reported.to_dict()
