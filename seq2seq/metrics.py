@@ -60,9 +60,8 @@ def truncate_after(workdir: str | os.PathLike, step: int) -> list[dict]:
   path = pathlib.Path(workdir) / "metrics.jsonl"
   if not path.is_file():
     return []
-  kept = [line for line in path.read_text(encoding="utf-8").splitlines()
-          if line.strip() and json.loads(line)["step"] <= step]
+  kept = [r for r in read(workdir) if r["step"] <= step]
   tmp = path.with_suffix(".jsonl.tmp")
-  tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+  tmp.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")  # as MetricsWriter writes them
   os.replace(tmp, path)
-  return [json.loads(line) for line in kept]
+  return kept
