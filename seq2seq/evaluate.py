@@ -55,8 +55,7 @@ def load_params(workdir, config, mesh, *, step: int | None = None, best: bool = 
     return nnx.state(Transformer(model_cfg, rngs=nnx.Rngs(0)), nnx.Param)
 
   graphdef = nnx.graphdef(nnx.eval_shape(lambda: Transformer(model_cfg, rngs=nnx.Rngs(0))))
-  shardings = sharding.state_shardings(jax.eval_shape(init), mesh)
-  target = jax.jit(init, out_shardings=shardings)()
+  target, _ = sharding.init_on_mesh(init, mesh)
   if average_last:
     path = average.directory(workdir, average_last)
     steps = average.newest_steps(workdir, average_last)

@@ -77,6 +77,13 @@ def state_shardings(state, mesh: Mesh):
   return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
+def init_on_mesh(init, mesh: Mesh):
+  """(values, shardings) of `init()`: its outputs are created directly in their shardings on
+  `mesh` (no full copy on one device first); `init` takes no arguments and returns nnx state."""
+  shardings = state_shardings(jax.eval_shape(init), mesh)
+  return jax.jit(init, out_shardings=shardings)(), shardings
+
+
 def batch_sharding(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, PartitionSpec(BATCH_AXES))
 

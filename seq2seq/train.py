@@ -38,8 +38,8 @@ def init_state(model_cfg: ModelConfig, tx: optax.GradientTransformation, mesh, s
             "lr_scale": jnp.ones((), jnp.float32)}  # lowered by the divergence guard
 
   graphdef = nnx.graphdef(nnx.eval_shape(lambda: Transformer(model_cfg, rngs=nnx.Rngs(seed))))
-  shardings = sharding.state_shardings(jax.eval_shape(init), mesh)
-  return graphdef, jax.jit(init, out_shardings=shardings)(), shardings
+  state, shardings = sharding.init_on_mesh(init, mesh)
+  return graphdef, state, shardings
 
 
 # -- steps -------------------------------------------------------------------------------
