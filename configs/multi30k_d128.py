@@ -3,7 +3,7 @@
 #   python eval.py --workdir=/tmp/m30k_d128
 # Expected: 38.9 sacreBLEU on test_2016_flickr and 30.8 on test_2017_flickr (beam 4, alpha 1.2) after
 # 7000 steps, 94 minutes on the 2-core CPU (about 2400 target tokens/s).
-"""Multi30k en->de: multi30k.py with about a quarter of the FLOPs per token and 2.3x the epochs.
+"""Multi30k en->de: multi30k.py with a third of the FLOPs per token and 2.3x the epochs.
 
 29,000 training pairs overfit the d_model 256 model; this one (d_model 128, d_ff 256, 4+4
 layers, dropout 0.3) runs about 1.9x the tokens/s on the 2-core CPU, so 7000 steps (about
