@@ -3,7 +3,10 @@ DIR/commands.txt (how it was trained), DIR/metrics.jsonl (steps, wall time, toke
 DIR/eval/*.json (eval.py's scores, signatures, settings and hardware).
 
   python -m seq2seq.results DIR [DIR ...]                    # prints the markdown table
-  python -m seq2seq.results DIR [DIR ...] --readme=README.md # replaces the table there
+  python -m seq2seq.results DIR [DIR ...] --readme=README.md # updates the table there
+
+Updating a README replaces the rows of the runs given and keeps the other runs' rows (made
+earlier, from their own files), so adding a run does not need every old workdir on disk.
 """
 
 from __future__ import annotations
@@ -47,24 +50,49 @@ def rows(workdir: str | pathlib.Path) -> list[str]:
   return out
 
 
+def _format(lines: list[str], signatures: set[str]) -> str:
+  notes = "".join(f"\nBLEU signature: `{s}`" for s in sorted(signatures))
+  return "\n".join([HEADER] + lines) + "\n" + notes.lstrip("\n").replace("\nBLEU", "  \nBLEU") + "\n"
+
+
 def table(workdirs: list[str]) -> str:
   signatures = set()
-  lines = [HEADER]
+  lines = []
   for w in workdirs:
     lines += rows(w)
     for path in sorted((pathlib.Path(w) / "eval").glob("*.json")):
       signatures.add(json.loads(path.read_text())["bleu_signature"])
-  notes = "".join(f"\nBLEU signature: `{s}`" for s in sorted(signatures))
-  return "\n".join(lines) + "\n" + notes.lstrip("\n").replace("\nBLEU", "  \nBLEU") + "\n"
+  return _format(lines, signatures)
 
 
-def update_readme(readme: str | pathlib.Path, text: str) -> None:
+def _parse(text: str) -> tuple[dict[str, list[str]], set[str]]:
+  """A table's rows grouped by run name (in order) and its BLEU signatures."""
+  by_run: dict[str, list[str]] = {}
+  for line in text.splitlines():
+    if line.startswith("| `"):
+      by_run.setdefault(line.split("|")[1].strip(), []).append(line)
+  return by_run, set(re.findall(r"BLEU signature: `([^`]*)`", text))
+
+
+def merge(old: str, new: str) -> str:
+  """Table `new`, plus the rows of the runs in table `old` that `new` lacks, in old's order."""
+  old_rows, old_signatures = _parse(old)
+  new_rows, new_signatures = _parse(new)
+  runs = list(old_rows) + [run for run in new_rows if run not in old_rows]
+  lines = [line for run in runs for line in new_rows.get(run, old_rows.get(run))]
+  return _format(lines, old_signatures | new_signatures)
+
+
+def update_readme(readme: str | pathlib.Path, text: str) -> str:
+  """Merges table `text` into the table between the markers of `readme`; returns the result."""
   path = pathlib.Path(readme)
   content = path.read_text()
   if START not in content or END not in content:
     raise ValueError(f"{path} has no {START} ... {END} markers")
+  text = merge(content.split(START, 1)[1].split(END, 1)[0], text)
   new = re.sub(re.escape(START) + ".*?" + re.escape(END), lambda _: f"{START}\n{text}{END}", content, flags=re.S)
   path.write_text(new)
+  return text
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -72,12 +100,12 @@ def main(argv: list[str] | None = None) -> None:
 
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("workdirs", nargs="+")
-  parser.add_argument("--readme", default="", help="replace the table between the results markers of this file")
+  parser.add_argument("--readme", default="", help="update the table between the results markers of this file (other runs' rows stay)")
   args = parser.parse_args(argv)
   try:
     text = table(args.workdirs)
     if args.readme:
-      update_readme(args.readme, text)
+      text = update_readme(args.readme, text)
   except ValueError as e:
     sys.exit(f"error: {e}")
   print(text, end="")

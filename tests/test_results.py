@@ -43,6 +43,24 @@ def test_results_table_comes_from_the_run_files(tmp_path):
     results.rows(tmp_path)
 
 
+def test_updating_the_readme_replaces_the_given_runs_rows_and_keeps_the_others(tmp_path):
+  run = fake_run(tmp_path)
+  new_row = results.rows(run)[0]
+  old_sig, new_sig = "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.5.0", "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0"
+  before = ["| `first` | test_2016_flickr | **30.00** |", "| `first` | test_2017_flickr | **20.00** |",
+            "| `m30k` | test_2016_flickr | **1.00** |", "| `last` | test_2016_flickr | **35.00** |"]
+  readme = tmp_path / "README.md"
+  readme.write_text(f"# T\n{results.START}\n{results._format(before, {old_sig})}{results.END}\ntail\n")
+  merged = results.update_readme(readme, results.table([str(run)]))
+  assert merged == results._format(before[:2] + [new_row] + before[3:], {old_sig, new_sig})
+  assert readme.read_text() == f"# T\n{results.START}\n{merged}{results.END}\ntail\n"
+  # A run the table does not have yet is appended; running the update again changes nothing.
+  other = fake_run(tmp_path / "b").rename(tmp_path / "b" / "newrun")
+  merged = results.update_readme(readme, results.table([str(other)]))
+  assert merged.splitlines()[2:7] == before[:2] + [new_row] + before[3:] + [new_row.replace("`m30k`", "`newrun`")]
+  assert results.update_readme(readme, results.table([str(other)])) == merged
+
+
 def test_plots_have_one_png_per_panel_with_data(tmp_path):
   import matplotlib.image
 
