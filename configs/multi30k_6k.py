@@ -17,5 +17,5 @@ from configs import multi30k
 def get_config():
   config = multi30k.get_config()
   config.model.update(dropout_rate=0.2)
-  config.train.update(steps=6000, checkpoint_every=500, keep_checkpoints=5, eval_every=1000)
+  config.train.update(steps=6000, checkpoint_every=500, eval_every=1000)
   return config

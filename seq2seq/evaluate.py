@@ -22,12 +22,11 @@ import jax
 import ml_collections
 from flax import nnx
 
-from seq2seq import average, checkpoint, data, sharding
+from seq2seq import average, checkpoint, data, sharding, transformer
 from seq2seq.config import ModelConfig
 from seq2seq.score import score
 from seq2seq.sources import DataError, read_lines
 from seq2seq.tokenizer import Tokenizer, write_atomic
-from seq2seq.transformer import Transformer
 from seq2seq.translate import Translator
 
 
@@ -52,9 +51,8 @@ def load_params(workdir, config, mesh, *, step: int | None = None, best: bool = 
   run_identity = checkpoint.identity(model_cfg, tok.model_bytes)
 
   def init():
-    return nnx.state(Transformer(model_cfg, rngs=nnx.Rngs(0)), nnx.Param)
+    return nnx.state(transformer.Transformer(model_cfg, rngs=nnx.Rngs(0)), nnx.Param)
 
-  graphdef = nnx.graphdef(nnx.eval_shape(lambda: Transformer(model_cfg, rngs=nnx.Rngs(0))))
   target, _ = sharding.init_on_mesh(init, mesh)
   if average_last:
     path = average.directory(workdir, average_last)
@@ -63,7 +61,7 @@ def load_params(workdir, config, mesh, *, step: int | None = None, best: bool = 
       average.save_average(workdir, steps)
     params, saved = average.load_average(path, target)
     checkpoint.check_identity(saved, run_identity, str(path))
-    return model_cfg, graphdef, params, tok, f"average{average_last}-{saved['averaged_steps'][-1]}"
+    return model_cfg, transformer.graphdef(model_cfg), params, tok, f"average{average_last}-{saved['averaged_steps'][-1]}"
   ckpts = checkpoint.Checkpoints(workdir, asynchronous=False)
   try:
     chosen = ckpts.best_step() if best else (step if step is not None else ckpts.latest_step())
@@ -73,7 +71,7 @@ def load_params(workdir, config, mesh, *, step: int | None = None, best: bool = 
     params = ckpts.restore_params(target, run_identity, chosen)
   finally:
     ckpts.close()
-  return model_cfg, graphdef, params, tok, f"{'best' if best else 'step'}{chosen}"
+  return model_cfg, transformer.graphdef(model_cfg), params, tok, f"{'best' if best else 'step'}{chosen}"
 
 
 def read_text(path: str) -> list[str]:

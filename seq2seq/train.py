@@ -17,13 +17,12 @@ import numpy as np
 import optax
 from flax import nnx
 
-from seq2seq import checkpoint, data, flops, metrics, optimizer, sharding
+from seq2seq import checkpoint, data, flops, metrics, optimizer, sharding, transformer
 from seq2seq.batching import BatchIterator, epoch_plan, make_batch
 from seq2seq.config import ModelConfig
 from seq2seq.guard import DivergenceGuard
 from seq2seq.loss import cross_entropy_sums, summarize
 from seq2seq.score import score
-from seq2seq.transformer import Transformer
 from seq2seq.translate import Translator
 
 State = dict  # {"params": nnx.State, "opt_state": optax state, "step": int32 scalar, "lr_scale": f32 scalar}
@@ -33,13 +32,12 @@ State = dict  # {"params": nnx.State, "opt_state": optax state, "step": int32 sc
 def init_state(model_cfg: ModelConfig, tx: optax.GradientTransformation, mesh, seed: int):
   """Parameters and optimizer state created directly in their shardings on `mesh`."""
   def init():
-    params = nnx.state(Transformer(model_cfg, rngs=nnx.Rngs(seed)), nnx.Param)
+    params = nnx.state(transformer.Transformer(model_cfg, rngs=nnx.Rngs(seed)), nnx.Param)
     return {"params": params, "opt_state": tx.init(params), "step": jnp.zeros((), jnp.int32),
             "lr_scale": jnp.ones((), jnp.float32)}  # lowered by the divergence guard
 
-  graphdef = nnx.graphdef(nnx.eval_shape(lambda: Transformer(model_cfg, rngs=nnx.Rngs(seed))))
   state, shardings = sharding.init_on_mesh(init, mesh)
-  return graphdef, state, shardings
+  return transformer.graphdef(model_cfg), state, shardings
 
 
 # -- steps -------------------------------------------------------------------------------

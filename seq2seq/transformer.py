@@ -238,7 +238,16 @@ class Transformer(nnx.Module):
     return self._logits(y_b1d)[:, 0], new_cache
 
 
+def abstract(cfg: ModelConfig) -> Transformer:
+  """The model with shape-only parameters (nothing is allocated)."""
+  return nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+
+
+def graphdef(cfg: ModelConfig):
+  """The model's static structure, which `nnx.merge` joins with parameters."""
+  return nnx.graphdef(abstract(cfg))
+
+
 def count_params(cfg: ModelConfig) -> int:
   """Number of parameters, from abstract shapes (nothing is allocated)."""
-  abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
-  return sum(int(v.size) for v in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
+  return sum(int(v.size) for v in jax.tree.leaves(nnx.state(abstract(cfg), nnx.Param)))
