@@ -64,7 +64,7 @@ def main() -> None:
   ids = tok.encode(sources)
 
   results = {"model": label, "split": args.split, "batch_size": args.batch_size, "devices": jax.device_count(),
-             "device_kind": jax.devices()[0].device_kind, "modes": {}}
+             "device_kind": jax.devices()[0].device_kind, "hardware": evaluate.hardware(), "modes": {}}
   for mode in args.modes.split(","):
     beam = 4 if mode.startswith("beam4") else 1
     uncached = mode.endswith("uncached")
