@@ -54,6 +54,7 @@ def load_params(workdir, config, mesh, *, step: int | None = None, best: bool = 
     return nnx.state(transformer.Transformer(model_cfg, rngs=nnx.Rngs(0)), nnx.Param)
 
   target, _ = sharding.init_on_mesh(init, mesh)
+  graphdef = transformer.graphdef(model_cfg)
   if average_last:
     path = average.directory(workdir, average_last)
     steps = average.newest_steps(workdir, average_last)
@@ -61,7 +62,7 @@ def load_params(workdir, config, mesh, *, step: int | None = None, best: bool = 
       average.save_average(workdir, steps)
     params, saved = average.load_average(path, target)
     checkpoint.check_identity(saved, run_identity, str(path))
-    return model_cfg, transformer.graphdef(model_cfg), params, tok, f"average{average_last}-{saved['averaged_steps'][-1]}"
+    return model_cfg, graphdef, params, tok, f"average{average_last}-{saved['averaged_steps'][-1]}"
   ckpts = checkpoint.Checkpoints(workdir, asynchronous=False)
   try:
     chosen = ckpts.best_step() if best else (step if step is not None else ckpts.latest_step())
@@ -71,7 +72,7 @@ def load_params(workdir, config, mesh, *, step: int | None = None, best: bool = 
     params = ckpts.restore_params(target, run_identity, chosen)
   finally:
     ckpts.close()
-  return model_cfg, transformer.graphdef(model_cfg), params, tok, f"{'best' if best else 'step'}{chosen}"
+  return model_cfg, graphdef, params, tok, f"{'best' if best else 'step'}{chosen}"
 
 
 def read_text(path: str) -> list[str]:
