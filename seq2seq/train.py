@@ -23,6 +23,7 @@ from seq2seq.config import ModelConfig
 from seq2seq.guard import DivergenceGuard
 from seq2seq.loss import cross_entropy_sums, summarize
 from seq2seq.score import score
+from seq2seq.tokenizer import write_atomic
 from seq2seq.translate import Translator
 
 State = dict  # {"params": nnx.State, "opt_state": optax state, "step": int32 scalar, "lr_scale": f32 scalar}
@@ -167,8 +168,6 @@ def train_and_evaluate(config, workdir: str) -> dict:
   workdir_path = pathlib.Path(workdir)
   workdir_path.mkdir(parents=True, exist_ok=True)
   is_main = jax.process_index() == 0
-  if is_main:
-    (workdir_path / "config.json").write_text(config.to_json_best_effort(indent=1, sort_keys=True))
 
   mesh = sharding.make_mesh(config.mesh)
   dp = sharding.data_parallel_size(mesh)
@@ -193,6 +192,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
     train_iter.restore(data_state)
     if is_main:
       print(f"resumed from {ckpts.directory / str(int(state['step']))}", flush=True)
+  if is_main:  # only once the run goes ahead: a refused restart leaves the run's config as it was
+    write_atomic(workdir_path / "config.json", config.to_json_best_effort(indent=1, sort_keys=True).encode())
   # Records past the restored step (or any, on a fresh start) are redone.
   kept = metrics.truncate_after(workdir, int(state["step"])) if is_main else []
 

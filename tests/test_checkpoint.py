@@ -68,8 +68,11 @@ def test_other_model_settings_are_refused(uninterrupted, data_dir, session_cache
   shutil.copytree(uninterrupted, workdir)
   config = tiny(data_dir, session_cache, steps=40)
   config.model.d_ff = 256
+  before = (workdir / "config.json").read_text()
   with pytest.raises(ValueError, match=r"config\.model\.d_ff: checkpoint has 128, config has 256"):
     train_and_evaluate(config, str(workdir))
+  assert (workdir / "config.json").read_text() == before  # eval.py still loads the run's own config
+  assert json.loads(before)["model"]["d_ff"] == 128
 
 
 def test_unfinished_checkpoint_directory_is_ignored(uninterrupted, tmp_path):
