@@ -45,6 +45,26 @@ def mesh_shape(mesh_cfg, device_count: int) -> tuple[int, int, int]:
   return tuple(sizes)
 
 
+def initialize_distributed(coordinator_address: str, num_processes: int = 0, process_id: int = -1) -> None:
+  """Joins a multi-host run before any device is used; one process per host (or per GPU).
+
+  `coordinator_address` is "" (a single process: nothing to do), "auto" (let JAX detect the
+  cluster: Cloud TPU, SLURM, Open MPI, Kubernetes) or "HOST:PORT" of process 0, with
+  `num_processes` and `process_id`. CPU processes exchange data over gloo.
+  """
+  if not coordinator_address:
+    return
+  explicit = coordinator_address != "auto"
+  if explicit and (num_processes < 1 or not 0 <= process_id < num_processes):
+    raise ValueError(f"--coordinator_address={coordinator_address} needs --num_processes >= 1 and "
+                     f"0 <= --process_id < num_processes, got {num_processes} and {process_id}")
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU only; other platforms ignore it
+  if explicit:
+    jax.distributed.initialize(coordinator_address, num_processes=num_processes, process_id=process_id)
+  else:
+    jax.distributed.initialize()
+
+
 def make_mesh(mesh_cfg, devices=None) -> Mesh:
   devices = jax.devices() if devices is None else devices
   shape = mesh_shape(mesh_cfg, len(devices))

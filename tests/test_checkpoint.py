@@ -1,5 +1,5 @@
-"""Checkpoints: rerunning resumes exactly, SIGTERM saves and exits 0, config mismatches
-are refused, unfinished checkpoint directories are ignored."""
+"""Checkpoints: rerunning resumes exactly, SIGTERM saves and exits 0 (on one host or two),
+config mismatches are refused, unfinished checkpoint directories are ignored."""
 
 import json
 import os
@@ -232,3 +232,80 @@ def test_the_best_checkpoint_by_validation_loss_is_kept(tmp_path):
   np.testing.assert_array_equal(restored["w"], [20.0, 20.0])
   assert data_state["position"] == 20
   ckpts.close()
+
+
+def _free_port() -> int:
+  import socket
+
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _two_hosts(workdir, data_dir, cache, *extra):
+  """train.py as 2 processes of one run (gloo collectives on 127.0.0.1), one CPU device each."""
+  port = _free_port()
+  cmd = [sys.executable, "train.py", "--config=configs/tiny.py", f"--workdir={workdir}",
+         f"--config.data.dir={data_dir}", f"--config.data.cache_dir={cache}", "--config.train.log_every=1",
+         "--config.train.eval_every=0", "--config.train.checkpoint_every=100000", *extra,
+         f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2"]
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one device per process
+  return [subprocess.Popen(cmd + [f"--process_id={i}"], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True) for i in range(2)]
+
+
+def _finish(procs):
+  try:
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+  finally:  # a process left waiting in a collective would otherwise outlive the test
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+  for p, out in zip(procs, outs):
+    assert p.returncode == 0, out[-3000:]
+  return outs
+
+
+def test_sigterm_to_one_host_stops_every_host_at_one_step_and_the_rerun_resumes_exactly(
+    data_dir, session_cache, tmp_path):
+  """Preemption reaches hosts at different times: a SIGTERM to process 1 alone makes both
+  processes save the same step and exit 0 (without the agreement process 0 would wait in a
+  collective forever); rerunning resumes and logs the losses of an uninterrupted run."""
+  stopped = tmp_path / "stopped"
+  procs = _two_hosts(stopped, data_dir, session_cache, "--config.train.steps=100000")
+  deadline = time.monotonic() + 240
+  while not [r for r in metrics.read(stopped) if r["step"] >= 3]:  # training is under way on both
+    assert all(p.poll() is None for p in procs) and time.monotonic() < deadline, "a process ended or timeout"
+    time.sleep(0.2)
+  procs[1].send_signal(signal.SIGTERM)
+  outs = _finish(procs)
+  step = checkpoint.Checkpoints(str(stopped)).latest_step()
+  assert f"saved a checkpoint at step {step}" in outs[0]
+  assert [r["step"] for r in metrics.read(stopped)] == list(range(1, step + 1))
+  end = step + 3  # tiny.py's rsqrt schedule does not depend on train.steps
+  outs = _finish(_two_hosts(stopped, data_dir, session_cache, f"--config.train.steps={end}"))
+  assert f"resumed from {stopped.resolve() / 'checkpoints' / str(step)}" in outs[0]
+  straight = tmp_path / "straight"
+  _finish(_two_hosts(straight, data_dir, session_cache, f"--config.train.steps={end}"))
+  got = {r["step"]: r["loss"] for r in metrics.read(stopped)}
+  want = {r["step"]: r["loss"] for r in metrics.read(straight)}
+  assert sorted(got) == list(range(1, end + 1))
+  assert got == want
+  for x, y in zip(jax.tree.leaves(eval_params(stopped)), jax.tree.leaves(eval_params(straight))):
+    np.testing.assert_array_equal(x, y)
+
+
+def eval_params(workdir):
+  """The latest parameters as eval.py loads them: one process, whatever mesh trained them."""
+  from seq2seq import evaluate, sharding
+
+  config = evaluate.load_config(workdir)
+  return evaluate.load_params(workdir, config, sharding.make_mesh(config.mesh))[2]
+
+
+@pytest.mark.parametrize("num_processes, process_id", [(0, 0), (2, 2), (2, -1)])
+def test_explicit_coordinator_needs_a_process_count_and_id(num_processes, process_id):
+  from seq2seq.sharding import initialize_distributed
+
+  with pytest.raises(ValueError, match=r"--num_processes >= 1 and 0 <= --process_id < num_processes"):
+    initialize_distributed("127.0.0.1:1234", num_processes, process_id)
