@@ -37,3 +37,12 @@ def make_config(name: str, data_dir, cache_dir, **data_overrides):
   config.data.cache_dir = str(cache_dir)
   config.data.update(data_overrides)
   return config
+
+
+def free_port() -> int:
+  """A TCP port on 127.0.0.1 nothing listens on, for a multi-process run's coordinator."""
+  import socket
+
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]

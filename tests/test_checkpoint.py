@@ -16,7 +16,7 @@ import pytest
 from seq2seq import checkpoint, metrics
 from seq2seq.train import train_and_evaluate
 
-from conftest import REPO, make_config
+from conftest import REPO, free_port, make_config
 
 
 def tiny(data_dir, cache, **train):
@@ -234,17 +234,9 @@ def test_the_best_checkpoint_by_validation_loss_is_kept(tmp_path):
   ckpts.close()
 
 
-def _free_port() -> int:
-  import socket
-
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 def _two_hosts(workdir, data_dir, cache, *extra):
   """train.py as 2 processes of one run (gloo collectives on 127.0.0.1), one CPU device each."""
-  port = _free_port()
+  port = free_port()
   cmd = [sys.executable, "train.py", "--config=configs/tiny.py", f"--workdir={workdir}",
          f"--config.data.dir={data_dir}", f"--config.data.cache_dir={cache}", "--config.train.log_every=1",
          "--config.train.eval_every=0", "--config.train.checkpoint_every=100000", *extra,

@@ -18,7 +18,7 @@ from seq2seq.config import ModelConfig
 from seq2seq.loss import cross_entropy_sums
 from seq2seq.train import Steps, init_state, train_and_evaluate
 
-from conftest import REPO, make_config
+from conftest import REPO, free_port, make_config
 from sharded_run import batches
 
 
@@ -183,11 +183,7 @@ def test_hand_written_gradients_equal_autodiff():
 def test_two_processes_train_like_one():
   """Multi-host on one machine: 2 processes (gloo collectives on 127.0.0.1), each feeding
   only its half of every batch, give the losses of one process that sees whole batches."""
-  import socket
-
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
+  port = free_port()
   script = str(REPO / "tests" / "multihost_run.py")
   env = dict(os.environ, PYTHONPATH=str(REPO / "tests"))
   procs = [subprocess.Popen([sys.executable, script, str(i), "2", str(port)], cwd=REPO, env=env,
