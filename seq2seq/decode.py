@@ -3,19 +3,21 @@
 A *stepper* turns the model into `init(src_bs) -> state` and `step(tokens_b, state) ->
 (logits_bv, state)`. `cached` keeps the self-attention keys/values of past tokens and
 the cross-attention keys/values of the source (the fast path); `uncached` reruns the
-decoder over the whole prefix each step (the reference it must equal). Every state array
+decoder over the whole prefix each step (the reference it must equal); `ensemble` makes
+several models one stepper (the mean of their next-token probabilities). Every state array
 whose leading axis is the batch is gathered by beam index; entries whose name contains
 "cross" depend only on the source, so beam search keeps one copy per sentence for its k
 beams and never gathers them.
 
-  tokens_bl, scores_b = search(model, src_bs, limits_b, beam_size=4, alpha=0.6, max_len=L)
+  tokens_bl = search(model, src_bs, limits_b, beam_size=4, alpha=0.6, max_len=L)
+  tokens_bl = search([model_a, model_b], ...)  # an ensemble
 
 Output rows hold the generated tokens: eos ends a hypothesis, padding follows it.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -53,6 +55,25 @@ def uncached(model, max_len: int) -> Stepper:
     logits_blv = model.decode(prefix_bl, enc_bsd, segments_bs, tgt_segments_bt=ones_bl)
     logits_bv = jax.lax.dynamic_index_in_dim(logits_blv, index, axis=1, keepdims=False)
     return logits_bv, state | {"index": index + 1, "prefix_bl": prefix_bl}
+
+  return Stepper(init, step)
+
+
+def ensemble(steppers: Sequence[Stepper]) -> Stepper:
+  """Several models as one, as fairseq ensembles them: the next-token distribution is the mean
+  of the models' probabilities (returned as log-probabilities); the state is a tuple with
+  each model's own. The models must share the target vocabulary. One model is returned as is."""
+  steppers = tuple(steppers)
+  if len(steppers) == 1:
+    return steppers[0]
+
+  def init(src_bs):
+    return tuple(s.init(src_bs) for s in steppers)
+
+  def step(tokens_b, states):
+    outs = [s.step(tokens_b, state) for s, state in zip(steppers, states)]
+    logp_mbv = jnp.stack([jax.nn.log_softmax(logits_bv.astype(jnp.float32), axis=-1) for logits_bv, _ in outs])
+    return jax.nn.logsumexp(logp_mbv, axis=0) - jnp.log(float(len(steppers))), tuple(state for _, state in outs)
 
   return Stepper(init, step)
 
@@ -199,10 +220,11 @@ def beam_search(stepper: Stepper, src_bs, limits_b, *, beam_size: int, alpha: fl
 
 def search(model, src_bs, limits_b, *, beam_size: int, alpha: float, max_len: int, min_len: int = 0,
            use_cache: bool = True):
-  """Best output per sentence: tokens [b, max_len] (eos, then padding). Beam 1 is greedy."""
-  cfg = model.cfg
-  stepper = (cached if use_cache else uncached)(model, max_len)
-  ids = dict(bos_id=1, eos_id=1, pad_id=cfg.pad_id)
+  """Best output per sentence: tokens [b, max_len] (eos, then padding). Beam 1 is greedy.
+  `model` may be a list of models sharing the vocabulary: their ensemble is searched."""
+  models = list(model) if isinstance(model, (list, tuple)) else [model]
+  stepper = ensemble([(cached if use_cache else uncached)(m, max_len) for m in models])
+  ids = dict(bos_id=1, eos_id=1, pad_id=models[0].cfg.pad_id)
   if beam_size == 1:
     return greedy(stepper, src_bs, limits_b, max_len=max_len, min_len=min_len, **ids)[0]
   tokens_bkl, _ = beam_search(stepper, src_bs, limits_b, beam_size=beam_size, alpha=alpha, max_len=max_len,

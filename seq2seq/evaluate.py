@@ -6,10 +6,12 @@ files, score with sacreBLEU, and write hypotheses and a JSON result into DIR/eva
   python eval.py --workdir=DIR                                   # the config's test sets
   python eval.py --workdir=DIR --source=in.en --reference=ref.de
   python eval.py --workdir=DIR --source=- < in.en > out.de       # translate stdin
+  python eval.py --workdir=DIR --ensemble=DIR2 --ensemble=DIR3    # the runs' ensemble
 """
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import json
 import os
@@ -22,7 +24,7 @@ import jax
 import ml_collections
 from flax import nnx
 
-from seq2seq import average, checkpoint, data, sharding, transformer
+from seq2seq import average, checkpoint, data, metrics, sharding, transformer
 from seq2seq.config import ModelConfig
 from seq2seq.score import score
 from seq2seq.sources import DataError, read_lines
@@ -73,6 +75,31 @@ def load_params(workdir, config, mesh, *, step: int | None = None, best: bool = 
   finally:
     ckpts.close()
   return model_cfg, graphdef, params, tok, f"{'best' if best else 'step'}{chosen}"
+
+
+def load_ensemble(workdirs: list[str], config, mesh, *, step: int | None = None, best: bool = False,
+                  average_last: int = 0):
+  """(model configs, graphdefs, parameters, tokenizer, label, members) of several runs decoded
+  as one ensemble. The first run's checkpoint is chosen by `step`; every run's by `best` or
+  `average_last` (else its latest). The runs must share the sentencepiece model."""
+  cfgs, graphdefs, params, members = [], [], [], []
+  tok = None
+  for i, workdir in enumerate(workdirs):
+    run_config = config if i == 0 else load_config(workdir)
+    cfg, graphdef, p, run_tok, label = load_params(workdir, run_config, mesh, step=step if i == 0 else None,
+                                                   best=best, average_last=average_last)
+    if tok is not None and run_tok.model_bytes != tok.model_bytes:
+      raise ValueError(f"{pathlib.Path(workdir) / data.SPM_FILE} differs from {pathlib.Path(workdirs[0]) / data.SPM_FILE}: "
+                       "ensembled runs must share one sentencepiece model")
+    tok = tok or run_tok
+    cfgs.append(cfg)
+    graphdefs.append(graphdef)
+    params.append(p)
+    members.append({"workdir": str(pathlib.Path(workdir).resolve()), "checkpoint": label}
+                   | metrics.training_summary(workdir))
+  digest = hashlib.sha1(json.dumps([[m["workdir"], m["checkpoint"]] for m in members]).encode()).hexdigest()[:8]
+  label = f"{members[0]['checkpoint']}+ensemble{len(members)}-{digest}"  # one result file per set of members
+  return cfgs, graphdefs, params, tok, label, members
 
 
 def read_text(path: str) -> list[str]:
@@ -165,6 +192,8 @@ def main(argv=None) -> None:
   batch_size = f.DEFINE_integer("batch_size", None, "Sentences per batch (default: config.eval.batch_size).")
   tokenize = f.DEFINE_string("tokenize", "13a", "sacreBLEU tokenizer (13a, intl, zh, char, none, ...).")
   lowercase = f.DEFINE_bool("lowercase", False, "Case-insensitive BLEU and chrF.")
+  ensemble = f.DEFINE_multi_string("ensemble", None, "Also load this run (repeatable) and decode the ensemble: the "
+                                   "mean of the models' probabilities. Runs must share the sentencepiece model.")
 
   def run(_):
     try:
@@ -185,8 +214,14 @@ def main(argv=None) -> None:
           pairs = data.eval_pairs(config, split)
           jobs.append((split.replace("/", "_").replace(":", "_"), [s for s, _ in pairs], [t for _, t in pairs]))
       mesh = sharding.make_mesh(config.mesh)
-      model_cfg, graphdef, params, tok, label = load_params(workdir.value, config, mesh, step=step.value,
-                                                            best=best.value, average_last=average_last.value)
+      choice = dict(step=step.value, best=best.value, average_last=average_last.value)
+      extra = {"command": shlex.join(["python", *sys.argv])}
+      if ensemble.value:
+        model_cfg, graphdef, params, tok, label, members = load_ensemble([workdir.value, *ensemble.value], config,
+                                                                         mesh, **choice)
+        extra["ensemble"] = members
+      else:
+        model_cfg, graphdef, params, tok, label = load_params(workdir.value, config, mesh, **choice)
       e = config.eval
       pick = lambda flag, default: default if flag.value is None else flag.value
       translator = Translator(model_cfg, graphdef, tok, mesh, beam_size=pick(beam_size, e.beam_size),
@@ -198,7 +233,7 @@ def main(argv=None) -> None:
       outdir = pathlib.Path(workdir.value) / "eval"
       results = [evaluate(translator, params, src, ref, name=name, label=label, outdir=outdir, output=output.value,
                           tokenize=tokenize.value, lowercase=lowercase.value,
-                          extra={"command": shlex.join(["python", *sys.argv])}) for name, src, ref in jobs]
+                          extra=extra) for name, src, ref in jobs]
     except (ValueError, DataError) as err:
       sys.exit(f"error: {err}")
     if jax.process_index() == 0:

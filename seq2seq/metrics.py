@@ -55,6 +55,18 @@ def read(workdir: str | os.PathLike) -> list[dict]:
   return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
+def training_summary(workdir: str | os.PathLike) -> dict:
+  """How a run was trained, from its files: the first command of DIR/commands.txt, the last
+  logged step, its wall time in minutes and the mean target tokens/s."""
+  workdir = pathlib.Path(workdir)
+  records = [r for r in read(workdir) if "loss" in r]
+  commands = (workdir / "commands.txt").read_text().splitlines() if (workdir / "commands.txt").is_file() else []
+  speeds = [r["target_tokens_per_s"] for r in records if "target_tokens_per_s" in r]
+  return {"command": commands[0] if commands else "?", "steps": records[-1]["step"] if records else 0,
+          "minutes": records[-1].get("wall_time_s", 0) / 60 if records else 0.0,
+          "tokens_per_s": sum(speeds) / len(speeds) if speeds else 0.0}
+
+
 def truncate_after(workdir: str | os.PathLike, step: int) -> list[dict]:
   """Drops records of steps after `step` (a restart redoes them), rewriting atomically; returns those kept."""
   path = pathlib.Path(workdir) / "metrics.jsonl"

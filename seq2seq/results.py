@@ -23,30 +23,27 @@ HEADER = ("| run | test set | BLEU | chrF | checkpoint | decoding | training | l
           "| hardware |\n|---|---|---|---|---|---|---|---|---|---|---|")
 
 
-def _training(workdir: pathlib.Path) -> dict:
-  records = [r for r in metrics.read(workdir) if "loss" in r]
-  commands = (workdir / "commands.txt").read_text().splitlines() if (workdir / "commands.txt").is_file() else []
-  speeds = [r["target_tokens_per_s"] for r in records if "target_tokens_per_s" in r]
-  return {"command": commands[0] if commands else "?", "steps": records[-1]["step"] if records else 0,
-          "minutes": records[-1].get("wall_time_s", 0) / 60 if records else 0.0,
-          "tokens_per_s": sum(speeds) / len(speeds) if speeds else 0.0}
-
-
 def rows(workdir: str | pathlib.Path) -> list[str]:
   """One markdown row per eval result of a run."""
   workdir = pathlib.Path(workdir)
   results = sorted((workdir / "eval").glob("*.json"))
   if not results:
     raise ValueError(f"no eval results in {workdir / 'eval'}: run `python eval.py --workdir={workdir}` first")
-  train = _training(workdir)
+  train = metrics.training_summary(workdir)
   out = []
   for path in results:
     r = json.loads(path.read_text())
     d = r["decode"]
     decoding = "greedy" if d["beam_size"] == 1 else f"beam {d['beam_size']}, alpha {d['alpha']}"
-    out.append(f"| `{workdir.name}` | {r['name']} | **{r['bleu']:.2f}** | {r['chrf']:.2f} | {r['checkpoint']} "
+    checkpoint, minutes = r["checkpoint"], f"{train['minutes']:.0f} min"
+    if r.get("ensemble"):  # this run's checkpoint first, then the other members, as eval.py recorded them
+      others = r["ensemble"][1:]
+      checkpoint = f"ensemble of {len(others) + 1}: {r['ensemble'][0]['checkpoint']}" + "".join(
+          f" + `{pathlib.Path(m['workdir']).name}` {m['checkpoint']}" for m in others)
+      minutes = f"{train['minutes'] + sum(m['minutes'] for m in others):.0f} min ({len(others) + 1} runs)"
+    out.append(f"| `{workdir.name}` | {r['name']} | **{r['bleu']:.2f}** | {r['chrf']:.2f} | {checkpoint} "
                f"| {decoding}<br>`{r.get('command', '?')}` | `{train['command']}` | {train['steps']} "
-               f"| {train['minutes']:.0f} min | {train['tokens_per_s']:.0f} | {r.get('hardware', '?')} |")
+               f"| {minutes} | {train['tokens_per_s']:.0f} | {r.get('hardware', '?')} |")
   return out
 
 

@@ -3,6 +3,9 @@ fixed shapes on the device mesh, detokenize, and return the input order.
 
   translator = Translator(model_cfg, graphdef, tok, mesh, beam_size=4, alpha=0.6)
   hypotheses = translator(params, ["A man rides a bike.", ...])
+
+An ensemble passes lists: Translator([cfg_a, cfg_b], [graphdef_a, graphdef_b], ...) and
+translator([params_a, params_b], sentences) searches the mean of the models' probabilities.
 """
 
 from __future__ import annotations
@@ -34,12 +37,19 @@ def source_bucket(length: int) -> int:
 class Translator:
   """Batched, jit-compiled translation of sentences; one compiled search per source bucket."""
 
-  def __init__(self, model_cfg: ModelConfig, graphdef, tok: Tokenizer, mesh, *, beam_size: int = 4,
-               alpha: float = 0.6, max_len_a: float = 1.0, max_len_b: int = 50, batch_size: int = 64,
-               min_len: int = 0, use_cache: bool = True):
+  def __init__(self, model_cfg: ModelConfig | list[ModelConfig], graphdef, tok: Tokenizer, mesh, *,
+               beam_size: int = 4, alpha: float = 0.6, max_len_a: float = 1.0, max_len_b: int = 50,
+               batch_size: int = 64, min_len: int = 0, use_cache: bool = True):
     if beam_size < 1 or batch_size < 1:
       raise ValueError(f"beam_size and batch_size must be >= 1, got {beam_size} and {batch_size}")
-    self.cfg, self.graphdef, self.tok, self.mesh = model_cfg, graphdef, tok, mesh
+    self.ensemble = isinstance(model_cfg, list)
+    cfgs, graphdefs = (model_cfg, graphdef) if self.ensemble else ([model_cfg], [graphdef])
+    if not cfgs or len(cfgs) != len(graphdefs) or len({c.vocab_size for c in cfgs}) != 1:
+      raise ValueError(f"an ensemble needs one graphdef per model config and one vocabulary, got {len(cfgs)} "
+                       f"configs (vocabularies {sorted({c.vocab_size for c in cfgs})}) and {len(graphdefs)} graphdefs")
+    self.graphdefs, self.tok, self.mesh = graphdefs, tok, mesh
+    # Sources and outputs must fit every learned position table (None: no limit).
+    self.position_limit = min((c.max_len for c in cfgs if c.positions == "learned"), default=None)
     self.settings = dict(beam_size=beam_size, alpha=alpha, max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len)
     dp = sharding.data_parallel_size(mesh)
     self.batch_size = dp * math.ceil(batch_size / dp)  # rows are split over the data-parallel devices
@@ -50,14 +60,14 @@ class Translator:
                            out_shardings=NamedSharding(mesh, PartitionSpec()))
 
   def _search_fn(self, params, src_bs, limits_b, max_len: int):
-    model = nnx.merge(self.graphdef, params)
+    models = [nnx.merge(g, p) for g, p in zip(self.graphdefs, params if self.ensemble else [params])]
     s = self.settings
-    return decode.search(model, src_bs, limits_b, beam_size=s["beam_size"], alpha=s["alpha"], max_len=max_len,
+    return decode.search(models, src_bs, limits_b, beam_size=s["beam_size"], alpha=s["alpha"], max_len=max_len,
                          min_len=s["min_len"], use_cache=self.use_cache)
 
   def _max_output(self, src_len: int) -> int:
     out = int(self.settings["max_len_a"] * src_len) + self.settings["max_len_b"]
-    return min(out, self.cfg.max_len) if self.cfg.positions == "learned" else out
+    return out if self.position_limit is None else min(out, self.position_limit)
 
   def _put(self, x: np.ndarray) -> jax.Array:
     """A global array from the full batch every process holds (each places its own shards)."""
@@ -66,8 +76,8 @@ class Translator:
   def translate_ids(self, params, sources: list[list[int]], *, progress: bool = False) -> list[list[int]]:
     """Output ids (without eos) of each source id sequence (with eos), in input order."""
     sources = list(sources)
-    if self.cfg.positions == "learned":
-      limit = self.cfg.max_len
+    if self.position_limit is not None:
+      limit = self.position_limit
       self.truncated = sum(len(s) > limit for s in sources)
       sources = [s if len(s) <= limit else s[:limit - 1] + [EOS_ID] for s in sources]
     order = sorted(range(len(sources)), key=lambda i: -len(sources[i]))  # longest first: memory errors show early

@@ -1,4 +1,4 @@
-"""Search: exhaustive optimum, greedy = beam 1, cached = uncached, length rules."""
+"""Search: exhaustive optimum, greedy = beam 1, cached = uncached, length rules, ensembles."""
 
 import functools
 import itertools
@@ -16,10 +16,10 @@ from seq2seq.transformer import Transformer
 EOS, PAD = 1, 0
 
 
-def make_model(vocab: int, **overrides) -> Transformer:
+def make_model(vocab: int, seed: int = 3, **overrides) -> Transformer:
   settings = dict(vocab_size=vocab, d_model=32, num_heads=2, num_encoder_layers=2, num_decoder_layers=2, d_ff=48,
                   max_len=64, dropout_rate=0.0)
-  return Transformer(ModelConfig(**(settings | overrides)), rngs=nnx.Rngs(3))
+  return Transformer(ModelConfig(**(settings | overrides)), rngs=nnx.Rngs(seed))
 
 
 def run_search(model, src_bs, limits_b, fn, **kwargs):
@@ -179,3 +179,47 @@ def test_search_stops_once_every_sentence_is_finished(beam):
     out = jax.jit(lambda s: fn(counted(nnx.merge(graphdef, s), 20), src_bs, jnp.array(limits), max_len=20))(state)
     jax.block_until_ready(out)
     assert 1 <= len(steps) <= expected  # may stop earlier: every row emitted eos / none can still win
+
+
+def search_models(models, src_bs, limits, **kwargs):
+  graphdefs, states = zip(*(nnx.split(m) for m in models))
+  fn = lambda states: decode.search([nnx.merge(g, s) for g, s in zip(graphdefs, states)], src_bs, limits, **kwargs)
+  return np.asarray(jax.jit(fn)(list(states)))
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_an_ensemble_of_one_model_twice_searches_like_the_model(beam):
+  model = make_model(40)
+  src_bs, lengths = sources(40, seed=6)
+  limits = np.asarray(decode.output_limits(jnp.asarray(lengths), 1.0, 4, 12))
+  kwargs = dict(beam_size=beam, alpha=0.6, max_len=12)
+  np.testing.assert_array_equal(search_models([model, model], src_bs, limits, **kwargs),
+                                search_models([model], src_bs, limits, **kwargs))
+
+
+def test_ensemble_greedy_picks_the_most_probable_token_of_the_mean_distribution():
+  """Reference by teacher forcing: every output token is the argmax of the mean of the two
+  models' probabilities given the prefix (models of different depth and positions)."""
+  models = [make_model(40), make_model(40, seed=9, num_decoder_layers=3, positions="rope")]
+  src_bs, _ = sources(40, seed=7)
+  limits = np.full(src_bs.shape[0], 10)
+  out_bl = search_models(models, src_bs, limits, beam_size=1, alpha=0.0, max_len=10)
+  single_bl = search_models(models[:1], src_bs, limits, beam_size=1, alpha=0.0, max_len=10)
+  assert not np.array_equal(out_bl, single_bl)  # the second model changes the outputs
+  tgt_in_bl = np.concatenate([np.full((len(out_bl), 1), EOS), out_bl[:, :-1]], axis=1)
+  probs_bl_v = sum(jax.nn.softmax(m(src_bs, tgt_in_bl).astype(jnp.float32), axis=-1) for m in models) / 2
+  for row, probs_lv in zip(out_bl, np.array(probs_bl_v)):
+    length = int(np.flatnonzero(row == EOS)[0]) + 1 if EOS in row else 10
+    probs_lv[:, PAD] = -1.0  # the search never emits padding
+    np.testing.assert_array_equal(row[:length - 1], probs_lv[:length - 1].argmax(-1))
+    assert length == 10 or probs_lv[length - 1].argmax() == EOS
+
+
+def test_ensemble_cached_equals_uncached():
+  models = [make_model(40), make_model(40, seed=11, num_encoder_layers=1, positions="learned")]
+  src_bs, lengths = sources(40, seed=8)
+  limits = np.asarray(decode.output_limits(jnp.asarray(lengths), 1.0, 4, 14))
+  for beam in (1, 4):
+    kwargs = dict(beam_size=beam, alpha=0.6, max_len=14)
+    np.testing.assert_array_equal(search_models(models, src_bs, limits, **kwargs),
+                                  search_models(models, src_bs, limits, use_cache=False, **kwargs))

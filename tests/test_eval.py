@@ -187,3 +187,38 @@ def test_result_names_tell_decodings_apart():
             {"min_len": 3})]
   assert names == ["beam4-alpha0.6", "beam4-alpha1.2", "greedy", "greedy", "beam4-alpha0.6-len1.2x+10",
                    "beam4-alpha0.6-min3"]
+
+
+def test_ensemble_decodes_the_mean_of_the_runs_and_records_its_members(run, translator, val_files, data_dir,
+                                                                         session_cache, tmp_path):
+  """--ensemble: the CLI loads each member's checkpoint (here step 40 and step 60 of one run)
+  and translates as the in-process ensemble of those parameters does; a run ensembled with
+  itself translates as it does alone; runs with different sentencepiece models are refused."""
+  from seq2seq import results
+
+  out = eval_py(f"--workdir={run}", "--step=40", f"--ensemble={run}", f"--source={val_files / 'src.en'}",
+                f"--reference={val_files / 'ref.de'}", "--beam_size=2", "--max_len_b=8", "--batch_size=4")
+  assert out.returncode == 0, out.stderr
+  [path] = (run / "eval").glob("src.en.step40+ensemble2-*.beam2-alpha0.6-len1x+8.json")
+  result = json.loads(path.read_text())
+  assert [m["checkpoint"] for m in result["ensemble"]] == ["step40", "step60"]
+  assert result["ensemble"][1]["workdir"] == str(run.resolve()) and result["ensemble"][1]["steps"] == 60
+  config = evaluate.load_config(run)
+  mesh = sharding.make_mesh(config.mesh)
+  cfgs, graphdefs, params, tok, label, _ = evaluate.load_ensemble([run, run], config, mesh, step=40)
+  assert label == result["checkpoint"]
+  both = Translator(cfgs, graphdefs, tok, mesh, beam_size=2, alpha=0.6, max_len_a=1.0, max_len_b=8, batch_size=4)
+  sources = (val_files / "src.en").read_text().splitlines()
+  assert (run / "eval" / f"{path.name.removesuffix('.json')}.hyp").read_text().splitlines() == both(params, sources)
+  # One model twice is that model: the same translations as the run alone.
+  tr, single_params = translator
+  assert both([single_params, single_params], sources) == tr(single_params, sources)
+  row = next(r for r in results.rows(run) if "ensemble" in r)
+  assert f"ensemble of 2: step40 + `{run.name}` step60" in row and "(2 runs)" in row
+  # A run with another vocabulary cannot join.
+  other = tmp_path / "other"
+  other_config = make_config("tiny", data_dir, session_cache, vocab_size=800)
+  other_config.train.update(steps=2, log_every=1, eval_every=0, checkpoint_every=2)
+  train_and_evaluate(other_config, str(other))
+  with pytest.raises(ValueError, match=f"{other / 'spm.model'} differs from {run / 'spm.model'}"):
+    evaluate.load_ensemble([run, other], config, mesh)
