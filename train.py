@@ -12,21 +12,19 @@ import jax
 from absl import app, flags
 from ml_collections import config_flags
 
-from seq2seq.sharding import initialize_distributed
+from seq2seq.sharding import define_distributed_flags
 from seq2seq.train import train_and_evaluate
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py).", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and the tokenizer.")
-_COORDINATOR = flags.DEFINE_string("coordinator_address", "", "Multi-host runs: auto, or HOST:PORT of process 0.")
-_NUM_PROCESSES = flags.DEFINE_integer("num_processes", 0, "Multi-host runs with HOST:PORT: how many processes.")
-_PROCESS_ID = flags.DEFINE_integer("process_id", -1, "Multi-host runs with HOST:PORT: this process, 0 to N-1.")
+_JOIN_HOSTS = define_distributed_flags()
 flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+  _JOIN_HOSTS()
   workdir = pathlib.Path(_WORKDIR.value)
   workdir.mkdir(parents=True, exist_ok=True)
   if jax.process_index() == 0:

@@ -7,6 +7,10 @@ files, score with sacreBLEU, and write hypotheses and a JSON result into DIR/eva
   python eval.py --workdir=DIR --source=in.en --reference=ref.de
   python eval.py --workdir=DIR --source=- < in.en > out.de       # translate stdin
   python eval.py --workdir=DIR --ensemble=DIR2 --ensemble=DIR3    # the runs' ensemble
+
+Many hosts (a model too large for one): the same command on every host, plus
+--coordinator_address=auto or --coordinator_address=HOST:PORT --num_processes=N --process_id=I;
+process 0 writes the files and prints the scores.
 """
 
 from __future__ import annotations
@@ -192,11 +196,17 @@ def main(argv=None) -> None:
   batch_size = f.DEFINE_integer("batch_size", None, "Sentences per batch (default: config.eval.batch_size).")
   tokenize = f.DEFINE_string("tokenize", "13a", "sacreBLEU tokenizer (13a, intl, zh, char, none, ...).")
   lowercase = f.DEFINE_bool("lowercase", False, "Case-insensitive BLEU and chrF.")
+  join_hosts = sharding.define_distributed_flags()
   ensemble = f.DEFINE_multi_string("ensemble", None, "Also load this run (repeatable) and decode the ensemble: the "
                                    "mean of the models' probabilities. Runs must share the sentencepiece model.")
+  for flag in f.FLAGS.flags_by_module_dict()[__name__]:  # listed by eval.py --help, not only --helpfull
+    f.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
 
   def run(_):
     try:
+      join_hosts()
+      if source.value == "-" and jax.process_count() > 1:
+        raise ValueError("--source=- (stdin) translates on one process; give --source=FILE on a multi-host run")
       config = load_config(workdir.value)
       if (reference.value is None) != (source.value is None) and source.value != "-":
         raise ValueError("--source and --reference go together (or --source=- alone to translate stdin)")

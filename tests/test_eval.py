@@ -15,7 +15,7 @@ from seq2seq import evaluate, metrics, sharding
 from seq2seq.train import train_and_evaluate
 from seq2seq.translate import Translator
 
-from conftest import REPO, make_config
+from conftest import REPO, free_port, make_config
 
 VAL_SENTENCES = 24
 
@@ -178,6 +178,32 @@ def test_sharded_mesh_gives_the_same_translations(run, val_files, tmp_path):
   eight = eval_py(f"--workdir={sharded}", *args, f"--output={tmp_path / 'eight.de'}", env=env)
   assert one.returncode == 0 and eight.returncode == 0, one.stderr + eight.stderr
   assert (tmp_path / "eight.de").read_text() == (tmp_path / "one.de").read_text()
+
+
+def test_two_processes_translate_as_one(run, val_files, tmp_path):
+  """eval.py on 2 processes (gloo on 127.0.0.1, one CPU device each) splits every batch over
+  them; process 0 writes the same hypotheses as one process and alone prints the scores."""
+  args = [f"--workdir={run}", f"--source={val_files / 'src.en'}", f"--reference={val_files / 'ref.de'}", "--beam_size=3"]
+  one = eval_py(*args, f"--output={tmp_path / 'one.de'}")
+  assert one.returncode == 0, one.stderr
+  port = free_port()
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  procs = [subprocess.Popen([sys.executable, "eval.py", *args, f"--output={tmp_path / 'two.de'}",
+                             f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}"],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+           for i in range(2)]
+  try:
+    outs = [p.communicate(timeout=300) for p in procs]
+  finally:  # a process left waiting in a collective would otherwise outlive the test
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+  assert [p.returncode for p in procs] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
+  assert (tmp_path / "two.de").read_text() == (tmp_path / "one.de").read_text()
+  assert outs[0][0].splitlines()[-1] == one.stdout.splitlines()[-1] and "BLEU" not in outs[1][0]
+  stdin = eval_py(f"--workdir={run}", "--source=-", "--coordinator_address=127.0.0.1:1", "--num_processes=2",
+                  "--process_id=5")
+  assert stdin.returncode != 0 and "0 <= --process_id < num_processes" in stdin.stderr
 
 
 def test_result_names_tell_decodings_apart():
