@@ -46,3 +46,14 @@ def free_port() -> int:
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     return s.getsockname()[1]
+
+
+def communicate_all(procs, timeout: float = 300) -> list[tuple]:
+  """(stdout, stderr) of each process of a multi-process run; any still running afterwards
+  (left waiting in a collective by a failed peer, or past the timeout) is killed."""
+  try:
+    return [p.communicate(timeout=timeout) for p in procs]
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()

@@ -16,7 +16,7 @@ import pytest
 from seq2seq import checkpoint, metrics
 from seq2seq.train import train_and_evaluate
 
-from conftest import REPO, free_port, make_config
+from conftest import REPO, communicate_all, free_port, make_config
 
 
 def tiny(data_dir, cache, **train):
@@ -247,12 +247,7 @@ def _two_hosts(workdir, data_dir, cache, *extra):
 
 
 def _finish(procs):
-  try:
-    outs = [p.communicate(timeout=300)[0] for p in procs]
-  finally:  # a process left waiting in a collective would otherwise outlive the test
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
+  outs = [out for out, _ in communicate_all(procs)]
   for p, out in zip(procs, outs):
     assert p.returncode == 0, out[-3000:]
   return outs

@@ -15,7 +15,7 @@ from seq2seq import evaluate, metrics, sharding
 from seq2seq.train import train_and_evaluate
 from seq2seq.translate import Translator
 
-from conftest import REPO, free_port, make_config
+from conftest import REPO, communicate_all, free_port, make_config
 
 VAL_SENTENCES = 24
 
@@ -192,12 +192,7 @@ def test_two_processes_translate_as_one(run, val_files, tmp_path):
                              f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}"],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
            for i in range(2)]
-  try:
-    outs = [p.communicate(timeout=300) for p in procs]
-  finally:  # a process left waiting in a collective would otherwise outlive the test
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
+  outs = communicate_all(procs)
   assert [p.returncode for p in procs] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
   assert (tmp_path / "two.de").read_text() == (tmp_path / "one.de").read_text()
   assert outs[0][0].splitlines()[-1] == one.stdout.splitlines()[-1] and "BLEU" not in outs[1][0]

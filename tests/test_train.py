@@ -18,7 +18,7 @@ from seq2seq.config import ModelConfig
 from seq2seq.loss import cross_entropy_sums
 from seq2seq.train import Steps, init_state, train_and_evaluate
 
-from conftest import REPO, free_port, make_config
+from conftest import REPO, communicate_all, free_port, make_config
 from sharded_run import batches
 
 
@@ -188,7 +188,7 @@ def test_two_processes_train_like_one():
   env = dict(os.environ, PYTHONPATH=str(REPO / "tests"))
   procs = [subprocess.Popen([sys.executable, script, str(i), "2", str(port)], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
-  outs = [p.communicate(timeout=600) for p in procs]
+  outs = communicate_all(procs, timeout=600)
   for p, (_, err) in zip(procs, outs):
     assert p.returncode == 0, err[-3000:]
   two = json.loads(outs[0][0].strip().splitlines()[-1])
