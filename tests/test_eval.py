@@ -196,9 +196,9 @@ def test_two_processes_translate_as_one(run, val_files, tmp_path):
   assert [p.returncode for p in procs] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
   assert (tmp_path / "two.de").read_text() == (tmp_path / "one.de").read_text()
   assert outs[0][0].splitlines()[-1] == one.stdout.splitlines()[-1] and "BLEU" not in outs[1][0]
-  stdin = eval_py(f"--workdir={run}", "--source=-", "--coordinator_address=127.0.0.1:1", "--num_processes=2",
-                  "--process_id=5")
-  assert stdin.returncode != 0 and "0 <= --process_id < num_processes" in stdin.stderr
+  bad_id = eval_py(f"--workdir={run}", "--source=-", "--coordinator_address=127.0.0.1:1", "--num_processes=2",
+                   "--process_id=5")
+  assert bad_id.returncode != 0 and "0 <= --process_id < num_processes" in bad_id.stderr
 
 
 def test_result_names_tell_decodings_apart():
