@@ -72,12 +72,17 @@ def _parse(text: str) -> tuple[dict[str, list[str]], set[str]]:
 
 
 def merge(old: str, new: str) -> str:
-  """Table `new`, plus the rows of the runs in table `old` that `new` lacks, in old's order."""
+  """Table `new`, plus the rows of the runs in table `old` that `new` lacks, in old's order.
+
+  Old signatures stay only while some old run's rows do: the table lists the signatures of
+  the rows it holds (rows do not say which one is theirs, so a kept old run keeps them all).
+  """
   old_rows, old_signatures = _parse(old)
   new_rows, new_signatures = _parse(new)
   runs = list(old_rows) + [run for run in new_rows if run not in old_rows]
   lines = [line for run in runs for line in new_rows.get(run, old_rows.get(run))]
-  return _format(lines, old_signatures | new_signatures)
+  kept_old = any(run not in new_rows for run in old_rows)
+  return _format(lines, (old_signatures if kept_old else set()) | new_signatures)
 
 
 def update_readme(readme: str | pathlib.Path, text: str) -> str:

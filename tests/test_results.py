@@ -61,6 +61,15 @@ def test_updating_the_readme_replaces_the_given_runs_rows_and_keeps_the_others(t
   assert results.update_readme(readme, results.table([str(other)])) == merged
 
 
+def test_signatures_of_replaced_rows_leave_the_table(tmp_path):
+  run = fake_run(tmp_path)
+  old_sig, new_sig = "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.5.0", "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0"
+  old = results._format(["| `m30k` | test_2016_flickr | **1.00** |"], {old_sig})
+  merged = results.merge(old, results.table([str(run)]))  # every old row is replaced: only the new signature
+  assert merged == results._format(results.rows(run), {new_sig})
+  assert old_sig not in merged
+
+
 def test_plots_have_one_png_per_panel_with_data(tmp_path):
   import matplotlib.image
 
