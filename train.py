@@ -4,11 +4,9 @@ Many hosts: run the same command on every host, adding --coordinator_address=aut
 TPU, SLURM, Open MPI) or --coordinator_address=HOST:PORT --num_processes=N --process_id=I.
 """
 
-import pathlib
 import shlex
 import sys
 
-import jax
 from absl import app, flags
 from ml_collections import config_flags
 
@@ -25,12 +23,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   _JOIN_HOSTS()
-  workdir = pathlib.Path(_WORKDIR.value)
-  workdir.mkdir(parents=True, exist_ok=True)
-  if jax.process_index() == 0:
-    with open(workdir / "commands.txt", "a", encoding="utf-8") as f:  # every start (and restart) of the run
-      f.write(shlex.join(["python", *sys.argv]) + "\n")
-  train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  train_and_evaluate(_CONFIG.value, _WORKDIR.value, command=shlex.join(["python", *sys.argv]))
 
 
 if __name__ == "__main__":

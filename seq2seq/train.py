@@ -163,8 +163,9 @@ def _progress(total: int, initial: int):
               disable=not sys.stderr.isatty() or jax.process_index() != 0)
 
 
-def train_and_evaluate(config, workdir: str) -> dict:
-  """Trains `config` in `workdir`; returns the last logged metrics."""
+def train_and_evaluate(config, workdir: str, command: str = "") -> dict:
+  """Trains `config` in `workdir`; returns the last logged metrics. `command`, the command
+  line that started this run or restart, is added to DIR/commands.txt once it goes ahead."""
   workdir_path = pathlib.Path(workdir)
   workdir_path.mkdir(parents=True, exist_ok=True)
   is_main = jax.process_index() == 0
@@ -192,8 +193,11 @@ def train_and_evaluate(config, workdir: str) -> dict:
     train_iter.restore(data_state)
     if is_main:
       print(f"resumed from {ckpts.directory / str(int(state['step']))}", flush=True)
-  if is_main:  # only once the run goes ahead: a refused restart leaves the run's config as it was
+  if is_main:  # only once the run goes ahead: a refused restart leaves the run's config and commands as they were
     write_atomic(workdir_path / "config.json", config.to_json_best_effort(indent=1, sort_keys=True).encode())
+    if command:
+      with open(workdir_path / "commands.txt", "a", encoding="utf-8") as f:  # every start and restart
+        f.write(command + "\n")
   # Records past the restored step (or any, on a fresh start) are redone.
   kept = metrics.truncate_after(workdir, int(state["step"])) if is_main else []
 

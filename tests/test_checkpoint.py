@@ -3,6 +3,7 @@ config mismatches are refused, unfinished checkpoint directories are ignored."""
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -43,15 +44,16 @@ def uninterrupted(data_dir, session_cache, tmp_path_factory):
 
 def test_rerun_resumes_exactly_where_the_run_stopped(uninterrupted, data_dir, session_cache, tmp_path):
   (tmp_path / "metrics.jsonl").write_text('{"step": 7, "loss": 99.0}\n')  # from a crash before any checkpoint
-  train_and_evaluate(tiny(data_dir, session_cache, steps=15), str(tmp_path))  # stops (and saves) at 15
+  train_and_evaluate(tiny(data_dir, session_cache, steps=15), str(tmp_path), command="first")  # stops (and saves) at 15
   assert checkpoint.Checkpoints(str(tmp_path)).latest_step() == 15
   records = metrics.read(tmp_path)
   assert [r["step"] for r in records] == [5, 10, 15]  # the stale record is gone
   records[-1]["wall_time_s"] = 1e6  # as if the first run had taken that long
   (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
   before = time.perf_counter()
-  train_and_evaluate(tiny(data_dir, session_cache, steps=30), str(tmp_path))  # the same command, longer
+  train_and_evaluate(tiny(data_dir, session_cache, steps=30), str(tmp_path), command="second")  # the same, longer
   took = time.perf_counter() - before
+  assert (tmp_path / "commands.txt").read_text() == "first\nsecond\n"
   want = {r["step"]: r["loss"] for r in metrics.read(uninterrupted)}
   got = {r["step"]: r["loss"] for r in metrics.read(tmp_path)}
   assert sorted(got) == [5, 10, 15, 20, 25, 30]
@@ -68,10 +70,12 @@ def test_other_model_settings_are_refused(uninterrupted, data_dir, session_cache
   shutil.copytree(uninterrupted, workdir)
   config = tiny(data_dir, session_cache, steps=40)
   config.model.d_ff = 256
+  (workdir / "commands.txt").write_text("python train.py ...\n")
   before = (workdir / "config.json").read_text()
   with pytest.raises(ValueError, match=r"config\.model\.d_ff: checkpoint has 128, config has 256"):
-    train_and_evaluate(config, str(workdir))
+    train_and_evaluate(config, str(workdir), command="refused")
   assert (workdir / "config.json").read_text() == before  # eval.py still loads the run's own config
+  assert (workdir / "commands.txt").read_text() == "python train.py ...\n"  # the table shows how it was trained
   assert json.loads(before)["model"]["d_ff"] == 128
 
 
@@ -105,6 +109,8 @@ def test_sigterm_saves_a_checkpoint_and_exits_zero(data_dir, session_cache, tmp_
   assert resumed.returncode == 0, resumed.stderr[-3000:]
   assert f"resumed from {tmp_path.resolve() / 'checkpoints' / str(step)}" in resumed.stdout
   assert [r["step"] for r in metrics.read(tmp_path)][-2:] == [step + 1, step + 2]
+  recorded = [shlex.join(["python", *c[1:]]) for c in (cmd, resumed.args)]  # as typed, with `python`
+  assert (tmp_path / "commands.txt").read_text().splitlines() == recorded
 
 
 def test_sigkill_after_a_checkpoint_and_during_a_save_then_rerun_equals_the_uninterrupted_run(
