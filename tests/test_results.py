@@ -6,6 +6,9 @@ import pytest
 
 from seq2seq import plot, results
 
+OLD_SIG = "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.5.0"
+NEW_SIG = "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0"  # the one fake_run's result has
+
 
 def fake_run(root, with_bleu=True):
   run = root / "m30k"
@@ -17,7 +20,7 @@ def fake_run(root, with_bleu=True):
   (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
   (run / "commands.txt").write_text("python train.py --config=configs/multi30k.py --workdir=/tmp/m30k\n")
   result = {"name": "test_2016_flickr", "bleu": 36.123, "chrf": 61.5, "checkpoint": "average5-200",
-            "bleu_signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0",
+            "bleu_signature": NEW_SIG,
             "decode": {"beam_size": 4, "alpha": 0.6}, "hardware": "2-core CPU",
             "command": "python eval.py --workdir=/tmp/m30k --average_last=5"}
   (run / "eval" / "test_2016_flickr.average5-200.json").write_text(json.dumps(result))
@@ -31,7 +34,7 @@ def test_results_table_comes_from_the_run_files(tmp_path):
   for cell in ("**36.12**", "61.50", "average5-200", "beam 4, alpha 0.6", "| 200 |", "| 20 min |", "| 1125 |",
                "python train.py --config=configs/multi30k.py", "python eval.py --workdir=/tmp/m30k --average_last=5"):
     assert cell in row, cell
-  assert "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0" in text
+  assert NEW_SIG in text
   readme = tmp_path / "README.md"
   readme.write_text(f"# Title\n\n{results.START}\nold table\n{results.END}\n\nafter\n")
   results.update_readme(readme, text)
@@ -46,13 +49,12 @@ def test_results_table_comes_from_the_run_files(tmp_path):
 def test_updating_the_readme_replaces_the_given_runs_rows_and_keeps_the_others(tmp_path):
   run = fake_run(tmp_path)
   new_row = results.rows(run)[0]
-  old_sig, new_sig = "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.5.0", "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0"
   before = ["| `first` | test_2016_flickr | **30.00** |", "| `first` | test_2017_flickr | **20.00** |",
             "| `m30k` | test_2016_flickr | **1.00** |", "| `last` | test_2016_flickr | **35.00** |"]
   readme = tmp_path / "README.md"
-  readme.write_text(f"# T\n{results.START}\n{results._format(before, {old_sig})}{results.END}\ntail\n")
+  readme.write_text(f"# T\n{results.START}\n{results._format(before, {OLD_SIG})}{results.END}\ntail\n")
   merged = results.update_readme(readme, results.table([str(run)]))
-  assert merged == results._format(before[:2] + [new_row] + before[3:], {old_sig, new_sig})
+  assert merged == results._format(before[:2] + [new_row] + before[3:], {OLD_SIG, NEW_SIG})
   assert readme.read_text() == f"# T\n{results.START}\n{merged}{results.END}\ntail\n"
   # A run the table does not have yet is appended; running the update again changes nothing.
   other = fake_run(tmp_path / "b").rename(tmp_path / "b" / "newrun")
@@ -63,11 +65,10 @@ def test_updating_the_readme_replaces_the_given_runs_rows_and_keeps_the_others(t
 
 def test_signatures_of_replaced_rows_leave_the_table(tmp_path):
   run = fake_run(tmp_path)
-  old_sig, new_sig = "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.5.0", "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0"
-  old = results._format(["| `m30k` | test_2016_flickr | **1.00** |"], {old_sig})
+  old = results._format(["| `m30k` | test_2016_flickr | **1.00** |"], {OLD_SIG})
   merged = results.merge(old, results.table([str(run)]))  # every old row is replaced: only the new signature
-  assert merged == results._format(results.rows(run), {new_sig})
-  assert old_sig not in merged
+  assert merged == results._format(results.rows(run), {NEW_SIG})
+  assert OLD_SIG not in merged
 
 
 def test_plots_have_one_png_per_panel_with_data(tmp_path):
