@@ -310,6 +310,7 @@ def _log(step, window, writer, bar, peak, start_time) -> dict:
       "target_tokens_per_s": window["tokens"] / elapsed,
       "padding_fraction": 1.0 - window["real"] / max(window["slots"], 1),
       "mfu": window["flops"] / elapsed / peak,
+      "peak_flops": peak,  # the denominator of mfu: measured once at start unless configured
       "wall_time_s": time.perf_counter() - start_time,
   }
   writer.write(step, values)
