@@ -92,7 +92,7 @@ def get_config() -> ml_collections.ConfigDict:
       grad_clip_norm=0.0,  # 0 = off
       accum_steps=1,  # micro-batches per update (token-weighted gradient accumulation)
       rng_impl="threefry2x32",  # dropout key PRNG (threefry2x32 | rbg); masks hash the key, layers.keep_mask
-      peak_flops=0.0,  # FLOP/s of all devices for MFU; 0 = measure an f32 matmul at start
+      peak_flops=0.0,  # FLOP/s of all devices for MFU; 0 = the fastest f32 matmul measured at start and evals
       # Divergence guard: on a NaN/inf loss or gradient norm (or a loss over spike_factor x
       # its running mean), restore the last checkpoint, skip that data, scale the rate.
       guard_max_rollbacks=3,  # then stop with an error; 0 = no guard

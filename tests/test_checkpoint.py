@@ -22,7 +22,7 @@ from conftest import REPO, communicate_all, free_port, make_config
 
 def tiny(data_dir, cache, **train):
   config = make_config("tiny", data_dir, cache)
-  config.train.update(dict(log_every=5, eval_every=0, checkpoint_every=10) | train)
+  config.train.update(dict(log_every=5, eval_every=0, checkpoint_every=10, peak_flops=2.5e11) | train)
   return config
 
 
@@ -42,7 +42,10 @@ def uninterrupted(data_dir, session_cache, tmp_path_factory):
   return workdir
 
 
-def test_rerun_resumes_exactly_where_the_run_stopped(uninterrupted, data_dir, session_cache, tmp_path):
+def test_rerun_resumes_exactly_where_the_run_stopped(uninterrupted, data_dir, session_cache, tmp_path, monkeypatch):
+  from seq2seq import flops
+
+  monkeypatch.setattr(flops, "measure_matmul_peak", None)  # a configured peak is not measured
   (tmp_path / "metrics.jsonl").write_text('{"step": 7, "loss": 99.0}\n')  # from a crash before any checkpoint
   train_and_evaluate(tiny(data_dir, session_cache, steps=15), str(tmp_path), command="first")  # stops (and saves) at 15
   assert checkpoint.Checkpoints(str(tmp_path)).latest_step() == 15
@@ -57,6 +60,7 @@ def test_rerun_resumes_exactly_where_the_run_stopped(uninterrupted, data_dir, se
   want = {r["step"]: r["loss"] for r in metrics.read(uninterrupted)}
   got = {r["step"]: r["loss"] for r in metrics.read(tmp_path)}
   assert sorted(got) == [5, 10, 15, 20, 25, 30]
+  assert {r["peak_flops"] for r in metrics.read(tmp_path)} == {2.5e11}  # the configured MFU denominator
   wall = [r["wall_time_s"] for r in metrics.read(tmp_path) if r["step"] > 15]  # goes on from the first run's
   assert 1e6 < wall[0] < wall[1] < wall[2] < 1e6 + took
   assert {s: got[s] for s in (20, 25, 30)} == {s: want[s] for s in (20, 25, 30)}  # bit-identical

@@ -135,9 +135,13 @@ def test_sharded_meshes_train_like_one_device():
   assert runs["8,1,1"]["wi_df_shard_shape"] == [32, 64]
 
 
-def test_tiny_config_on_multi30k_learns_and_reports(data_dir, session_cache, tmp_path):
+def test_tiny_config_on_multi30k_learns_and_reports(data_dir, session_cache, tmp_path, monkeypatch):
+  from seq2seq import flops
+
+  measured, calls = iter([1e11, 3e11, 2e11]), []  # the matmul peak at start and at the two evaluations
+  monkeypatch.setattr(flops, "measure_matmul_peak", lambda repeats=10: calls.append(repeats) or next(measured))
   config = make_config("tiny", data_dir, session_cache)
-  config.train.update(steps=40, log_every=10, eval_every=20, peak_flops=2.5e11)
+  config.train.update(steps=40, log_every=10, eval_every=20)
   last = train_and_evaluate(config, str(tmp_path))
   records = metrics.read(tmp_path)
   train_records = [r for r in records if "loss" in r]
@@ -146,7 +150,9 @@ def test_tiny_config_on_multi30k_learns_and_reports(data_dir, session_cache, tmp
   for key in ("accuracy", "learning_rate", "grad_norm", "target_tokens_per_s", "padding_fraction", "mfu",
               "wall_time_s", "perplexity"):
     assert key in train_records[-1], key
-  assert [r["peak_flops"] for r in train_records] == [2.5e11] * 4  # the configured MFU denominator, on every row
+  # MFU's denominator on every row: the fastest peak measured before it (a slower one later is ignored).
+  assert calls == [10, 3, 3]
+  assert [r["peak_flops"] for r in train_records] == [1e11, 1e11, 3e11, 3e11]
   val = [r for r in records if "val_loss" in r]
   assert [r["step"] for r in val] == [20, 40] and val[1]["val_loss"] < val[0]["val_loss"]
   assert last["val_loss"] == val[1]["val_loss"]
