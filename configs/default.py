@@ -62,6 +62,10 @@ def get_config() -> ml_collections.ConfigDict:
       spm_character_coverage=1.0,
       spm_sample_size=2_000_000,  # sentences (both sides count)
       spm_model="",  # path of an existing model to use instead
+      # Subword regularization (Kudo 2018), training only: each epoch samples every pair's
+      # segmentations from the unigram model's `subword_nbest` best, P ~ P_unigram^alpha.
+      subword_alpha=0.0,  # 0 = off (the one best segmentation)
+      subword_nbest=64,
       # Cleaning (training and validation corpora).
       max_len=128,  # subword tokens per side, eos included; longer pairs are dropped
       max_length_ratio=3.0,  # drop pairs whose longer side is more than this times the shorter

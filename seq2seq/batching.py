@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -152,22 +152,29 @@ def plan_stats(plan: list[PlannedBatch], src_len: np.ndarray, tgt_len: np.ndarra
 
 
 class BatchIterator:
-  """Endless batches over epochs; `state` (seed, epoch, position) is JSON-serializable."""
+  """Endless batches over epochs; `state` (seed, epoch, position) is JSON-serializable.
+
+  `resample(epoch)`, when given, is the corpus to batch in that epoch (the same pairs in
+  other segmentations: seq2seq.subword); it must be a pure function of the epoch.
+  """
 
   def __init__(self, corpus: Corpus, cfg: Batching, seed: int, *, process_index: int = 0, process_count: int = 1,
-               state: dict | None = None):
-    self.corpus, self.cfg, self.seed = corpus, cfg, seed
+               state: dict | None = None, resample: Callable[[int], Corpus] | None = None):
+    self.cfg, self.seed, self.resample = cfg, seed, resample
     self.process_index, self.process_count = process_index, process_count
-    self.src_len, self.tgt_len = corpus.src_lengths, corpus.tgt_lengths
-    longest = int(max(self.src_len.max(initial=0), self.tgt_len.max(initial=0)))
-    limit = (cfg.pack_length or cfg.max_len) if cfg.packing else int(cfg.boundaries()[-1])
-    if longest > limit:
-      raise ValueError(f"corpus has a {longest}-token example but batches hold at most {limit}: "
-                       "config.data.max_len (or pack_length) must cover the corpus's cleaning max_len")
+    self._use(corpus)
     self.epoch, self.position = 0, 0
     self._plan, self._plan_epoch = None, None
     if state is not None:
       self.restore(state)
+
+  def _use(self, corpus: Corpus) -> None:
+    self.corpus, self.src_len, self.tgt_len = corpus, corpus.src_lengths, corpus.tgt_lengths
+    longest = int(max(self.src_len.max(initial=0), self.tgt_len.max(initial=0)))
+    limit = (self.cfg.pack_length or self.cfg.max_len) if self.cfg.packing else int(self.cfg.boundaries()[-1])
+    if longest > limit:
+      raise ValueError(f"corpus has a {longest}-token example but batches hold at most {limit}: "
+                       "config.data.max_len (or pack_length) must cover the corpus's cleaning max_len")
 
   @property
   def state(self) -> dict:
@@ -180,6 +187,8 @@ class BatchIterator:
 
   def plan(self, epoch: int) -> list[PlannedBatch]:
     if self._plan_epoch != epoch:
+      if self.resample is not None:  # this epoch's segmentations (subword regularization)
+        self._use(self.resample(epoch))
       self._plan, self._plan_epoch = epoch_plan(self.src_len, self.tgt_len, self.cfg, self.seed, epoch), epoch
     return self._plan
 

@@ -13,6 +13,7 @@ import sys
 import numpy as np
 
 from seq2seq import corpus as corpus_lib
+from seq2seq import subword
 from seq2seq import tokenizer as tokenizer_lib
 from seq2seq.batching import Batching, BatchIterator, epoch_plan, plan_stats
 from seq2seq.sources import DataError, Source, check_language
@@ -86,9 +87,19 @@ def batching(config) -> Batching:
 
 def train_iterator(config, tok, *, state: dict | None = None, process_index: int = 0,
                    process_count: int = 1) -> BatchIterator:
-  """Endless training batches for this process, resumed from `state` when given."""
-  return BatchIterator(corpus(config, config.data.train_split, tok), batching(config), config.seed,
-                       process_index=process_index, process_count=process_count, state=state)
+  """Endless training batches for this process, resumed from `state` when given.
+
+  With `data.subword_alpha` > 0 each epoch sees new segmentations (seq2seq.subword).
+  """
+  data, train = config.data, corpus(config, config.data.train_split, tok)
+  resample = None
+  if data.get("subword_alpha", 0.0):
+    if tok.model_type != "unigram":
+      raise ValueError(f"config.data.subword_alpha needs a unigram sentencepiece model; this one is {tok.model_type}")
+    resample = subword.Sampler(train, tok, alpha=data.subword_alpha, nbest=data.subword_nbest, max_len=data.max_len,
+                               seed=config.seed)
+  return BatchIterator(train, batching(config), config.seed, process_index=process_index,
+                       process_count=process_count, state=state, resample=resample)
 
 
 def eval_pairs(config, split: str) -> list[tuple[str, str]]:

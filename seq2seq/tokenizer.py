@@ -91,6 +91,14 @@ class Tokenizer:
       raise ValueError(f"{path}: cannot load a sentencepiece model: {e}") from None
 
   @property
+  def model_type(self) -> str:
+    """'unigram', 'bpe', 'word' or 'char', from the model's trainer settings."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    proto = sentencepiece_model_pb2.ModelProto.FromString(self.model_bytes)
+    return sentencepiece_model_pb2.TrainerSpec.ModelType.Name(proto.trainer_spec.model_type).lower()
+
+  @property
   def vocab_size(self) -> int:
     return self.sp.get_piece_size()
 
