@@ -106,6 +106,15 @@ class Tokenizer:
     """Token ids of each sentence, with eos appended."""
     return self.sp.encode(sentences, out_type=int, add_eos=True, num_threads=num_threads)
 
+  def nbest_encode(self, sentences: list[str], nbest: int) -> list[list[list[int]]]:
+    """The `nbest` best segmentations of each sentence (best first), eos appended; deterministic."""
+    return self.sp.nbest_encode(sentences, out_type=int, nbest_size=nbest, add_eos=True)
+
+  @property
+  def piece_log_probs(self) -> np.ndarray:
+    """Each piece's score: its log probability in a unigram model (0 for pad, eos, unk)."""
+    return np.array([self.sp.get_score(i) for i in range(self.vocab_size)], np.float64)
+
   def decode(self, ids: Iterable[int]) -> str:
     """Text of one id sequence; stops at the first eos and skips padding."""
     out = []
