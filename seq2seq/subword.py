@@ -8,12 +8,15 @@ sentencepiece once per run, and the draw is a seeded numpy function of (seed, ep
 iterator state (seed, epoch, position) still replays exactly.
 
 Memory: about nbest x the corpus's tokens (uint16/int32), so this is for small corpora
-(Multi30k: 64-best of 29k pairs, ~130 MB, ~30 s to build).
+(Multi30k: 64-best of 29k pairs, ~130 MB, ~30 s to build). A corpus whose candidates could
+not fit in half the machine's memory is refused before any is built (`check_memory`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import os
 
 import numpy as np
 
@@ -42,18 +45,43 @@ def candidates(ids: np.ndarray, offsets: np.ndarray, tok: Tokenizer, nbest: int,
   the same ids (unknown pieces) keeps its one segmentation.
   """
   piece_log_p = tok.piece_log_probs
-  seqs, counts = [], np.zeros(len(offsets) - 1, np.int64)
-  for start in range(0, len(counts), CHUNK_SENTENCES):
+  chunk_lengths, chunk_ids, counts = [], [], np.zeros(len(offsets) - 1, np.int64)
+  for start in range(0, len(counts), CHUNK_SENTENCES):  # numpy per chunk: Python lists hold one chunk at most
     own = [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(start, min(start + CHUNK_SENTENCES, len(counts)))]
+    seqs = []
     for k, (o, nb) in enumerate(zip(own, tok.nbest_encode([tok.decode(o) for o in own], nbest))):
       keep = [o] + [c for c in nb if c != o and len(c) <= max_len] if nb and nb[0] == o else [o]
       seqs += keep
       counts[start + k] = len(keep)
-  lengths = np.fromiter(map(len, seqs), np.int64, count=len(seqs))
-  flat = np.fromiter((t for s in seqs for t in s), ids.dtype, count=int(lengths.sum()))
+    chunk_lengths.append(np.fromiter(map(len, seqs), np.int64, count=len(seqs)))
+    chunk_ids.append(np.fromiter(itertools.chain.from_iterable(seqs), ids.dtype, count=int(chunk_lengths[-1].sum())))
+  lengths = np.concatenate(chunk_lengths or [np.zeros(0, np.int64)])
+  flat = np.concatenate(chunk_ids or [np.zeros(0, ids.dtype)])
   cand_offsets = np.concatenate([[0], np.cumsum(lengths)])
   log_p = np.add.reduceat(piece_log_p[flat], cand_offsets[:-1])  # the eos piece scores 0
   return Candidates(flat, cand_offsets, log_p, np.concatenate([[0], np.cumsum(counts)]))
+
+
+def memory_needed(corpus: Corpus, nbest: int) -> int:
+  """Bytes that `nbest` candidates per example can take at most, both sides: their ids, and
+  per candidate its offset and log P plus `draw`'s temporaries (key, example index, order)."""
+  tokens = len(corpus.src) + len(corpus.tgt)
+  return nbest * (tokens * corpus.src.dtype.itemsize + 2 * len(corpus) * 40)
+
+
+def physical_memory() -> int:
+  return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_memory(corpus: Corpus, nbest: int) -> None:
+  """Refuses, before building anything, candidates that could take over half the machine's memory."""
+  need, have = memory_needed(corpus, nbest), physical_memory()
+  if need > have // 2:
+    raise ValueError(
+        f"subword regularization would hold up to {need / 2**30:.1f} GiB of candidate segmentations "
+        f"(config.data.subword_nbest={nbest} x {len(corpus)} training pairs, "
+        f"{len(corpus.src) + len(corpus.tgt)} tokens), over half of this machine's {have / 2**30:.1f} GiB: "
+        "it is meant for small corpora; lower config.data.subword_nbest or set config.data.subword_alpha=0")
 
 
 def draw(cands: Candidates, alpha: float, rng: np.random.Generator) -> np.ndarray:
@@ -82,6 +110,7 @@ class Sampler:
   def __init__(self, corpus: Corpus, tok: Tokenizer, *, alpha: float, nbest: int, max_len: int, seed: int):
     if alpha <= 0 or nbest < 2:
       raise ValueError(f"subword sampling needs alpha > 0 and nbest >= 2, got alpha={alpha}, nbest={nbest}")
+    check_memory(corpus, nbest)
     self.corpus, self.alpha, self.seed = corpus, alpha, seed
     self.src = candidates(corpus.src, corpus.src_offsets, tok, nbest, max_len)
     self.tgt = candidates(corpus.tgt, corpus.tgt_offsets, tok, nbest, max_len)

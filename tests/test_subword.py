@@ -123,3 +123,15 @@ def test_train_iterator_uses_the_config_and_refuses_bpe(data_dir, session_cache,
   bpe = make_config("tiny", data_dir, session_cache, **(settings | {"spm_model_type": "bpe"}))
   with pytest.raises(ValueError, match="subword_alpha needs a unigram sentencepiece model; this one is bpe"):
     data.train_iterator(bpe, data.tokenizer(bpe))
+
+
+def test_memory_estimate_bounds_the_candidates_and_a_corpus_too_large_is_refused(setup, monkeypatch):
+  config, tok, corpus, sampler = setup
+  built = sum(a.nbytes for c in (sampler.src, sampler.tgt) for a in (c.ids, c.offsets, c.log_p, c.first))
+  needed = subword.memory_needed(corpus, 16)
+  assert built <= needed < 4 * built  # an upper bound, not a wild one
+  monkeypatch.setattr(subword, "physical_memory", lambda: 2 * needed)
+  subword.Sampler(corpus, tok, alpha=0.1, nbest=16, max_len=config.data.max_len, seed=0)  # exactly half: accepted
+  monkeypatch.setattr(subword, "physical_memory", lambda: 2 * needed - 2)
+  with pytest.raises(ValueError, match=r"config.data.subword_nbest=16 x 400 training pairs.*subword_alpha=0"):
+    subword.Sampler(corpus, tok, alpha=0.1, nbest=16, max_len=config.data.max_len, seed=0)
