@@ -69,12 +69,13 @@ def get_config() -> ml_collections.ConfigDict:
       # Cleaning (training and validation corpora).
       max_len=128,  # subword tokens per side, eos included; longer pairs are dropped
       max_length_ratio=3.0,  # drop pairs whose longer side is more than this times the shorter
-      # Batching.
-      max_tokens=4096,  # token budget per batch and side: rows * padded length
+      # Batching (seq2seq/batching.py): rows of a few fixed lengths, filled best-fit with pairs.
+      max_tokens=4096,  # token budget per batch and side: rows * row length
       batch_multiple=8,  # rows per batch are a multiple of this
-      bucket_min=8,  # shortest padded length
-      bucket_ratio=1.1,  # padded lengths grow by this ratio (fewer shapes: larger)
-      packing=False,  # pack several pairs per row instead of bucketing
+      num_buckets=8,  # row lengths (so batch shapes, so compilations), geometric from bucket_min to max_len
+      bucket_min=8,  # shortest row length
+      fill_rows=True,  # top rows up with shorter pairs; False = one pair per row (more padding)
+      packing=False,  # True: one row length, pack_length, so one batch shape for the whole run
       pack_length=0,  # row length when packing; 0 = max_len
   ))
 

@@ -81,8 +81,8 @@ def corpus(config, split: str, tok: tokenizer_lib.Tokenizer) -> corpus_lib.Corpu
 def batching(config) -> Batching:
   data = config.data
   return Batching(max_tokens=data.max_tokens, max_len=data.max_len, batch_multiple=data.batch_multiple,
-                  bucket_min=data.bucket_min, bucket_ratio=data.bucket_ratio, packing=data.packing,
-                  pack_length=data.pack_length)
+                  num_buckets=data.num_buckets, bucket_min=data.bucket_min, fill_rows=data.fill_rows,
+                  packing=data.packing, pack_length=data.pack_length)
 
 
 def train_iterator(config, tok, *, state: dict | None = None, process_index: int = 0,
