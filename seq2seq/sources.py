@@ -4,18 +4,25 @@ or downloaded with checksums), and Hugging Face datasets (hub, saved to disk, pa
 A split is named by a spec string `KIND:WHAT`:
   multi30k:train                     <dir>/multi30k/train.<lang>.gz, else downloaded
   files:wmt14/newstest2014.{lang}    one file per language ({lang} is substituted)
+  files:europarl.{lang},nc.{lang}    several corpora, read one after the other
+  files:training/*.de-en.{lang}      a glob: each source file pairs with the target file
+                                     matching the same wildcards (sorted by source path)
   files:a.en.sgm,b.de.sgm            explicit source and target files (plain/.gz/.sgm)
   tsv:corpus.tsv                     source<TAB>target per line
-  hf:wmt14/de-en:train               datasets.load_dataset(name, config, split)
+  hf:wmt/wmt14:de-en:train           datasets.load_dataset("wmt/wmt14", "de-en", split="train"):
+                                     hf:NAME[:CONFIG]:SPLIT, NAME a Hub id or a local folder
   hf-disk:/path/to/saved:train       datasets.load_from_disk(path)[split]
   parquet:/path/*.parquet            datasets.load_dataset("parquet", data_files=...)
 Relative paths are resolved against the data directory. Every source yields
 (source sentence, target sentence) pairs and raises `DataError` naming the file and line.
+Hugging Face records are either {"translation": {lang: text}} (the WMT layout) or flat,
+one column per language.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import glob
 import gzip
 import hashlib
 import html
@@ -153,24 +160,65 @@ def multi30k_file(split: str, lang: str, data_dir: str, cache_dir: str, base_url
 
 
 # -- Hugging Face datasets ----------------------------------------------------------------
-def _records_to_pairs(records, src_lang: str, tgt_lang: str, where: str) -> Iterator[Pair]:
-  for i, record in enumerate(records):
-    fields = record["translation"] if "translation" in record else record
+def parse_hf(what: str) -> tuple[str, str | None, str]:
+  """(name, config or None, split) of an `hf:NAME[:CONFIG]:SPLIT` spec."""
+  parts = what.split(":")
+  if len(parts) not in (2, 3) or not all(parts):
+    raise DataError(f"hf:{what}: expected hf:NAME[:CONFIG]:SPLIT, e.g. hf:wmt/wmt14:de-en:train")
+  return parts[0], (parts[1] if len(parts) == 3 else None), parts[-1]
+
+
+def _languages(features) -> list[str] | None:
+  """The languages a dataset's features offer: the translation field's, else its columns."""
+  if features is None:
+    return None
+  if "translation" in features:
+    languages = getattr(features["translation"], "languages", None)
+    return sorted(languages) if languages else None
+  return sorted(features)
+
+
+def _check_languages(features, src_lang: str, tgt_lang: str, where: str) -> None:
+  have = _languages(features)
+  if have is not None and not {src_lang, tgt_lang} <= set(have):
+    missing = [lang for lang in (src_lang, tgt_lang) if lang not in have]
+    raise DataError(f"{where}: no {', '.join(map(repr, missing))} text; the dataset has languages {have} "
+                    "(pick another config or set config.data.src_lang / tgt_lang)")
+
+
+def _batches_to_pairs(records, src_lang: str, tgt_lang: str, where: str, batch_size: int = 1000) -> Iterator[Pair]:
+  """Pairs from a Dataset or IterableDataset, read a batch of records at a time."""
+  first = 0
+  for batch in records.iter(batch_size=batch_size):
+    columns = batch["translation"] if "translation" in batch else None
     try:
-      yield fields[src_lang], fields[tgt_lang]
+      if columns is None:
+        yield from zip(batch[src_lang], batch[tgt_lang])
+      else:
+        yield from ((r[src_lang], r[tgt_lang]) for r in columns)
     except KeyError as e:
-      raise DataError(f"{where}: record {i} has no field {e.args[0]!r} (fields: {sorted(fields)})") from None
+      fields = sorted(columns[0]) if columns else sorted(batch)
+      raise DataError(f"{where}: a record in {first}..{first + batch_size - 1} has no field {e.args[0]!r} "
+                      f"(fields: {fields})") from None
+    first += batch_size
 
 
-def hf_pairs(kind: str, what: str, src_lang: str, tgt_lang: str, *, streaming: bool) -> Iterator[Pair]:
+def hf_pairs(kind: str, what: str, src_lang: str, tgt_lang: str, *, streaming: bool,
+             fingerprint: str = "") -> Iterator[Pair]:
+  """Pairs of a Hugging Face source. `fingerprint` (of a local folder's files) gives the
+  folder a `datasets` cache of its own: `datasets` keys a local folder's cache by its name
+  and config, so two folders of one name would otherwise share (stale) prepared data."""
   import datasets  # imported here: it is slow to import and only needed for these sources
 
+  where = f"{kind}:{what}"
   if kind == "hf":
-    name, _, split = what.rpartition(":")
-    if not name:
-      raise DataError(f"hf:{what}: expected hf:NAME[/CONFIG]:SPLIT")
-    path, _, config = name.partition("/")
-    records = datasets.load_dataset(path, config or None, split=split, streaming=streaming)
+    name, config, split = parse_hf(what)
+    cache = {"cache_dir": str(pathlib.Path(datasets.config.HF_DATASETS_CACHE) / "seq2seq" / fingerprint)} \
+        if fingerprint else {}
+    try:
+      records = datasets.load_dataset(name, config, split=split, streaming=streaming, **cache)
+    except (ValueError, OSError, ConnectionError) as e:  # unknown config or split, no such dataset, offline
+      raise DataError(f"{where}: cannot load dataset {name!r} (config {config!r}, split {split!r}): {e}") from None
   elif kind == "hf-disk":
     path, _, split = what.rpartition(":") if ":" in what else (what, "", "")
     dataset = datasets.load_from_disk(path)
@@ -181,7 +229,29 @@ def hf_pairs(kind: str, what: str, src_lang: str, tgt_lang: str, *, streaming: b
     records = dataset.to_iterable_dataset() if streaming else dataset
   else:  # parquet
     records = datasets.load_dataset("parquet", data_files=what, split="train", streaming=streaming)
-  yield from _records_to_pairs(records, src_lang, tgt_lang, f"{kind}:{what}")
+  _check_languages(records.features, src_lang, tgt_lang, where)
+  yield from _batches_to_pairs(records, src_lang, tgt_lang, where)
+
+
+def _expand(template: str, src_lang: str, tgt_lang: str) -> list[tuple[pathlib.Path, pathlib.Path]]:
+  """(source, target) files of one `{lang}` template; with glob wildcards, each source match
+  pairs with the target file whose wildcards match the same text."""
+  if not glob.has_magic(template):
+    return [(pathlib.Path(template.format(lang=src_lang)), pathlib.Path(template.format(lang=tgt_lang)))]
+  parts = re.split(r"(\{lang\}|\*|\?|\[[^\]]*\])", template)
+  pattern = "".join({"{lang}": re.escape(src_lang), "*": "([^/]*)", "?": "([^/])"}.get(
+      p, "([^/])" if p.startswith("[") else re.escape(p)) for p in parts)
+  pairs = []
+  for src in sorted(glob.glob(template.format(lang=src_lang))):
+    captured = iter(re.fullmatch(pattern, src).groups())
+    tgt = "".join(tgt_lang if p == "{lang}" else next(captured) if p in ("*", "?") or p.startswith("[") else p
+                  for p in parts)
+    if not os.path.isfile(tgt):
+      raise DataError(f"{tgt}: no such file, the {tgt_lang} side of {src} (files:{template})")
+    pairs.append((pathlib.Path(src), pathlib.Path(tgt)))
+  if not pairs:
+    raise DataError(f"files:{template}: no file matches {template.format(lang=src_lang)}")
+  return pairs
 
 
 # -- specs -------------------------------------------------------------------------------
@@ -210,26 +280,43 @@ class Source:
                       "multi30k, files, tsv, hf, hf-disk, parquet")
     return kind, what
 
-  def files(self) -> list[pathlib.Path]:
-    """The local files this source reads (empty for Hugging Face sources)."""
+  def file_pairs(self) -> list[tuple[pathlib.Path, pathlib.Path]]:
+    """The (source, target) files of a multi30k or files source, in reading order."""
     kind, what = self.kind_what
     if kind == "multi30k":
-      return [multi30k_file(what, lang, self.data_dir, self.cache_dir, self.multi30k_url)
-              for lang in (self.src_lang, self.tgt_lang)]
-    if kind == "files":
-      if "," in what:
-        return [self._path(p) for p in what.split(",", 1)]
-      if "{lang}" not in what:
-        raise DataError(f"files:{what}: give a path with {{lang}} or two paths separated by a comma")
-      return [self._path(what.format(lang=lang)) for lang in (self.src_lang, self.tgt_lang)]
-    if kind == "tsv":
-      return [self._path(what)]
-    return []
+      return [tuple(multi30k_file(what, lang, self.data_dir, self.cache_dir, self.multi30k_url)
+                    for lang in (self.src_lang, self.tgt_lang))]
+    if kind != "files":
+      return []
+    entries = what.split(",")
+    templated = ["{lang}" in e for e in entries]
+    if not any(templated) and len(entries) == 2:
+      return [(self._path(entries[0]), self._path(entries[1]))]
+    if not all(templated):
+      raise DataError(f"files:{what}: give paths with {{lang}} (one corpus each, comma-separated) or exactly two "
+                      "paths, source and target, separated by a comma")
+    return [pair for e in entries for pair in _expand(str(self._path(e)), self.src_lang, self.tgt_lang)]
+
+  def files(self) -> list[pathlib.Path]:
+    """The local files this source reads (empty for Hugging Face sources)."""
+    if self.kind_what[0] == "tsv":
+      return [self._path(self.kind_what[1])]
+    return [f for pair in self.file_pairs() for f in pair]
+
+  def _dataset_files(self) -> list[pathlib.Path]:
+    """The files of a Hugging Face source stored locally (a folder, saved dataset or parquet glob)."""
+    kind, what = self.kind_what
+    if kind == "parquet":
+      return sorted(pathlib.Path(p) for p in glob.glob(os.path.expanduser(what)))
+    folder = pathlib.Path(os.path.expanduser(parse_hf(what)[0] if kind == "hf" else what.rpartition(":")[0] or what))
+    return sorted(p for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else []
 
   def fingerprint(self) -> str:
-    """Identifies the content: file paths, sizes and mtimes, or the dataset spec."""
+    """Identifies the content: file paths, sizes and mtimes (of local Hugging Face datasets
+    too), or the Hub dataset spec."""
     parts = [self.spec, self.src_lang, self.tgt_lang, str(self.tsv_columns)]
-    for f in self.files():
+    local = self._dataset_files() if self.kind_what[0] in ("hf", "hf-disk", "parquet") else self.files()
+    for f in local:
       if not f.is_file():
         raise DataError(f"{f}: no such file (split {self.spec!r})")
       st = f.stat()
@@ -239,7 +326,9 @@ class Source:
   def __iter__(self) -> Iterator[Pair]:
     kind, what = self.kind_what
     if kind in ("multi30k", "files"):
-      return read_parallel(*self.files())
+      return itertools.chain.from_iterable(read_parallel(src, tgt) for src, tgt in self.file_pairs())
     if kind == "tsv":
       return read_tsv(self.files()[0], self.tsv_columns)
-    return hf_pairs(kind, what, self.src_lang, self.tgt_lang, streaming=self.streaming)
+    local = kind == "hf" and self._dataset_files()
+    return hf_pairs(kind, what, self.src_lang, self.tgt_lang, streaming=self.streaming,
+                    fingerprint=self.fingerprint() if local else "")

@@ -6,6 +6,7 @@ import http.server
 import shutil
 import threading
 
+import numpy as np
 import pytest
 
 from seq2seq.sources import DataError, Source, check_language, read_lines, read_parallel
@@ -62,12 +63,120 @@ def test_hugging_face_disk_and_parquet_round_trip(data_dir, tmp_path, streaming)
   assert got == [(t, s) for s, t in pairs]
 
 
+def write_hub_dataset(root, pairs, *, flat=False, config="de-en"):
+  """A dataset repository laid out as the Hub's wmt/wmt14 is: parquet shards per config and
+  split, declared in the README's YAML header; `flat`: one column per language instead."""
+  import datasets
+
+  features = datasets.Features({"de": datasets.Value("string"), "en": datasets.Value("string")} if flat else
+                               {"translation": datasets.Translation(languages=["de", "en"])})
+  records = ({"de": [t for _, t in pairs], "en": [s for s, _ in pairs]} if flat else
+             {"translation": [{"de": t, "en": s} for s, t in pairs]})
+  (root / config).mkdir(parents=True)
+  datasets.Dataset.from_dict(records, features=features).to_parquet(str(root / config / "train-00000-of-00001.parquet"))
+  (root / "README.md").write_text(f"---\nconfigs:\n- config_name: {config}\n  data_files:\n  - split: train\n"
+                                  f"    path: {config}/train-*\n---\n")
+  return root
+
+
+@pytest.fixture(scope="module")
+def hub_pairs(data_dir):
+  return list(Source("multi30k:test_2016_flickr", "en", "de", data_dir=str(data_dir)))[:300]
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+@pytest.mark.parametrize("flat", [False, True])
+def test_hub_layout_dataset_loads_through_load_dataset(hub_pairs, tmp_path, streaming, flat):
+  """Every case writes a folder named wmt14 with other contents: none may read another's cache."""
+  repo = write_hub_dataset(tmp_path / "wmt14", hub_pairs, flat=flat)
+  got = list(Source(f"hf:{repo}:de-en:train", "en", "de", streaming=streaming))
+  assert got == hub_pairs
+  assert list(Source(f"hf:{repo}:de-en:train", "de", "en", streaming=streaming)) == [(t, s) for s, t in hub_pairs]
+
+
+def test_hub_spec_names_namespace_config_and_split():
+  from seq2seq.sources import parse_hf
+
+  assert parse_hf("wmt/wmt14:de-en:train") == ("wmt/wmt14", "de-en", "train")
+  assert parse_hf("wmt/wmt19:de-en:validation") == ("wmt/wmt19", "de-en", "validation")
+  assert parse_hf("bentrevett/multi30k:train") == ("bentrevett/multi30k", None, "train")
+  for bad in ("wmt14", "wmt/wmt14:de-en:", "a:b:c:d"):
+    with pytest.raises(DataError, match=r"expected hf:NAME\[:CONFIG\]:SPLIT"):
+      parse_hf(bad)
+
+
+def test_hub_errors_name_what_the_dataset_has(hub_pairs, tmp_path):
+  repo = write_hub_dataset(tmp_path / "wmt14", hub_pairs)
+  for streaming in (False, True):
+    with pytest.raises(DataError, match=r"no 'fr' text; the dataset has languages \['de', 'en'\]"):
+      list(Source(f"hf:{repo}:de-en:train", "en", "fr", streaming=streaming))
+  with pytest.raises(DataError, match=r"cannot load dataset .*config 'fr-en'.*Available: \['de-en'\]"):
+    list(Source(f"hf:{repo}:fr-en:train", "en", "fr"))
+  with pytest.raises(DataError, match=r"split 'test'.*Unknown split"):
+    list(Source(f"hf:{repo}:de-en:test", "en", "de"))
+  with pytest.raises(DataError, match=r"hf:.*nowhere:de-en:train: cannot load dataset"):
+    list(Source(f"hf:{tmp_path}/nowhere:de-en:train", "en", "de"))
+
+
+def test_local_hub_dataset_fingerprint_follows_its_files(hub_pairs, tmp_path):
+  repo = write_hub_dataset(tmp_path / "wmt14", hub_pairs)
+  src = Source(f"hf:{repo}:de-en:train", "en", "de")
+  before = src.fingerprint()
+  shard = repo / "de-en" / "train-00000-of-00001.parquet"
+  shard.write_bytes(shard.read_bytes() + b"x")
+  assert src.fingerprint() != before
+  assert Source("hf:wmt/wmt14:de-en:train", "en", "de").fingerprint()  # a Hub id: the spec alone
+
+
 def test_hugging_face_missing_field_is_a_clear_error(tmp_path):
   import datasets
 
   datasets.Dataset.from_dict({"translation": [{"de": "a", "en": "b"}]}).to_parquet(str(tmp_path / "x.parquet"))
-  with pytest.raises(DataError, match=r"record 0 has no field 'fr'"):
+  with pytest.raises(DataError, match=r"record in 0\.\.999 has no field 'fr' \(fields: \['de', 'en'\]\)"):
     list(Source(f"parquet:{tmp_path}/x.parquet", "en", "fr"))
+
+
+def write_corpora(root, pairs, names):
+  """Splits `pairs` into one corpus per name, written as NAME.en / NAME.de under `root`."""
+  chunks = np.array_split(np.arange(len(pairs)), len(names))
+  for name, chunk in zip(names, chunks):
+    (root / name).parent.mkdir(parents=True, exist_ok=True)
+    for side, lang in enumerate(("en", "de")):
+      (root / f"{name}.{lang}").write_text("".join(pairs[i][side] + "\n" for i in chunk), encoding="utf-8")
+  return [[pairs[i] for i in chunk] for chunk in chunks]
+
+
+def test_several_corpora_per_side_by_list_and_by_glob(data_dir, tmp_path):
+  pairs = list(Source(f"files:{NEWSTEST}", "en", "de", data_dir=str(data_dir)))
+  parts = write_corpora(tmp_path, pairs, ["training/europarl-v7.de-en", "training/commoncrawl.de-en",
+                                          "training/news-commentary-v9.de-en"])
+  listed = Source("files:training/europarl-v7.de-en.{lang},training/commoncrawl.de-en.{lang},"
+                  "training/news-commentary-v9.de-en.{lang}", "en", "de", data_dir=str(tmp_path))
+  assert list(listed) == pairs
+  globbed = Source("files:training/*.de-en.{lang}", "en", "de", data_dir=str(tmp_path))
+  # Sorted by source path: commoncrawl, europarl, news-commentary.
+  assert list(globbed) == parts[1] + parts[0] + parts[2]
+  assert [f.name for f in globbed.files()] == ["commoncrawl.de-en.en", "commoncrawl.de-en.de", "europarl-v7.de-en.en",
+                                               "europarl-v7.de-en.de", "news-commentary-v9.de-en.en",
+                                               "news-commentary-v9.de-en.de"]
+  assert list(Source("files:training/*.de-en.{lang}", "de", "en", data_dir=str(tmp_path))) == [
+      (t, s) for s, t in parts[1] + parts[0] + parts[2]]
+
+
+def test_several_corpora_errors_name_the_file(tmp_path):
+  write_corpora(tmp_path, [("a", "b")] * 6, ["one", "two", "three"])
+  (tmp_path / "two.de").write_text("b\n")  # one line where two.en has two
+  with pytest.raises(DataError, match=r"two\.de has 1 lines but .*two\.en has more"):
+    list(Source("files:one.{lang},two.{lang},three.{lang}", "en", "de", data_dir=str(tmp_path)))
+  (tmp_path / "three.de").unlink()
+  with pytest.raises(DataError, match=r"three\.de: no such file, the de side of .*three\.en"):
+    Source("files:t*.{lang}", "en", "de", data_dir=str(tmp_path)).files()
+  with pytest.raises(DataError, match=r"three\.de: no such file"):
+    Source("files:one.{lang},three.{lang}", "en", "de", data_dir=str(tmp_path)).fingerprint()
+  with pytest.raises(DataError, match=r"no file matches .*/x\*\.en"):
+    Source("files:x*.{lang}", "en", "de", data_dir=str(tmp_path)).files()
+  with pytest.raises(DataError, match="give paths with {lang}"):
+    Source("files:one.{lang},two.en,two.de", "en", "de", data_dir=str(tmp_path)).files()
 
 
 class _Server:
