@@ -1,11 +1,12 @@
 """The data pipeline from config to batches: sources -> sentencepiece -> cleaned, cached
-token arrays -> bucketed or packed batches. `python -m seq2seq.data --config=...` prints
-corpus statistics.
+token arrays -> batches. `python -m seq2seq.data --config=... [--json]` prints corpus and
+batching statistics.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import pathlib
 import sys
@@ -107,24 +108,43 @@ def eval_pairs(config, split: str) -> list[tuple[str, str]]:
   return list(source(config, split))
 
 
-def statistics(config, tok) -> str:
-  """A report of the training corpus: pairs kept/dropped, tokens, lengths, batches."""
+def statistics(config, tok) -> dict:
+  """The training corpus in numbers: pairs kept and dropped, tokens, lengths, and the batches
+  of its first epoch (count, distinct shapes, padding)."""
   train = corpus(config, config.data.train_split, tok)
   stats, cfg = train.stats, batching(config)
   plan = epoch_plan(train.src_lengths, train.tgt_lengths, cfg, config.seed, 0)
   ps = plan_stats(plan, train.src_lengths, train.tgt_lengths)
-  lines = [f"split: {stats['source']}  ({config.data.src_lang}->{config.data.tgt_lang})",
-           f"vocabulary: {tok.vocab_size} sentencepiece {config.data.spm_model_type}",
-           "pairs: " + ", ".join(f"{k}={v}" for k, v in stats["pairs"].items()),
-           f"tokens: source={stats['tokens']['src']} target={stats['tokens']['tgt']} (eos included)"]
-  for side, lengths in (("source", train.src_lengths), ("target", train.tgt_lengths)):
-    pct = np.percentile(lengths, [50, 90, 95, 99, 100]).astype(int)
-    lines.append(f"{side} length p50/p90/p95/p99/max: " + "/".join(map(str, pct)))
-  mode = f"packing into {cfg.pack_length or cfg.max_len}" if cfg.packing else "length buckets"
-  lines += [f"batching: {mode}, max_tokens={cfg.max_tokens}",
-            f"batches per epoch: {ps['batches']}",
-            f"padding fraction: {ps['padding_fraction']:.2%}",
-            f"distinct batch shapes (B, S, T): {len(ps['shapes'])}: " + " ".join(map(str, ps["shapes"]))]
+  percentiles = (50, 90, 95, 99, 100)
+  pct = lambda lengths: dict(zip(map(str, percentiles), np.percentile(lengths, percentiles).astype(int).tolist()))
+  return {
+      "split": stats["source"], "src_lang": config.data.src_lang, "tgt_lang": config.data.tgt_lang,
+      "vocab_size": tok.vocab_size, "spm_model_type": tok.model_type,
+      "pairs": stats["pairs"]["kept"], "pairs_read": stats["pairs"]["read"],
+      "dropped": {k: v for k, v in stats["pairs"].items() if k not in ("read", "kept")},
+      "tokens": stats["tokens"],
+      "length_percentiles": {"src": pct(train.src_lengths), "tgt": pct(train.tgt_lengths)},
+      "batching": f"packing into {cfg.pack_length or cfg.max_len}" if cfg.packing else
+                  f"{cfg.num_buckets} row lengths" + ("" if cfg.fill_rows else ", one pair per row"),
+      "max_tokens": cfg.max_tokens, "batches": ps["batches"],
+      "batch_shapes": [list(s) for s in ps["shapes"]], "padding_fraction": ps["padding_fraction"],
+  }
+
+
+def describe(s: dict) -> str:
+  """`statistics` as the lines `python -m seq2seq.data` prints."""
+  lines = [f"split: {s['split']}  ({s['src_lang']}->{s['tgt_lang']})",
+           f"vocabulary: {s['vocab_size']} sentencepiece {s['spm_model_type']}",
+           "pairs: " + ", ".join(f"{k}={v}" for k, v in
+                                 {"read": s["pairs_read"], "kept": s["pairs"], **s["dropped"]}.items()),
+           f"tokens: source={s['tokens']['src']} target={s['tokens']['tgt']} (eos included)"]
+  for side, name in (("src", "source"), ("tgt", "target")):
+    lines.append(f"{name} length p50/p90/p95/p99/max: " + "/".join(map(str, s["length_percentiles"][side].values())))
+  lines += [f"batching: {s['batching']}, max_tokens={s['max_tokens']}",
+            f"batches per epoch: {s['batches']}",
+            f"padding fraction: {s['padding_fraction']:.2%}",
+            f"distinct batch shapes (B, S, T): {len(s['batch_shapes'])}: " +
+            " ".join(str(tuple(shape)) for shape in s["batch_shapes"])]
   return "\n".join(lines)
 
 
@@ -133,14 +153,16 @@ def main(argv=None) -> int:
   from ml_collections import config_flags
 
   config_flag = config_flags.DEFINE_config_file("config", None, "Path to a config file.", lock_config=True)
+  as_json = flags.DEFINE_bool("json", False, "Print the statistics as one JSON object.")
   flags.mark_flags_as_required(["config"])
 
   def run(_):
     config = config_flag.value
     try:
-      print(statistics(config, tokenizer(config)))
+      stats = statistics(config, tokenizer(config))
     except DataError as e:
       sys.exit(f"error: {e}")
+    print(json.dumps(stats) if as_json.value else describe(stats))
 
   app.run(run, argv=argv)
   return 0
