@@ -8,6 +8,7 @@ settings), written to a temporary folder and renamed into place: all or nothing.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import itertools
@@ -20,10 +21,11 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from seq2seq.prefetch import Prefetch
 from seq2seq.sources import DataError, Pair
 from seq2seq.tokenizer import Tokenizer
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: offsets stored raw (int64), written chunk by chunk
 CHUNK_PAIRS = 50_000
 DROP_REASONS = ("empty", "too_long", "length_ratio")
 
@@ -74,15 +76,20 @@ def _keep(src_ids: list[int], tgt_ids: list[int], src: str, tgt: str, cleaning: 
 
 def tokenize(pairs: Iterable[Pair], tokenizer: Tokenizer, cleaning: Cleaning, out_dir: pathlib.Path,
              where: str) -> dict:
-  """Encodes and cleans `pairs` in chunks, appending to flat files in `out_dir`."""
+  """Encodes and cleans `pairs` CHUNK_PAIRS at a time (sentencepiece on every core, the next
+  chunk read meanwhile), appending tokens and offsets to flat files in `out_dir`: memory
+  does not grow with the corpus."""
   dtype = np.uint16 if tokenizer.vocab_size <= np.iinfo(np.uint16).max else np.int32
   counts = {"read": 0, "kept": 0} | {reason: 0 for reason in DROP_REASONS}
   tokens = {"src": 0, "tgt": 0}
-  files = {side: open(out_dir / f"{side}.bin", "wb") for side in ("src", "tgt")}
-  lengths = {"src": [], "tgt": []}
-  try:
+  with contextlib.ExitStack() as stack:
+    files = {f"{side}{kind}": stack.enter_context(open(out_dir / f"{side}{kind}.bin", "wb"))
+             for side in ("src", "tgt") for kind in ("", "_offsets")}
+    for side in ("src", "tgt"):
+      files[f"{side}_offsets"].write(np.zeros(1, np.int64).tobytes())
     iterator = iter(pairs)
-    while chunk := list(itertools.islice(iterator, CHUNK_PAIRS)):
+    chunks = stack.enter_context(Prefetch(iter(lambda: list(itertools.islice(iterator, CHUNK_PAIRS)), []), depth=2))
+    for chunk in chunks:  # the next chunk is read while this one is encoded
       srcs, tgts = [p[0] for p in chunk], [p[1] for p in chunk]
       src_ids, tgt_ids = tokenizer.encode(srcs), tokenizer.encode(tgts)
       kept = {"src": [], "tgt": []}
@@ -99,17 +106,11 @@ def tokenize(pairs: Iterable[Pair], tokenizer: Tokenizer, cleaning: Cleaning, ou
         lens = np.fromiter(map(len, seqs), np.int64, count=len(seqs))
         flat = np.fromiter(itertools.chain.from_iterable(seqs), dtype, count=int(lens.sum()))
         files[side].write(flat.tobytes())
-        lengths[side].append(lens)
+        files[f"{side}_offsets"].write((tokens[side] + np.cumsum(lens)).tobytes())
         tokens[side] += int(lens.sum())
-  finally:
-    for f in files.values():
-      f.close()
   if counts["kept"] == 0:
     raise DataError(f"{where}: no pairs left after cleaning (read {counts['read']}, dropped "
                     + ", ".join(f"{r}={counts[r]}" for r in DROP_REASONS) + ")")
-  for side in ("src", "tgt"):
-    offsets = np.concatenate([[0], np.cumsum(np.concatenate(lengths[side]))]).astype(np.int64)
-    np.save(out_dir / f"{side}_offsets.npy", offsets)
   return {"pairs": counts, "tokens": tokens, "dtype": np.dtype(dtype).name, "source": where}
 
 
@@ -126,7 +127,7 @@ def load(directory: pathlib.Path) -> Corpus:
   for side in ("src", "tgt"):
     arrays[side] = np.memmap(directory / f"{side}.bin", dtype=dtype, mode="r") if stats["tokens"][side] else \
         np.zeros(0, dtype)
-    arrays[f"{side}_offsets"] = np.load(directory / f"{side}_offsets.npy")
+    arrays[f"{side}_offsets"] = np.memmap(directory / f"{side}_offsets.bin", dtype=np.int64, mode="r")
   return Corpus(stats=stats, **arrays)
 
 
