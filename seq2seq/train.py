@@ -22,6 +22,7 @@ from seq2seq.batching import BatchIterator, epoch_plan, make_batch
 from seq2seq.config import ModelConfig
 from seq2seq.guard import DivergenceGuard
 from seq2seq.loss import cross_entropy_sums, summarize
+from seq2seq.prefetch import Prefetch
 from seq2seq.score import score
 from seq2seq.tokenizer import write_atomic
 from seq2seq.translate import Translator
@@ -216,12 +217,15 @@ def train_and_evaluate(config, workdir: str, command: str = "") -> dict:
   # wall_time_s counts across restarts: it goes on from the last one logged at or before the restored step.
   logged = [r["wall_time_s"] for r in kept if "wall_time_s" in r]
   start_time = time.perf_counter() - (logged[-1] if logged else 0.0)
-  with checkpoint.StopSignal() as stop:
+  data_state = train_iter.state  # after the last batch a step consumed: what a checkpoint records
+  with checkpoint.StopSignal() as stop, Prefetch(_feed(train_iter, mesh, model_cfg), depth=2) as feed:
     while step < config.train.steps:
-      locals_ = [next(train_iter) for _ in range(steps.accum_steps)]
-      batches = [sharding.put_batch(b, mesh) for b in locals_]
+      wait_start = time.perf_counter()
+      fed = [next(feed) for _ in range(steps.accum_steps)]
+      window["wait"] += time.perf_counter() - wait_start
+      data_state = fed[-1]["state"]
       poison = step + 1 == t.get("inject_nan_at_step", -1) and not rollbacks
-      state, step_metrics = steps.update(state, batches, poison)
+      state, step_metrics = steps.update(state, [f["batch"] for f in fed], poison)
       step += 1
       reason = guard and guard.check(float(step_metrics["loss_sum"] / jnp.maximum(step_metrics["tokens"], 1.0)),
                                      float(step_metrics["grad_norm"]))
@@ -230,7 +234,7 @@ def train_and_evaluate(config, workdir: str, command: str = "") -> dict:
         state = _roll_back(state, step, reason, rollbacks, t, ckpts, run_identity, shardings, writer, bar, is_main)
         step, window = int(state["step"]), _new_window()
         continue
-      _account(window, step_metrics, locals_, model_cfg)
+      _account(window, step_metrics, fed)
       bar.update(1)
       if step % config.train.log_every == 0 or step == config.train.steps:
         last = _log(step, window, writer, bar, peak, start_time)
@@ -252,7 +256,7 @@ def train_and_evaluate(config, workdir: str, command: str = "") -> dict:
         window = _new_window()
       if step % config.train.checkpoint_every == 0 or step == config.train.steps or stopping:
         val_loss = last.get("val_loss") if last.get("val_step") == step else None
-        ckpts.save(step, state, train_iter.state, run_identity, val_loss=val_loss)
+        ckpts.save(step, state, data_state, run_identity, val_loss=val_loss)
       if stopping:
         ckpts.wait()
         if is_main:
@@ -293,17 +297,26 @@ def _agree(flag: bool) -> bool:
 
 
 def _new_window() -> dict:
-  return {"sums": [], "tokens": 0, "slots": 0, "real": 0, "flops": 0.0, "start": time.perf_counter()}
+  return {"sums": [], "tokens": 0, "slots": 0, "real": 0, "flops": 0.0, "wait": 0.0, "start": time.perf_counter()}
 
 
-def _account(window, step_metrics, local_batches, model_cfg) -> None:
+def _feed(train_iter: BatchIterator, mesh, model_cfg):
+  """Training batches ready for a step (run ahead of the loop by `Prefetch`): on the devices,
+  with the counts the metrics need and the iterator state after the batch."""
+  for local in train_iter:
+    rows = local["src_bs"].shape[0] * jax.process_count()
+    counts = {"tokens": int((local["tgt_segments_bt"] > 0).sum()) * jax.process_count(),
+              "real": int((local["src_segments_bs"] > 0).sum() + (local["tgt_segments_bt"] > 0).sum()),
+              "slots": local["src_bs"].size + local["tgt_out_bt"].size,
+              "flops": flops.train_step_flops(model_cfg, rows, local["src_bs"].shape[1], local["tgt_out_bt"].shape[1])}
+    yield {"batch": sharding.put_batch(local, mesh), "counts": counts, "state": train_iter.state}
+
+
+def _account(window, step_metrics, fed) -> None:
   window["sums"].append(step_metrics)
-  for b in local_batches:
-    rows = b["src_bs"].shape[0] * jax.process_count()
-    window["tokens"] += int((b["tgt_segments_bt"] > 0).sum()) * jax.process_count()
-    window["real"] += int((b["src_segments_bs"] > 0).sum() + (b["tgt_segments_bt"] > 0).sum())
-    window["slots"] += b["src_bs"].size + b["tgt_out_bt"].size
-    window["flops"] += flops.train_step_flops(model_cfg, rows, b["src_bs"].shape[1], b["tgt_out_bt"].shape[1])
+  for f in fed:
+    for k, v in f["counts"].items():
+      window[k] += v
 
 
 def _log(step, window, writer, bar, peak, start_time) -> dict:
@@ -316,6 +329,7 @@ def _log(step, window, writer, bar, peak, start_time) -> dict:
       "target_tokens_per_s": window["tokens"] / elapsed,
       "padding_fraction": 1.0 - window["real"] / max(window["slots"], 1),
       "mfu": window["flops"] / elapsed / peak,
+      "data_wait_fraction": window["wait"] / elapsed,  # the loop waiting for its next batch
       "peak_flops": peak,  # the denominator of mfu: configured, or the fastest matmul measured so far
       "wall_time_s": time.perf_counter() - start_time,
   }

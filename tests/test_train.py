@@ -150,6 +150,7 @@ def test_tiny_config_on_multi30k_learns_and_reports(data_dir, session_cache, tmp
   for key in ("accuracy", "learning_rate", "grad_norm", "target_tokens_per_s", "padding_fraction", "mfu",
               "wall_time_s", "perplexity"):
     assert key in train_records[-1], key
+  assert all(0 <= r["data_wait_fraction"] < 1 for r in train_records)
   # MFU's denominator on every row: the fastest peak measured before it (a slower one later is ignored).
   assert calls == [10, 3, 3]
   assert [r["peak_flops"] for r in train_records] == [1e11, 1e11, 3e11, 3e11]
@@ -158,6 +159,27 @@ def test_tiny_config_on_multi30k_learns_and_reports(data_dir, session_cache, tmp
   assert last["val_loss"] == val[1]["val_loss"]
   assert list(tmp_path.glob("events.out.tfevents.*"))
   assert json.loads((tmp_path / "config.json").read_text())["model"]["d_model"] == 64
+
+
+def test_an_epoch_compiles_the_train_step_once_per_batch_shape(data_dir, session_cache, tmp_path):
+  import logging
+
+  from seq2seq import data
+
+  config = make_config("tiny", data_dir, session_cache, train_split="val", packing=False, fill_rows=False)
+  stats = data.statistics(config, data.tokenizer(config))
+  config.train.update(steps=stats["batches"], eval_every=0, checkpoint_every=10**6, log_every=10)
+
+  compiles = []
+  handler = logging.Handler()
+  handler.emit = lambda record: compiles.append(record.getMessage().startswith("Compiling jit(train_step)"))
+  logging.getLogger("jax").addHandler(handler)
+  try:
+    with jax.log_compiles():
+      train_and_evaluate(config, str(tmp_path))
+  finally:
+    logging.getLogger("jax").removeHandler(handler)
+  assert len(stats["batch_shapes"]) >= 3 and sum(compiles) == len(stats["batch_shapes"])
 
 
 def test_hand_written_gradients_equal_autodiff():
