@@ -1,6 +1,7 @@
 """The pipeline from a config file: `python -m seq2seq.data` statistics, direction and
 evaluation splits, and clear errors for bad settings."""
 
+import json
 import os
 import re
 import subprocess
@@ -54,10 +55,52 @@ def test_direction_and_eval_splits_follow_the_config(data_dir, session_cache):
     data.eval_pairs(config, "test_2018")
 
 
-def test_wmt14_base_config_names_hub_and_local_splits():
-  from configs import wmt14_base
+def test_wmt14_configs_name_the_hub_and_the_local_corpora():
+  from configs import wmt14_base, wmt14_big, wmt14_files
 
-  config = wmt14_base.get_config()
-  train = data.source(config, config.data.train_split)
-  assert train.kind_what == ("hf", "wmt14/de-en:train")
+  for module in (wmt14_base, wmt14_big):
+    train = data.source(module.get_config(), module.get_config().data.train_split)
+    assert train.kind_what == ("hf", "wmt/wmt14:de-en:train")
+  config = wmt14_files.get_config()
+  assert config.data.train_split == ("files:wmt14/training/europarl-v7.de-en.{lang},wmt14/commoncrawl.de-en.{lang},"
+                                     "wmt14/training/news-commentary-v9.de-en.{lang}")
   assert data.source(config, config.data.test_splits[0]).spec == "files:wmt14/newstest2014.{lang}"
+
+
+def test_wmt14_files_config_trains_from_local_corpora(data_dir, tmp_path):
+  """The three WMT14 corpora as wmt14_files.py names them (here: newstest2014 cut in three),
+  newstest2013 for validation, and a few training steps of a tiny model on them."""
+  from configs import wmt14_files
+  from seq2seq import metrics
+  from seq2seq.sources import Source
+  from seq2seq.train import train_and_evaluate
+
+  pairs = list(Source("files:wmt14/newstest2014.{lang}", "en", "de", data_dir=str(data_dir)))
+  for name, chunk in zip(wmt14_files.CORPORA, (pairs[:1500], pairs[1500:2800], pairs[2800:])):
+    (tmp_path / "data" / name).parent.mkdir(parents=True, exist_ok=True)
+    for side, lang in enumerate(("en", "de")):
+      (tmp_path / "data" / f"{name}.{lang}").write_text("".join(p[side] + "\n" for p in chunk), encoding="utf-8")
+  for lang in ("en", "de"):
+    (tmp_path / "data/wmt14" / f"newstest2013.{lang}").symlink_to(data_dir / "wmt14" / f"newstest2013.{lang}")
+  config = wmt14_files.get_config()
+  config.data.update(dir=str(tmp_path / "data"), cache_dir=str(tmp_path / "cache"), vocab_size=1000,
+                     max_tokens=4096)
+  config.model.update(d_model=32, num_heads=2, d_ff=64, num_encoder_layers=1, num_decoder_layers=1)
+  config.train.update(steps=3, log_every=1, eval_every=3, checkpoint_every=3)
+  assert list(data.source(config, config.data.train_split)) == pairs
+  train_and_evaluate(config, str(tmp_path / "run"))
+  records = metrics.read(tmp_path / "run")
+  assert [r["step"] for r in records if "loss" in r] == [1, 2, 3]
+  assert [r["step"] for r in records if "val_loss" in r] == [3]
+  assert json.loads((tmp_path / "run/config.json").read_text())["data"]["train_split"] == config.data.train_split
+
+
+def test_json_statistics_match_the_text(data_dir, session_cache):
+  args = ("--config=configs/tiny.py", f"--config.data.dir={data_dir}", "--config.data.packing=false")
+  stats = json.loads(run_cli(*args, "--json", cache=session_cache).stdout)
+  text = run_cli(*args, cache=session_cache).stdout
+  assert stats["pairs"] + sum(stats["dropped"].values()) == stats["pairs_read"] == 29000
+  assert f"kept={stats['pairs']}" in text and f"batches per epoch: {stats['batches']}" in text
+  assert f"distinct batch shapes (B, S, T): {len(stats['batch_shapes'])}:" in text
+  assert f"padding fraction: {stats['padding_fraction']:.2%}" in text
+  assert 1 < len(stats["batch_shapes"]) <= 8 and all(rows * max(s, t) <= 1024 for rows, s, t in stats["batch_shapes"])
