@@ -4,18 +4,19 @@ filled best-fit with one or more sentence pairs (segment ids and positions tell 
 Both modes cut every batch from rows of a fixed length, so each batch has one of a few
 shapes (B, S, T) and training compiles once per shape:
 - bucketed (`packing=False`): up to `num_buckets` row lengths, geometric from `bucket_min`
-  to `max_len`. A pair opens a row of the shortest length it fits; the rest of the row is
-  topped up with the longest pairs that still fit (`fill_rows`; off: one pair per row).
-  Short pairs sit in short rows, so attention spans little padding.
+  to `max_len`. A pair opens a row of the shortest length it fits (or up to REACH longer,
+  when that fills better); the rest of the row is filled best-fit with shorter pairs
+  (`fill_rows`; off: one pair per row). Short pairs sit in short rows, so attention spans
+  little padding.
 - packing (`packing=True`): one row length, `pack_length`; one shape for the whole run.
 A row's source and target lengths follow the corpus's token ratio: the side with more
 tokens gets the row length, the other side that length divided by the ratio (never less
 than its longest pair), so neither side is padded by the other's surplus.
 Rows per batch B = max_tokens // max(S, T), a multiple of `batch_multiple`.
 
-Which lengths share a row is decided once per corpus (`Planner`: greedy, longest pair
-first, each row filled with the longest pairs that fit); which pairs of those lengths,
-the order of rows and of batches are drawn per epoch. An epoch's plan is a pure function of
+Which lengths share a row is decided once per corpus (`Planner`, `_layout`: greedy,
+longest pair first); which pairs of those lengths, the order of rows and of batches are
+drawn per epoch. An epoch's plan is a pure function of
 (lengths, settings, seed, epoch), so the iterator state is three integers and restoring it
 replays exactly the batches that would have come next. Process p of P takes rows
 [p*B/P, (p+1)*B/P) of every global batch.
@@ -24,7 +25,6 @@ replays exactly the batches that would have come next. Process p of P takes rows
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -143,9 +143,8 @@ class Planner:
         self.seg_of_slot
     order = np.argsort(key, kind="stable")
     bounds = np.searchsorted(batch[order], np.arange(len(shapes) + 1))
-    out = [PlannedBatch(ids[order[bounds[k]:bounds[k + 1]]], row[order[bounds[k]:bounds[k + 1]]], served_shapes[k])
-           for k in range(len(shapes))]
-    return out
+    return [PlannedBatch(ids[order[bounds[k]:bounds[k + 1]]], row[order[bounds[k]:bounds[k + 1]]], served_shapes[k])
+            for k in range(len(shapes))]
 
 
 def _layout(cls_s, cls_t, counts, caps, fill: bool, slack: float = SLACK):
