@@ -91,6 +91,7 @@ def test_unfinished_checkpoint_directory_is_ignored(uninterrupted, tmp_path):
   assert checkpoint.Checkpoints(str(workdir)).latest_step() == 30
 
 
+@pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_and_exits_zero(data_dir, session_cache, tmp_path):
   cmd = [sys.executable, "train.py", "--config=configs/tiny.py", f"--workdir={tmp_path}",
          f"--config.data.dir={data_dir}", f"--config.data.cache_dir={session_cache}",
@@ -117,6 +118,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_zero(data_dir, session_cache, tmp_
   assert (tmp_path / "commands.txt").read_text().splitlines() == recorded
 
 
+@pytest.mark.slow
 def test_sigkill_after_a_checkpoint_and_during_a_save_then_rerun_equals_the_uninterrupted_run(
     uninterrupted, data_dir, session_cache, tmp_path):
   cmd = [sys.executable, "train.py", "--config=configs/tiny.py", f"--workdir={tmp_path}",
@@ -263,6 +265,7 @@ def _finish(procs):
   return outs
 
 
+@pytest.mark.slow
 def test_sigterm_to_one_host_stops_every_host_at_one_step_and_the_rerun_resumes_exactly(
     data_dir, session_cache, tmp_path):
   """Preemption reaches hosts at different times: a SIGTERM to process 1 alone makes both

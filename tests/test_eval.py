@@ -180,6 +180,7 @@ def test_sharded_mesh_gives_the_same_translations(run, val_files, tmp_path):
   assert (tmp_path / "eight.de").read_text() == (tmp_path / "one.de").read_text()
 
 
+@pytest.mark.slow
 def test_two_processes_translate_as_one(run, val_files, tmp_path):
   """eval.py on 2 processes (gloo on 127.0.0.1, one CPU device each) splits every batch over
   them; process 0 writes the same hypotheses as one process and alone prints the scores."""
@@ -210,6 +211,7 @@ def test_result_names_tell_decodings_apart():
                    "beam4-alpha0.6-min3"]
 
 
+@pytest.mark.slow
 def test_ensemble_decodes_the_mean_of_the_runs_and_records_its_members(run, translator, val_files, data_dir,
                                                                          session_cache, tmp_path):
   """--ensemble: the CLI loads each member's checkpoint (here step 40 and step 60 of one run)

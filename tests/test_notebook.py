@@ -6,6 +6,7 @@ import pytest
 from conftest import REPO
 
 
+@pytest.mark.slow
 def test_quickstart_notebook_runs(data_dir, monkeypatch):
   nbformat = pytest.importorskip("nbformat")
   nbclient = pytest.importorskip("nbclient")

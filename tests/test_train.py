@@ -115,6 +115,7 @@ def optax_global_norm(tree):
   return optax.global_norm(tree)
 
 
+@pytest.mark.slow
 def test_sharded_meshes_train_like_one_device():
   out = subprocess.run([sys.executable, str(REPO / "tests" / "sharded_run.py"), "1,1,1", "8,1,1", "2,2,2", "1,8,1"],
                        cwd=REPO, capture_output=True, text=True, timeout=600)
@@ -209,6 +210,7 @@ def test_hand_written_gradients_equal_autodiff():
       np.testing.assert_allclose(a, b, rtol=1e-12)
 
 
+@pytest.mark.slow
 def test_two_processes_train_like_one():
   """Multi-host on one machine: 2 processes (gloo collectives on 127.0.0.1), each feeding
   only its half of every batch, give the losses of one process that sees whole batches."""
