@@ -167,7 +167,8 @@ def test_an_epoch_compiles_the_train_step_once_per_batch_shape(data_dir, session
 
   from seq2seq import data
 
-  config = make_config("tiny", data_dir, session_cache, train_split="val", packing=False, fill_rows=False)
+  config = make_config("tiny", data_dir, session_cache, train_split="val", packing=False, fill_rows=False,
+                       max_tokens=4096)
   stats = data.statistics(config, data.tokenizer(config))
   config.train.update(steps=stats["batches"], eval_every=0, checkpoint_every=10**6, log_every=10)
 
