@@ -105,8 +105,9 @@ class Planner:
     self.shapes = shapes or cfg.shapes(src_len, tgt_len)
     caps = np.array([(s, t) for _, s, t in self.shapes], np.int64).reshape(-1, 2)
     src_len, tgt_len = np.asarray(src_len, np.int64), np.asarray(tgt_len, np.int64)
-    if self.n and ((src_len > caps[-1, 0]) | (tgt_len > caps[-1, 1])).any():
-      i = int(np.flatnonzero((src_len > caps[-1, 0]) | (tgt_len > caps[-1, 1]))[0])
+    too_long = np.flatnonzero((src_len > caps[-1, 0]) | (tgt_len > caps[-1, 1]))
+    if len(too_long):
+      i = int(too_long[0])
       raise ValueError(f"example {i} has {src_len[i]} source and {tgt_len[i]} target tokens but rows hold at most "
                        f"{caps[-1, 0]} and {caps[-1, 1]}: config.data.max_len (or pack_length) must cover the "
                        "corpus's cleaning max_len")
