@@ -104,6 +104,10 @@ def get_config() -> ml_collections.ConfigDict:
       guard_spike_factor=0.0,  # 0 = only non-finite values count
       guard_lr_factor=0.5,  # learning-rate multiplier applied at each rollback
       inject_nan_at_step=-1,  # testing: make the gradients of this step NaN
+      # Steps that neither log, evaluate nor checkpoint read nothing back from the devices (the
+      # guard checks the steps since the last check at those that do). "disallow" makes a read
+      # on such a step an error (jax.transfer_guard_device_to_host); "log" reports it.
+      transfer_guard="allow",
   ))
 
   # Mesh axis sizes; -1 takes the remaining devices.

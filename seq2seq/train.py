@@ -212,34 +212,48 @@ def train_and_evaluate(config, workdir: str, command: str = "") -> dict:
   rollbacks = 0
   step = int(state["step"])
   bar = _progress(config.train.steps, step)
-  window = _new_window()
+  window = _new_window(step)
   last = {}
   # wall_time_s counts across restarts: it goes on from the last one logged at or before the restored step.
   logged = [r["wall_time_s"] for r in kept if "wall_time_s" in r]
   start_time = time.perf_counter() - (logged[-1] if logged else 0.0)
   data_state = train_iter.state  # after the last batch a step consumed: what a checkpoint records
+  # Steps that neither log, evaluate nor checkpoint read nothing back from the devices: the
+  # host runs ahead, queueing steps. `train.transfer_guard="disallow"` makes any such read an error.
+  quiet_guard = t.get("transfer_guard", "allow")
   with checkpoint.StopSignal() as stop, Prefetch(_feed(train_iter, mesh, model_cfg), depth=2) as feed:
     while step < config.train.steps:
-      wait_start = time.perf_counter()
-      fed = [next(feed) for _ in range(steps.accum_steps)]
-      window["wait"] += time.perf_counter() - wait_start
-      data_state = fed[-1]["state"]
-      poison = step + 1 == t.get("inject_nan_at_step", -1) and not rollbacks
-      state, step_metrics = steps.update(state, [f["batch"] for f in fed], poison)
-      step += 1
-      reason = guard and guard.check(float(step_metrics["loss_sum"] / jnp.maximum(step_metrics["tokens"], 1.0)),
-                                     float(step_metrics["grad_norm"]))
+      due = _due(step + 1, config.train)
+      with jax.transfer_guard_device_to_host("allow" if due else quiet_guard):
+        wait_start = time.perf_counter()
+        fed = [next(feed) for _ in range(steps.accum_steps)]
+        window["wait"] += time.perf_counter() - wait_start
+        data_state = fed[-1]["state"]
+        poison = step + 1 == t.get("inject_nan_at_step", -1) and not rollbacks
+        state, step_metrics = steps.update(state, [f["batch"] for f in fed], poison)
+        step += 1
+        _account(window, step_metrics, fed)
+        bar.update(1)
+      # One host stops on its own signal; several agree at the steps they synchronise anyway
+      # (log, evaluation, checkpoint), so a stop waits at most log_every steps.
+      stopping = stop.received is not None if jax.process_count() == 1 else bool(due) and _agree(
+          stop.received is not None)
+      if not (due or stopping):
+        continue
+      # The divergence guard sees every step since the last check before anything is logged,
+      # evaluated or saved: a non-finite state never reaches a checkpoint.
+      reason, bad_step = _check(guard, window)
       if reason:  # roll back to the last good checkpoint; the data that led here is skipped
         rollbacks += 1
-        state = _roll_back(state, step, reason, rollbacks, t, ckpts, run_identity, shardings, writer, bar, is_main)
-        step, window = int(state["step"]), _new_window()
+        state = _roll_back(state, bad_step, step, reason, rollbacks, t, ckpts, run_identity, shardings, writer, bar,
+                           is_main)
+        step = int(state["step"])
+        window = _new_window(step)
         continue
-      _account(window, step_metrics, fed)
-      bar.update(1)
-      if step % config.train.log_every == 0 or step == config.train.steps:
+      if "log" in due or (stopping and window["sums"]):  # with a stop: the steps since the last record
         last = _log(step, window, writer, bar, peak, start_time)
-        window = _new_window()
-      if config.train.eval_every and (step % config.train.eval_every == 0 or step == config.train.steps):
+        window = _new_window(step)
+      if "eval" in due:
         eval_start = time.perf_counter()
         val = evaluate(steps, state["params"], val_batches, mesh) | (val_bleu(state["params"]) if val_bleu else {})
         val = {f"val_{k}": v for k, v in val.items()}
@@ -250,11 +264,7 @@ def train_and_evaluate(config, workdir: str, command: str = "") -> dict:
         last |= val | {"val_step": step}
         if is_main:
           bar.write(f"step {step}: " + " ".join(f"{k}={v:.4g}" for k, v in val.items()))
-      stopping = _agree(stop.received is not None)
-      if stopping and window["sums"]:  # a last record for the steps since the last logged one
-        last = _log(step, window, writer, bar, peak, start_time)
-        window = _new_window()
-      if step % config.train.checkpoint_every == 0 or step == config.train.steps or stopping:
+      if "checkpoint" in due or stopping:
         val_loss = last.get("val_loss") if last.get("val_step") == step else None
         ckpts.save(step, state, data_state, run_identity, val_loss=val_loss)
       if stopping:
@@ -269,8 +279,38 @@ def train_and_evaluate(config, workdir: str, command: str = "") -> dict:
   return last
 
 
-def _roll_back(state, step, reason, rollbacks, t, ckpts, run_identity, shardings, writer, bar, is_main):
-  """The last checkpoint's state with a lower learning-rate scale; logs a `rollback` event."""
+def _due(step: int, t) -> set[str]:
+  """What step `step` does besides training: "log", "eval", "checkpoint" (the last step all three)."""
+  final = step == t.steps
+  due = set()
+  if step % t.log_every == 0 or final:
+    due.add("log")
+  if t.eval_every and (step % t.eval_every == 0 or final):
+    due.add("eval")
+  if step % t.checkpoint_every == 0 or final:
+    due.add("checkpoint")
+  return due
+
+
+def _check(guard: DivergenceGuard | None, window: dict) -> tuple[str | None, int]:
+  """(reason, step) of the first step since the last check that diverged, or (None, 0).
+  Reads the window's per-step loss and gradient norm back from the devices in one transfer."""
+  unchecked = window["sums"][window["checked"]:]
+  first = window["first_step"] + window["checked"]
+  window["checked"] = len(window["sums"])
+  if guard is None or not unchecked:
+    return None, 0
+  fetched = jax.device_get([(m["loss_sum"], m["tokens"], m["grad_norm"]) for m in unchecked])
+  for i, (loss_sum, tokens, grad_norm) in enumerate(fetched):
+    reason = guard.check(float(loss_sum) / max(float(tokens), 1.0), float(grad_norm))
+    if reason:
+      return reason, first + i
+  return None, 0
+
+
+def _roll_back(state, step, detected_at, reason, rollbacks, t, ckpts, run_identity, shardings, writer, bar, is_main):
+  """The last checkpoint's state with a lower learning-rate scale; logs a `rollback` event
+  at the step that diverged (found at step `detected_at`)."""
   if rollbacks > t.get("guard_max_rollbacks", 3):
     raise RuntimeError(f"training diverged {rollbacks} times, the last at step {step} ({reason}); stopping. "
                        "Lower config.train.learning_rate or see metrics.jsonl")
@@ -280,7 +320,8 @@ def _roll_back(state, step, reason, rollbacks, t, ckpts, run_identity, shardings
   lr_scale = float(state["lr_scale"]) * t.get("guard_lr_factor", 0.5)  # compounds over rollbacks
   state, _ = ckpts.restore(state, run_identity)
   state["lr_scale"] = jax.device_put(jnp.float32(lr_scale), shardings["lr_scale"])
-  event = {"event": "rollback", "reason": reason, "to_step": int(state["step"]), "lr_scale": lr_scale}
+  event = {"event": "rollback", "reason": reason, "to_step": int(state["step"]), "lr_scale": lr_scale,
+           "detected_at": detected_at}
   writer.write(step, event)
   if is_main:
     bar.write(f"step {step}: {reason}; rolled back to step {event['to_step']}, lr scale {lr_scale}")
@@ -296,8 +337,10 @@ def _agree(flag: bool) -> bool:
   return bool(np.max(multihost_utils.process_allgather(np.int32(flag))))
 
 
-def _new_window() -> dict:
-  return {"sums": [], "tokens": 0, "slots": 0, "real": 0, "flops": 0.0, "wait": 0.0, "start": time.perf_counter()}
+def _new_window(step: int) -> dict:
+  """Per-step metrics (on the devices) and host counts of the steps after `step`."""
+  return {"sums": [], "checked": 0, "first_step": step + 1, "tokens": 0, "slots": 0, "real": 0, "flops": 0.0,
+          "wait": 0.0, "start": time.perf_counter()}
 
 
 def _feed(train_iter: BatchIterator, mesh, model_cfg):

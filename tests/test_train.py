@@ -230,3 +230,20 @@ def test_two_processes_train_like_one():
   single = json.loads(one.stdout.strip().splitlines()[-1])
   assert (two["processes"], two["devices"], single["processes"]) == (2, 2, 1)
   np.testing.assert_allclose(two["losses"], single["losses"], atol=1e-5)
+
+
+@pytest.mark.parametrize("read_every_step", [False, True])
+def test_steps_that_do_not_log_evaluate_or_checkpoint_read_nothing_from_the_devices(
+    read_every_step, data_dir, session_cache, tmp_path):
+  """Log every 5, evaluate every 7, checkpoint every 10 of 14 steps, under an emulated
+  `transfer_guard_device_to_host("disallow")` on the other steps (tests/transfer_run.py). A
+  loop that reads the loss after every step, as the divergence guard used to, is caught."""
+  args = [sys.executable, str(REPO / "tests" / "transfer_run.py"), str(data_dir), str(session_cache), str(tmp_path)]
+  out = subprocess.run(args + (["read_every_step"] if read_every_step else []), capture_output=True, text=True,
+                       timeout=600, cwd=REPO)
+  assert out.returncode == 0, out.stderr[-3000:]
+  result = json.loads(out.stdout.strip().splitlines()[-1])
+  if read_every_step:
+    assert not result["ok"] and "neither logs, evaluates nor checkpoints" in result["error"]
+  else:
+    assert result["ok"] and result["step"] == 14 and np.isfinite(result["loss"])
