@@ -1,17 +1,60 @@
-"""Multi-head scaled dot-product attention: masks, the attention core, and the module
-used for encoder self-attention, causal (cached) decoder self-attention and
-cross-attention.
+"""Multi-head scaled dot-product attention: masks, the attention kernels and the choice
+between them, and the module used for encoder self-attention, causal (cached) decoder
+self-attention and cross-attention.
 
 Shapes: b=batch, t=query length, s=key length, n=heads, h=head dim, d=d_model.
+
+What runs (`config.model.attention_impl="auto"`, picked at trace time by
+`choose_implementation` from `jax.default_backend()`; checked against JAX 0.10.2):
+  - attention dropout (training with `attention_dropout_rate > 0`) or recorded weights:
+    `explicit_attention`, the softmax written out, on every platform: no kernel applies
+    dropout to the weights or returns them.
+  - CPU: XLA, `jax.nn.dot_product_attention(implementation="xla")` with the dense
+    [b, 1, t, s] boolean mask (logits [b, n, t, s] in f32 are materialised).
+  - GPU: cuDNN flash attention, `jax.nn.dot_product_attention(implementation="cudnn")`
+    with `query_seq_lengths` / `key_value_seq_lengths` and `is_causal` (no mask tensor),
+    when every row is one segment then padding (`SegmentMask.packed=False`), q/k/v are
+    bfloat16 or float16 and the head dim is a multiple of 8 and at most 128. Otherwise XLA
+    as on CPU: float32 inputs, and packed rows (the default `data.fill_rows`). For packed
+    rows the public API would take the mask only as an additive [b, 1, t, s] bias whose
+    gradient it always asks cuDNN for (`should_export_dbias` returns True in 0.10.2;
+    earlier JAX refused "bias gradient" unless the batch was 1), and cuDNN's own packed
+    layout (`q_offsets` / `kv_offsets` in the private
+    `jax._src.cudnn.fused_attention_stablehlo.dot_product_attention`) needs Hopper and a
+    static bound on segments per row; neither could be run here, so neither is used.
+  - TPU: the Pallas splash-attention kernel
+    (`jax.experimental.pallas.ops.tpu.splash_attention`) with segment ids and a static
+    causal or full mask, when both lengths are multiples of 128 (its blocks are multiples
+    of 128) and it can run unpartitioned: on one device, or inside `jax.shard_map` over
+    rows and heads on the train step's mesh (`seq2seq.sharding.activation_mesh`; a Pallas
+    call has no SPMD partitioning rule). Otherwise XLA. (`pallas.ops.tpu.flash_attention`
+    also takes segment ids but has no interpret mode, so it could not be tested here; it is
+    not used.)
+On every path but a bare dense mask, outputs of padding queries (segment 0) are zeroed.
 """
 
 from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from seq2seq.layers import dense, dropout, param, rope, xavier
+from seq2seq.layers import dense, dropout, param, rope, weight, xavier
+from seq2seq.sharding import activation_spec, constrain, current_mesh
+
+try:  # experimental API; absent or moved in other JAX versions: TPU then takes XLA
+  from jax.experimental.pallas.ops.tpu import splash_attention as _splash
+except ImportError:  # pragma: no cover
+  _splash = None
+
+IMPLEMENTATIONS = ("auto", "xla", "explicit", "cudnn", "splash")
+_CUDNN_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+_SPLASH_BLOCK = 128  # splash's blocks are multiples of the 128 TPU lanes
+_warn_once = functools.cache(logging.getLogger(__name__).warning)
 
 
 def attention_mask(q_segments_bt: jax.Array, k_segments_bs: jax.Array, *, causal: bool = False) -> jax.Array:
@@ -28,10 +71,37 @@ def attention_mask(q_segments_bt: jax.Array, k_segments_bs: jax.Array, *, causal
   return mask_bts[:, None, :, :]
 
 
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["q_segments_bt", "k_segments_bs"],
+                   meta_fields=["causal", "packed"])
+@dataclasses.dataclass(frozen=True)
+class SegmentMask:
+  """Who attends to whom, kept as segment ids so that each kernel can take its own form:
+  the dense mask (`attention_mask`), sequence lengths, or the segment ids themselves.
+
+  `causal` and `packed` are static. `packed=False` promises that every row is one segment
+  (id 1) followed by padding (0), so the mask is exactly the sequence lengths; packed rows
+  (several segments a row) need the segment ids or the dense mask.
+  """
+
+  q_segments_bt: jax.Array
+  k_segments_bs: jax.Array
+  causal: bool = False
+  packed: bool = True
+
+  def dense_b1ts(self) -> jax.Array:
+    return attention_mask(self.q_segments_bt, self.k_segments_bs, causal=self.causal)
+
+  def lengths(self) -> tuple[jax.Array, jax.Array]:
+    """Non-padding tokens per row, [b] int32, of queries and keys (meaningful when unpacked)."""
+    count = lambda segments: jnp.sum(segments != 0, axis=1, dtype=jnp.int32)
+    return count(self.q_segments_bt), count(self.k_segments_bs)
+
+
 def explicit_attention(q_btnh: jax.Array, k_bsnh: jax.Array, v_bsnh: jax.Array, mask_b1ts: jax.Array,
                        *, dropout_rate: float = 0.0, rng: jax.Array | None = None, return_weights: bool = False):
   """softmax(q k^T / sqrt(h) + mask) v written out, with dropout on the attention weights
-  (and the weights [b, n, t, s] themselves with `return_weights`)."""
+  (and the weights [b, n, t, s] themselves with `return_weights`). A fully masked query row
+  gets uniform weights (finite), since masked logits are the dtype's minimum, not -inf."""
   scale = q_btnh.shape[-1] ** -0.5
   softmax_dtype = jnp.promote_types(q_btnh.dtype, jnp.float32)  # f32 for bf16 inputs
   logits_bnts = jnp.einsum("btnh,bsnh->bnts", q_btnh, k_bsnh, preferred_element_type=softmax_dtype) * scale
@@ -44,15 +114,178 @@ def explicit_attention(q_btnh: jax.Array, k_bsnh: jax.Array, v_bsnh: jax.Array, 
 
 def dot_product_attention(q_btnh: jax.Array, k_bsnh: jax.Array, v_bsnh: jax.Array, mask_b1ts: jax.Array,
                           *, dropout_rate: float = 0.0, rng: jax.Array | None = None) -> jax.Array:
-  """softmax(q k^T / sqrt(h) + mask) v, per head: [b, t, n, h].
+  """softmax(q k^T / sqrt(h) + mask) v, per head, [b, t, n, h], from a dense boolean mask.
 
-  Without attention dropout this is `jax.nn.dot_product_attention` (a fused kernel on
-  GPU). Dropout on the attention weights needs the weights themselves, so it takes
-  `explicit_attention`; both paths agree when no dropout is applied.
+  Without attention dropout this is XLA's `jax.nn.dot_product_attention(implementation=
+  "xla")`: plain XLA ops on every platform (a dense mask rules the fused kernels out; see
+  the module docstring). Dropout on the weights takes `explicit_attention`.
   """
   if rng is None or dropout_rate == 0.0:
-    return jax.nn.dot_product_attention(q_btnh, k_bsnh, v_bsnh, mask=mask_b1ts)
+    return jax.nn.dot_product_attention(q_btnh, k_bsnh, v_bsnh, mask=mask_b1ts, implementation="xla")
   return explicit_attention(q_btnh, k_bsnh, v_bsnh, mask_b1ts, dropout_rate=dropout_rate, rng=rng)
+
+
+def lengths_attention(q_btnh, k_bsnh, v_bsnh, mask: SegmentMask, *, implementation: str = "cudnn") -> jax.Array:
+  """`jax.nn.dot_product_attention` given sequence lengths and `is_causal` instead of a mask
+  tensor: the form cuDNN takes. Right only for unpacked rows (`mask.packed` False).
+  Padding queries come out as zeros; `implementation="xla"` runs the same call anywhere."""
+  q_len_b, k_len_b = mask.lengths()
+  return jax.nn.dot_product_attention(q_btnh, k_bsnh, v_bsnh, query_seq_lengths=q_len_b,
+                                      key_value_seq_lengths=k_len_b, is_causal=mask.causal,
+                                      implementation=implementation)
+
+
+def _splash_block(length: int) -> int:
+  return next(b for b in (512, 256, _SPLASH_BLOCK) if length % b == 0)
+
+
+def _splash_kernel(num_heads: int, t: int, s: int, causal: bool, interpret: bool):
+  """The splash kernel of one example, [n, t, h] -> [n, t, h], for a static full or causal
+  mask; the segment ids are given per call. Built per trace: it holds the mask's block
+  tables as arrays of that trace (caching it across traces would leak tracers)."""
+  bq, bkv = _splash_block(t), _splash_block(s)
+  blocks = _splash.BlockSizes(block_q=bq, block_kv=bkv, block_kv_compute=bkv, block_q_dkv=bq, block_kv_dkv=bkv,
+                              block_kv_dkv_compute=bkv, block_q_dq=bq, block_kv_dq=bkv)
+  head_mask = _splash.CausalMask((t, s)) if causal else _splash.FullMask((t, s))
+  return _splash.make_splash_mha(_splash.MultiHeadMask([head_mask] * num_heads), block_sizes=blocks,
+                                 head_shards=1, q_seq_shards=1, interpret=interpret)
+
+
+def splash_attention(q_btnh, k_bsnh, v_bsnh, mask: SegmentMask, *, interpret: bool = False) -> jax.Array:
+  """TPU splash attention with segment ids (packed or not): a query attends to keys of its
+  own segment id, so padding queries (0) attend to padding keys, or get uniform weights
+  where there are none. Needs t and s multiples of 128. `interpret=True` runs the Pallas
+  kernel in its interpreter (any platform, slowly: for tests). Inside
+  `seq2seq.sharding.activation_mesh` (the train step) it runs in `jax.shard_map`, each
+  device on its rows and heads."""
+  (_, t, n, h), s = q_btnh.shape, k_bsnh.shape[1]
+
+  def local(q_btnh, k_bsnh, v_bsnh, q_segments_bt, k_segments_bs):
+    kernel = _splash_kernel(q_btnh.shape[2], t, s, mask.causal, interpret)  # this device's heads
+
+    def one(q_tnh, k_snh, v_snh, q_segments_t, k_segments_s):
+      heads_first = lambda x: jnp.swapaxes(x, 0, 1)
+      q_nth = heads_first(q_tnh * jnp.asarray(h**-0.5, q_tnh.dtype))  # splash takes no scale
+      out_nth = kernel(q_nth, heads_first(k_snh), heads_first(v_snh),
+                       segment_ids=_splash.SegmentIds(q_segments_t, k_segments_s))
+      return heads_first(out_nth)
+    return jax.vmap(one)(q_btnh, k_bsnh, v_bsnh, q_segments_bt, k_segments_bs)
+
+  args = (q_btnh, k_bsnh, v_bsnh, mask.q_segments_bt, mask.k_segments_bs)
+  mesh = current_mesh()
+  if mesh is None or mesh.size == 1:
+    return local(*args)
+  # On a mesh: one kernel call per device on its rows (data x fsdp) and heads (tensor),
+  # laid out as `constrain` lays out activations.
+  spec_btnh = activation_spec(("batch", "length", "heads", "kv"), q_btnh.shape, mesh)
+  spec_bsnh = activation_spec(("batch", "length", "heads", "kv"), k_bsnh.shape, mesh)
+  spec_bt = activation_spec(("batch", "length"), mask.q_segments_bt.shape, mesh)
+  spec_bs = activation_spec(("batch", "length"), mask.k_segments_bs.shape, mesh)
+  return jax.shard_map(local, mesh=mesh, in_specs=(spec_btnh, spec_bsnh, spec_bsnh, spec_bt, spec_bs),
+                       out_specs=spec_btnh, check_vma=False)(*args)
+
+
+def _cudnn_blockers(*, platform, dtype, head_dim, packed, segments) -> list[str]:
+  why = []
+  if platform != "gpu":
+    why.append(f"cuDNN runs on GPU only (platform is {platform})")
+  if jnp.dtype(dtype) not in _CUDNN_DTYPES:
+    why.append(f"cuDNN needs bfloat16 or float16 inputs (config.model.dtype), got {jnp.dtype(dtype).name}")
+  if head_dim % 8 or head_dim > 128:
+    why.append(f"cuDNN needs a head dim that is a multiple of 8 and at most 128, got {head_dim}")
+  if not segments:
+    why.append("cuDNN needs segment ids, not a dense mask")
+  elif packed:
+    why.append("cuDNN needs unpacked rows (one segment then padding: data.fill_rows=False, "
+               "data.packing=False, and the model called with packed=False)")
+  return why
+
+
+def _splash_blockers(*, platform, q_len, kv_len, segments, batch, device_count, mesh_size) -> list[str]:
+  why = []
+  if _splash is None:
+    why.append("this JAX has no jax.experimental.pallas.ops.tpu.splash_attention")
+  if platform != "tpu":
+    why.append(f"splash attention runs on TPU only (platform is {platform})")
+  if not segments:
+    why.append("splash attention needs segment ids, not a dense mask")
+  if q_len % _SPLASH_BLOCK or kv_len % _SPLASH_BLOCK:
+    why.append(f"splash attention needs lengths that are multiples of {_SPLASH_BLOCK}, got {q_len} and {kv_len}")
+  if device_count > 1 and mesh_size < 1:
+    why.append(f"splash attention on {device_count} devices needs the mesh (seq2seq.sharding.activation_mesh) to "
+               "run in jax.shard_map; a Pallas call cannot be partitioned automatically")
+  return why
+
+
+def choose_implementation(requested: str, *, platform: str, dtype, head_dim: int, q_len: int, kv_len: int,
+                          packed: bool, segments: bool = True, dropout: bool = False, record_weights: bool = False,
+                          batch: int = 1, device_count: int = 1, mesh_size: int = 0) -> str:
+  """Which attention runs: "explicit", "xla", "cudnn" or "splash" (a pure function of static facts).
+
+  `requested` is `config.model.attention_impl`; "auto" takes the first kernel that can run
+  on `platform` ("cpu" / "gpu" / "tpu", as `jax.default_backend()` names them), else XLA.
+  A requested kernel that cannot run raises ValueError saying why. `segments` is False for
+  a bare dense mask; `dropout` means attention dropout is applied in this call.
+  """
+  if requested not in IMPLEMENTATIONS:
+    raise ValueError(f"config.model.attention_impl must be one of {IMPLEMENTATIONS}, got {requested!r}")
+  if record_weights:
+    return "explicit"
+  if dropout:
+    if requested in ("auto", "explicit"):
+      return "explicit"
+    raise ValueError(f"config.model.attention_impl={requested!r} cannot apply attention dropout "
+                     "(config.model.attention_dropout_rate > 0): use 'auto' or 'explicit'")
+  if requested in ("xla", "explicit"):
+    return requested
+  blockers = {
+      "cudnn": _cudnn_blockers(platform=platform, dtype=dtype, head_dim=head_dim, packed=packed, segments=segments),
+      "splash": _splash_blockers(platform=platform, q_len=q_len, kv_len=kv_len, segments=segments, batch=batch,
+                                 device_count=device_count, mesh_size=mesh_size),
+  }
+  if requested != "auto":
+    if blockers[requested]:
+      raise ValueError(f"config.model.attention_impl={requested!r} cannot run here: "
+                       + "; ".join(blockers[requested]))
+    return requested
+  return next((kernel for kernel in ("cudnn", "splash") if not blockers[kernel]), "xla")
+
+
+def _zero_padding_queries(out_btnh: jax.Array, mask) -> jax.Array:
+  if not isinstance(mask, SegmentMask):
+    return out_btnh
+  return jnp.where((mask.q_segments_bt != 0)[:, :, None, None], out_btnh, jnp.zeros_like(out_btnh))
+
+
+def attention(q_btnh: jax.Array, k_bsnh: jax.Array, v_bsnh: jax.Array, mask: SegmentMask | jax.Array, *,
+              impl: str = "auto", dropout_rate: float = 0.0, rng: jax.Array | None = None) -> jax.Array:
+  """softmax(q k^T / sqrt(h) + mask) v per head, [b, t, n, h], by the implementation
+  `choose_implementation` picks (see the module docstring). `mask` is a `SegmentMask`, or a
+  dense boolean [b, 1, t, s] mask (then only "xla" / "explicit" can run)."""
+  (b, t, n, h), s = q_btnh.shape, k_bsnh.shape[1]
+  segments = isinstance(mask, SegmentMask)
+  dense_b1ts = mask.dense_b1ts if segments else lambda: mask
+  apply_dropout = rng is not None and dropout_rate > 0.0
+  mesh = current_mesh()
+  choice = choose_implementation(impl, platform=jax.default_backend(), dtype=q_btnh.dtype, head_dim=h, q_len=t,
+                                 kv_len=s, packed=not segments or mask.packed, segments=segments,
+                                 dropout=apply_dropout, batch=b, device_count=jax.device_count(),
+                                 mesh_size=0 if mesh is None else mesh.size)
+  if choice == "explicit":
+    out_btnh = explicit_attention(q_btnh, k_bsnh, v_bsnh, dense_b1ts(), dropout_rate=dropout_rate, rng=rng)
+  elif choice == "cudnn":
+    try:
+      out_btnh = lengths_attention(q_btnh, k_bsnh, v_bsnh, mask, implementation="cudnn")
+    except (NotImplementedError, RuntimeError) as err:  # raised while tracing: no cuDNN, unsupported GPU
+      if impl == "cudnn":
+        raise
+      _warn_once(f"cuDNN attention unavailable ({err}); using XLA")
+      out_btnh = dot_product_attention(q_btnh, k_bsnh, v_bsnh, dense_b1ts())
+  elif choice == "splash":
+    out_btnh = splash_attention(q_btnh, k_bsnh, v_bsnh, mask)
+  else:
+    out_btnh = dot_product_attention(q_btnh, k_bsnh, v_bsnh, dense_b1ts())
+  return _zero_padding_queries(out_btnh, mask)
 
 
 def single_query_attention(q_bnh: jax.Array, k_cnsh: jax.Array, v_cnsh: jax.Array, mask_cns: jax.Array) -> jax.Array:
@@ -76,10 +309,13 @@ class MultiHeadAttention(nnx.Module):
   keys/values (self-attention) or compute them once per source (cross-attention).
   Keys get no bias: it would add the same q.b to every score of a query, which the
   softmax cancels, so its gradient is zero and Adam would only amplify rounding noise.
+  `impl` is `config.model.attention_impl` (see `attention`).
   """
 
   def __init__(self, d_model: int, num_heads: int, head_dim: int, *, use_bias: bool, dropout_rate: float,
-               use_rope: bool = False, rope_base: float = 10000.0, rngs: nnx.Rngs):
+               use_rope: bool = False, rope_base: float = 10000.0, impl: str = "auto", rngs: nnx.Rngs):
+    if impl not in IMPLEMENTATIONS:
+      raise ValueError(f"config.model.attention_impl must be one of {IMPLEMENTATIONS}, got {impl!r}")
     in_init, out_init = xavier(0, (1, 2)), xavier((0, 1), 2)
     shape_dnh, axes_dnh = (d_model, num_heads, head_dim), ("embed", "heads", "kv")
     self.wq_dnh = param(rngs, in_init, shape_dnh, axes_dnh)
@@ -92,12 +328,13 @@ class MultiHeadAttention(nnx.Module):
       self.bq_nh = param(rngs, zeros, (num_heads, head_dim), ("heads", "kv"))
       self.bv_nh = param(rngs, zeros, (num_heads, head_dim), ("heads", "kv"))
       self.bo_d = param(rngs, zeros, (d_model,), ("embed",))
-    self.dropout_rate, self.use_rope, self.rope_base = dropout_rate, use_rope, rope_base
+    self.dropout_rate, self.use_rope, self.rope_base, self.impl = dropout_rate, use_rope, rope_base, impl
     self.record_weights = False  # True: keep the attention weights of each call (for plots)
 
   def _project(self, x_btd, w, b):
-    y_btnh = dense(x_btd, w[...])
-    return y_btnh if b is None else y_btnh + b[...].astype(x_btd.dtype)
+    y_btnh = dense(x_btd, weight(w))
+    y_btnh = y_btnh if b is None else y_btnh + b[...].astype(x_btd.dtype)
+    return constrain(y_btnh, ("batch", "length", "heads", "kv"))
 
   def query(self, x_btd: jax.Array, positions_bt: jax.Array | None = None) -> jax.Array:
     q_btnh = self._project(x_btd, self.wq_dnh, self.bq_nh if self.use_bias else None)
@@ -110,26 +347,29 @@ class MultiHeadAttention(nnx.Module):
       k_bsnh = rope(k_bsnh, positions_bs, self.rope_base)
     return k_bsnh, v_bsnh
 
-  def attend(self, q_btnh, k_bsnh, v_bsnh, mask_b1ts, rng: jax.Array | None = None) -> jax.Array:
+  def attend(self, q_btnh, k_bsnh, v_bsnh, mask: SegmentMask | jax.Array, rng: jax.Array | None = None) -> jax.Array:
+    """Attention then the output projection: [b, t, d]. `mask` as `attention` takes it."""
     if self.record_weights:  # kept as an nnx.Intermediate; see Transformer.cross_attention_weights
+      mask_b1ts = mask.dense_b1ts() if isinstance(mask, SegmentMask) else mask
       ctx_btnh, weights_bnts = explicit_attention(q_btnh, k_bsnh, v_bsnh, mask_b1ts, dropout_rate=self.dropout_rate,
                                                   rng=rng, return_weights=True)
+      ctx_btnh = _zero_padding_queries(ctx_btnh, mask)
       self.weights_bnts = nnx.Intermediate(weights_bnts)
     else:
-      ctx_btnh = dot_product_attention(q_btnh, k_bsnh, v_bsnh, mask_b1ts, dropout_rate=self.dropout_rate, rng=rng)
-    y_btd = dense(ctx_btnh, self.wo_nhd[...], contract=2)
+      ctx_btnh = attention(q_btnh, k_bsnh, v_bsnh, mask, impl=self.impl, dropout_rate=self.dropout_rate, rng=rng)
+    y_btd = dense(ctx_btnh, weight(self.wo_nhd), contract=2)
     return y_btd + self.bo_d[...].astype(y_btd.dtype) if self.use_bias else y_btd
 
   def attend_cached(self, q_bnh, k_bnsh, v_bnsh, mask_bns) -> jax.Array:
     """`attend` for one decoding position over a heads-first cache: [b, d]."""
     ctx_bnh = single_query_attention(q_bnh, k_bnsh, v_bnsh, mask_bns)
-    y_bd = dense(ctx_bnh, self.wo_nhd[...], contract=2)
+    y_bd = dense(ctx_bnh, weight(self.wo_nhd), contract=2)
     return y_bd + self.bo_d[...].astype(y_bd.dtype) if self.use_bias else y_bd
 
-  def __call__(self, x_btd: jax.Array, context_bsd: jax.Array, mask_b1ts: jax.Array, *,
+  def __call__(self, x_btd: jax.Array, context_bsd: jax.Array, mask: SegmentMask | jax.Array, *,
                positions_bt: jax.Array | None = None, context_positions_bs: jax.Array | None = None,
                rng: jax.Array | None = None) -> jax.Array:
     """Attention of `x` over `context` (pass x itself for self-attention)."""
     q_btnh = self.query(x_btd, positions_bt)
     k_bsnh, v_bsnh = self.key_value(context_bsd, context_positions_bs)
-    return self.attend(q_btnh, k_bsnh, v_bsnh, mask_b1ts, rng)
+    return self.attend(q_btnh, k_bsnh, v_bsnh, mask, rng)

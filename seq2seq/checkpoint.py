@@ -18,9 +18,15 @@ from seq2seq import metrics
 from seq2seq.config import ModelConfig
 
 
+# Model settings that choose how the same function is computed, not what the parameters mean:
+# a run may resume or be evaluated with another value (e.g. on another platform).
+NOT_IDENTITY = ("attention_impl",)
+
+
 def identity(model_cfg: ModelConfig, spm_model: bytes) -> dict:
   """What must match between a checkpoint and the run restoring it."""
-  return {"model": dataclasses.asdict(model_cfg), "spm_sha256": hashlib.sha256(spm_model).hexdigest()}
+  model = {k: v for k, v in dataclasses.asdict(model_cfg).items() if k not in NOT_IDENTITY}
+  return {"model": model, "spm_sha256": hashlib.sha256(spm_model).hexdigest()}
 
 
 def check_identity(saved: dict, current: dict, where: str) -> None:

@@ -13,6 +13,7 @@ CHOICES = {
     "norm_position": ("pre", "post"),
     "activation": ("relu", "gelu", "swiglu", "geglu"),
     "dtype": ("float32", "bfloat16"),
+    "attention_impl": ("auto", "xla", "explicit", "cudnn", "splash"),  # see seq2seq/attention.py
 }
 
 
@@ -43,6 +44,7 @@ class ModelConfig:
   tie_output: bool = True  # output projection = target embedding^T
   use_bias: bool = True
   dtype: str = "float32"  # compute dtype; parameters are always float32
+  attention_impl: str = "auto"  # auto: cuDNN (GPU) / splash (TPU) where they apply, else XLA
   pad_id: int = 0
 
   def __post_init__(self):

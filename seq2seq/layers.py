@@ -14,6 +14,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from seq2seq.sharding import constrain
+
 # Logical axis names a parameter may carry; `seq2seq.sharding` maps them onto a mesh.
 LOGICAL_AXES = ("vocab", "embed", "heads", "kv", "mlp", None)
 
@@ -23,6 +25,12 @@ def param(rngs: nnx.Rngs, init, shape: Sequence[int], axes: Sequence[str | None]
   if len(axes) != len(shape):
     raise ValueError(f"axes {axes} do not match shape {shape}")
   return nnx.Param(init(rngs.params(), tuple(shape), jnp.float32), axes=tuple(axes))
+
+
+def weight(p: nnx.Param) -> jax.Array:
+  """A parameter's value laid out for use: whole along `embed` (FSDP shards it at rest and
+  gathers it here, once per use) and split along heads / mlp / vocab on the tensor axis."""
+  return constrain(p[...], p.get_metadata()["axes"])
 
 
 def xavier(in_axis, out_axis):
@@ -88,12 +96,12 @@ class Embed(nnx.Module):
     self.scale = math.sqrt(d_model)
 
   def __call__(self, tokens_bt: jax.Array, dtype) -> jax.Array:
-    x_btd = jnp.take(self.embedding_vd[...], tokens_bt, axis=0)
+    x_btd = jnp.take(weight(self.embedding_vd), tokens_bt, axis=0)
     return (x_btd * self.scale).astype(dtype)
 
   def attend(self, x_btd: jax.Array) -> jax.Array:
     """Logits in f32 against the embedding matrix."""
-    return tied_logits(x_btd, self.embedding_vd[...].astype(x_btd.dtype))
+    return tied_logits(x_btd, weight(self.embedding_vd).astype(x_btd.dtype))
 
 
 def dense(x: jax.Array, w: jax.Array, *, contract: int = 1, w_transposed: bool = False, out_dtype=None) -> jax.Array:
@@ -157,7 +165,7 @@ class LearnedPositions(nnx.Module):
     self.table_ld = param(rngs, init, (max_len, d_model), (None, "embed"))
 
   def __call__(self, positions_bt: jax.Array) -> jax.Array:
-    return jnp.take(self.table_ld[...], positions_bt, axis=0, mode="clip")
+    return jnp.take(weight(self.table_ld), positions_bt, axis=0, mode="clip")
 
 
 def rope(x_btnh: jax.Array, positions_bt: jax.Array, base: float = 10000.0) -> jax.Array:
@@ -226,17 +234,17 @@ class FeedForward(nnx.Module):
 
   def __call__(self, x_btd: jax.Array, rng: jax.Array | None) -> jax.Array:
     dtype = x_btd.dtype
-    h_btf = dense(x_btd, self.wi_df[...])
+    h_btf = dense(x_btd, weight(self.wi_df))
     if self.bi_f is not None:
       h_btf = h_btf + self.bi_f[...].astype(dtype)
     if self.gated:
-      g_btf = dense(x_btd, self.wg_df[...])
+      g_btf = dense(x_btd, weight(self.wg_df))
       act = jax.nn.silu if self.activation == "swiglu" else jax.nn.gelu
       h_btf = act(g_btf) * h_btf
     else:
       h_btf = jax.nn.relu(h_btf) if self.activation == "relu" else jax.nn.gelu(h_btf)
-    h_btf = dropout(h_btf, self.hidden_dropout, rng)
-    y_btd = dense(h_btf, self.wo_fd[...])
+    h_btf = dropout(constrain(h_btf, ("batch", "length", "mlp")), self.hidden_dropout, rng)
+    y_btd = dense(h_btf, weight(self.wo_fd))
     if self.bo_d is not None:
       y_btd = y_btd + self.bo_d[...].astype(dtype)
     return y_btd

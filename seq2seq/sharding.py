@@ -9,6 +9,9 @@ devices, a GPU box or a TPU slice).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import functools
 import math
 
 import jax
@@ -27,6 +30,20 @@ RULES = {
     "kv": None,
     None: None,
 }
+# logical activation axis -> mesh axes. Activations are split over the batch on data x fsdp
+# (fsdp gathers parameters, not activations) and over heads / mlp / vocab on tensor
+# (Megatron: the embed dimension of the residual stream stays whole on every device).
+ACTIVATION_RULES = {
+    "batch": BATCH_AXES,
+    "length": None,
+    "embed": None,
+    "heads": "tensor",
+    "kv": None,
+    "mlp": "tensor",
+    "vocab": "tensor",
+    None: None,
+}
+_ACTIVATION_MESH: contextvars.ContextVar[Mesh | None] = contextvars.ContextVar("activation_mesh", default=None)
 
 
 def mesh_shape(mesh_cfg, device_count: int) -> tuple[int, int, int]:
@@ -97,6 +114,59 @@ def spec_for(axes, shape, mesh: Mesh) -> PartitionSpec:
       used.add(mesh_axis)
       out.append(mesh_axis)
   return PartitionSpec(*out)
+
+
+@contextlib.contextmanager
+def activation_mesh(mesh: Mesh | None):
+  """Within this block (at trace time) `constrain` lays activations out on `mesh`."""
+  token = _ACTIVATION_MESH.set(mesh)
+  try:
+    yield
+  finally:
+    _ACTIVATION_MESH.reset(token)
+
+
+def current_mesh() -> Mesh | None:
+  """The mesh of the enclosing `activation_mesh`, or None."""
+  return _ACTIVATION_MESH.get()
+
+
+def with_activation_mesh(fn, mesh: Mesh):
+  """`fn` traced with `activation_mesh(mesh)`: what `jax.jit` of a model function takes."""
+  @functools.wraps(fn)
+  def traced(*args, **kwargs):
+    with activation_mesh(mesh):
+      return fn(*args, **kwargs)
+  inner = fn.func if isinstance(fn, functools.partial) else fn
+  traced.__name__ = traced.__qualname__ = getattr(inner, "__name__", "traced")  # jit names the program after it
+  return traced
+
+
+def activation_spec(axes, shape, mesh: Mesh) -> PartitionSpec:
+  """PartitionSpec of an activation from its logical axes; a mesh axis that does not divide
+  its dimension (or is already used, or has size 1) is left out."""
+  used, out = set(), []
+  for name, dim in zip(axes, shape):
+    wanted = ACTIVATION_RULES[name]
+    wanted = (wanted,) if isinstance(wanted, str) else (wanted or ())
+    kept = tuple(a for a in wanted if a not in used and mesh.shape[a] > 1)
+    if kept and dim % math.prod(mesh.shape[a] for a in kept) == 0:
+      used.update(kept)
+      out.append(kept[0] if len(kept) == 1 else kept)
+    else:
+      out.append(None)
+  return PartitionSpec(*out)
+
+
+def constrain(x: jax.Array, axes) -> jax.Array:
+  """`x` laid out by its logical `axes` (one name per dimension, see ACTIVATION_RULES) on the
+  mesh of the enclosing `activation_mesh`; unchanged outside one or on a single device."""
+  mesh = _ACTIVATION_MESH.get()
+  if mesh is None or mesh.size == 1:
+    return x
+  if len(axes) != x.ndim:
+    raise ValueError(f"logical axes {axes} do not match an activation of shape {x.shape}")
+  return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, activation_spec(axes, x.shape, mesh)))
 
 
 def state_shardings(state, mesh: Mesh):

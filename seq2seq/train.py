@@ -27,27 +27,39 @@ from seq2seq.score import score
 from seq2seq.tokenizer import write_atomic
 from seq2seq.translate import Translator
 
+BATCH_KEYS = ("src_bs", "src_segments_bs", "src_positions_bs", "tgt_in_bt", "tgt_out_bt", "tgt_segments_bt",
+              "tgt_positions_bt")
 State = dict  # {"params": nnx.State, "opt_state": optax state, "step": int32 scalar, "lr_scale": f32 scalar}
 
 
 # -- state -------------------------------------------------------------------------------
-def init_state(model_cfg: ModelConfig, tx: optax.GradientTransformation, mesh, seed: int):
-  """Parameters and optimizer state created directly in their shardings on `mesh`."""
-  def init():
+def _initializer(model_cfg: ModelConfig, tx: optax.GradientTransformation, seed: int):
+  def init() -> State:
     params = nnx.state(transformer.Transformer(model_cfg, rngs=nnx.Rngs(seed)), nnx.Param)
     return {"params": params, "opt_state": tx.init(params), "step": jnp.zeros((), jnp.int32),
             "lr_scale": jnp.ones((), jnp.float32)}  # lowered by the divergence guard
+  return init
 
-  state, shardings = sharding.init_on_mesh(init, mesh)
+
+def init_state(model_cfg: ModelConfig, tx: optax.GradientTransformation, mesh, seed: int):
+  """Parameters and optimizer state created directly in their shardings on `mesh`."""
+  state, shardings = sharding.init_on_mesh(_initializer(model_cfg, tx, seed), mesh)
   return transformer.graphdef(model_cfg), state, shardings
 
 
+def abstract_state(model_cfg: ModelConfig, tx: optax.GradientTransformation, mesh, seed: int):
+  """`init_state`'s state as sharded shapes, and its shardings; nothing is allocated."""
+  init = _initializer(model_cfg, tx, seed)
+  shardings = sharding.state_shardings(jax.eval_shape(init), mesh)
+  return jax.jit(init, out_shardings=shardings).eval_shape(), shardings
+
+
 # -- steps -------------------------------------------------------------------------------
-def _loss(params, graphdef, batch, dropout_rng, label_smoothing, poison=False):
+def _loss(params, graphdef, batch, dropout_rng, label_smoothing, poison=False, packed=True):
   model = nnx.merge(graphdef, params)
   logits_btv = model(batch["src_bs"], batch["tgt_in_bt"], src_segments_bs=batch["src_segments_bs"],
                      tgt_segments_bt=batch["tgt_segments_bt"], src_positions_bs=batch["src_positions_bs"],
-                     tgt_positions_bt=batch["tgt_positions_bt"], dropout_rng=dropout_rng)
+                     tgt_positions_bt=batch["tgt_positions_bt"], dropout_rng=dropout_rng, packed=packed)
   sums = cross_entropy_sums(logits_btv, batch["tgt_out_bt"], batch["tgt_segments_bt"] > 0, label_smoothing)
   loss = sums["loss_sum"] * jnp.where(poison, jnp.nan, 1.0)  # `train.inject_nan_at_step`: NaN gradients
   return loss, sums | {"loss_sum": loss}
@@ -58,9 +70,10 @@ def dropout_key(seed: int, step, micro: int = 0, impl: str = "threefry2x32"):
   return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed, impl=impl), step), micro)
 
 
-def grad_sums(params, batch, key, *, graphdef, label_smoothing, poison=False):
-  """Gradient of the summed (not averaged) token loss, and the metric sums."""
-  grads, sums = jax.grad(_loss, has_aux=True)(params, graphdef, batch, key, label_smoothing, poison)
+def grad_sums(params, batch, key, *, graphdef, label_smoothing, poison=False, packed=True):
+  """Gradient of the summed (not averaged) token loss, and the metric sums. `packed=False`:
+  every row holds one pair (lets GPUs use cuDNN attention; seq2seq/attention.py)."""
+  grads, sums = jax.grad(_loss, has_aux=True)(params, graphdef, batch, key, label_smoothing, poison, packed)
   return grads, sums
 
 
@@ -75,25 +88,26 @@ def apply_gradients(state: State, grads, sums, *, tx, schedule):
                             "learning_rate": schedule(state["step"]) * state["lr_scale"]}
 
 
-def train_step(state: State, batch, poison=False, *, seed, rng_impl, graphdef, label_smoothing, tx, schedule):
+def train_step(state: State, batch, poison=False, *, seed, rng_impl, graphdef, label_smoothing, tx, schedule,
+               packed=True):
   """A full update on one batch (no accumulation): forward, backward, optimizer."""
   key = dropout_key(seed, state["step"], 0, rng_impl)
   grads, sums = grad_sums(state["params"], batch, key, graphdef=graphdef, label_smoothing=label_smoothing,
-                          poison=poison)
+                          poison=poison, packed=packed)
   return apply_gradients(state, grads, sums, tx=tx, schedule=schedule)
 
 
-def accumulate(acc, params, batch, step, micro, *, seed, rng_impl, graphdef, label_smoothing):
+def accumulate(acc, params, batch, step, micro, *, seed, rng_impl, graphdef, label_smoothing, packed=True):
   """Adds one micro-batch's summed gradients and metric sums to `acc`."""
   key = dropout_key(seed, step, micro, rng_impl)
-  grads, sums = grad_sums(params, batch, key, graphdef=graphdef, label_smoothing=label_smoothing)
+  grads, sums = grad_sums(params, batch, key, graphdef=graphdef, label_smoothing=label_smoothing, packed=packed)
   if acc is None:
     return grads, sums
   return jax.tree.map(jnp.add, acc[0], grads), jax.tree.map(jnp.add, acc[1], sums)
 
 
-def eval_sums(params, batch, *, graphdef):
-  return _loss(params, graphdef, batch, None, 0.0)[1]
+def eval_sums(params, batch, *, graphdef, packed=True):
+  return _loss(params, graphdef, batch, None, 0.0, packed=packed)[1]
 
 
 class Steps:
@@ -101,16 +115,20 @@ class Steps:
 
   def __init__(self, config, graphdef, shardings, mesh, tx, schedule):
     t = config.train
+    # Rows hold one pair each unless batches fill them up or pack them (seq2seq/batching.py).
+    data_cfg = config.get("data", {})
+    packed = bool(data_cfg.get("packing", False) or data_cfg.get("fill_rows", True))
     common = dict(seed=config.seed, rng_impl=t.get("rng_impl", "threefry2x32"), graphdef=graphdef,
-                  label_smoothing=t.label_smoothing)
+                  label_smoothing=t.label_smoothing, packed=packed)
     batch_sh = sharding.batch_sharding(mesh)
     self.accum_steps = max(int(t.get("accum_steps", 1)), 1)
-    self.train = jax.jit(functools.partial(train_step, tx=tx, schedule=schedule, **common),
+    on_mesh = lambda fn: sharding.with_activation_mesh(fn, mesh)  # activations laid out by logical axes
+    self.train = jax.jit(on_mesh(functools.partial(train_step, tx=tx, schedule=schedule, **common)),
                          in_shardings=(shardings, batch_sh, None), out_shardings=(shardings, None), donate_argnums=0)
-    self.accumulate = jax.jit(functools.partial(accumulate, **common))
+    self.accumulate = jax.jit(on_mesh(functools.partial(accumulate, **common)))
     self.apply = jax.jit(functools.partial(apply_gradients, tx=tx, schedule=schedule),
                          out_shardings=(shardings, None), donate_argnums=(0, 1))
-    self.eval = jax.jit(functools.partial(eval_sums, graphdef=graphdef))
+    self.eval = jax.jit(on_mesh(functools.partial(eval_sums, graphdef=graphdef, packed=packed)))
 
   def update(self, state: State, batches: list, poison: bool = False) -> tuple[State, dict]:
     """One optimizer update; `poison` makes its gradients NaN (to test the divergence guard)."""

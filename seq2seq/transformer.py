@@ -8,7 +8,9 @@ API used by training and decoding:
 
 The decoder input starts with `cfg.bos_id` (the eos id, as in fairseq). Segment ids
 (0 = padding) default to `tokens != pad_id`; packed batches pass their own segment ids
-and positions. `dropout_rng=None` means evaluation (no dropout).
+and positions. `packed=False` promises every row is one sentence then padding, which lets
+the GPU use cuDNN attention given sequence lengths (seq2seq/attention.py); by default rows
+count as packed when segment ids are passed. `dropout_rng=None` means evaluation (no dropout).
 """
 
 from __future__ import annotations
@@ -19,11 +21,14 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from seq2seq.attention import MultiHeadAttention, attention_mask
+from seq2seq.attention import MultiHeadAttention, SegmentMask
 from seq2seq.config import ModelConfig
-from seq2seq.layers import Embed, FeedForward, LearnedPositions, Norm, dense, dropout, fold, param, sinusoidal
+from seq2seq.layers import (Embed, FeedForward, LearnedPositions, Norm, dense, dropout, fold, param, sinusoidal,
+                            weight)
+from seq2seq.sharding import constrain
 
 Cache = dict[str, Any]
+RESIDUAL = ("batch", "length", "embed")  # logical axes of the residual stream [b, t, d]
 
 
 def _norm(cfg: ModelConfig, rngs: nnx.Rngs) -> Norm:
@@ -33,7 +38,8 @@ def _norm(cfg: ModelConfig, rngs: nnx.Rngs) -> Norm:
 def _attention(cfg: ModelConfig, rngs: nnx.Rngs, *, self_attention: bool) -> MultiHeadAttention:
   return MultiHeadAttention(cfg.d_model, cfg.num_heads, cfg.head_size, use_bias=cfg.use_bias,
                             dropout_rate=cfg.attention_dropout_rate, rope_base=cfg.rope_base,
-                            use_rope=self_attention and cfg.positions == "rope", rngs=rngs)
+                            use_rope=self_attention and cfg.positions == "rope", impl=cfg.attention_impl,
+                            rngs=rngs)
 
 
 def _ffn(cfg: ModelConfig, rngs: nnx.Rngs) -> FeedForward:
@@ -42,10 +48,13 @@ def _ffn(cfg: ModelConfig, rngs: nnx.Rngs) -> FeedForward:
 
 
 def residual(x_btd, sublayer, norm: Norm, *, pre: bool, rate: float, rng):
-  """Pre-norm: x + drop(f(norm(x))). Post-norm: norm(x + drop(f(x)))."""
+  """Pre-norm: x + drop(f(norm(x))). Post-norm: norm(x + drop(f(x))). The residual stream
+  is split over the batch only (`sharding.ACTIVATION_RULES`)."""
   if pre:
-    return x_btd + dropout(sublayer(norm(x_btd)), rate, rng)
-  return norm(x_btd + dropout(sublayer(x_btd), rate, rng))
+    y_btd = x_btd + dropout(sublayer(norm(x_btd)), rate, rng)
+  else:
+    y_btd = norm(x_btd + dropout(sublayer(x_btd), rate, rng))
+  return constrain(y_btd, RESIDUAL)
 
 
 class EncoderLayer(nnx.Module):
@@ -57,9 +66,9 @@ class EncoderLayer(nnx.Module):
     self.attn_norm, self.ffn_norm = _norm(cfg, rngs), _norm(cfg, rngs)
     self.pre, self.rate = cfg.norm_position == "pre", cfg.dropout_rate
 
-  def __call__(self, x_bsd, mask_b1ss, positions_bs, rng):
+  def __call__(self, x_bsd, mask: SegmentMask, positions_bs, rng):
     def attn(h_bsd):
-      return self.self_attn(h_bsd, h_bsd, mask_b1ss, positions_bt=positions_bs, context_positions_bs=positions_bs,
+      return self.self_attn(h_bsd, h_bsd, mask, positions_bt=positions_bs, context_positions_bs=positions_bs,
                             rng=fold(rng, 0))
     x_bsd = residual(x_bsd, attn, self.attn_norm, pre=self.pre, rate=self.rate, rng=fold(rng, 1))
     ffn = lambda h_bsd: self.ffn(h_bsd, fold(rng, 2))
@@ -81,12 +90,12 @@ class DecoderLayer(nnx.Module):
     ffn = lambda h_btd: self.ffn(h_btd, fold(rng, 4))
     return residual(y_btd, ffn, self.ffn_norm, pre=self.pre, rate=self.rate, rng=fold(rng, 5))
 
-  def __call__(self, y_btd, self_mask_b1tt, positions_bt, enc_bsd, cross_mask_b1ts, rng):
+  def __call__(self, y_btd, self_mask: SegmentMask, positions_bt, enc_bsd, cross_mask: SegmentMask, rng):
     def self_attn(h_btd):
-      return self.self_attn(h_btd, h_btd, self_mask_b1tt, positions_bt=positions_bt, context_positions_bs=positions_bt,
+      return self.self_attn(h_btd, h_btd, self_mask, positions_bt=positions_bt, context_positions_bs=positions_bt,
                             rng=fold(rng, 0))
     y_btd = residual(y_btd, self_attn, self.self_norm, pre=self.pre, rate=self.rate, rng=fold(rng, 1))
-    cross = lambda h_btd: self.cross_attn(h_btd, enc_bsd, cross_mask_b1ts, rng=fold(rng, 2))
+    cross = lambda h_btd: self.cross_attn(h_btd, enc_bsd, cross_mask, rng=fold(rng, 2))
     return self._cross_and_ffn(y_btd, cross, rng)
 
   def step(self, y_b1d, positions_b1, layer_cache: Cache, index, cross_mask_bs):
@@ -138,7 +147,7 @@ class Transformer(nnx.Module):
       x_btd = x_btd + sinusoidal(positions_bt, self.cfg.d_model).astype(x_btd.dtype)
     elif self.cfg.positions == "learned":
       x_btd = x_btd + table(positions_bt).astype(x_btd.dtype)
-    return dropout(x_btd, self.cfg.dropout_rate, rng)
+    return constrain(dropout(x_btd, self.cfg.dropout_rate, rng), RESIDUAL)
 
   def _defaults(self, tokens_bt, segments_bt, positions_bt):
     if segments_bt is None:
@@ -155,39 +164,45 @@ class Transformer(nnx.Module):
     if self.decoder_norm is not None:
       y_btd = self.decoder_norm(y_btd)
     if self.output_dv is None:
-      return self._tgt_embed.attend(y_btd)
-    return dense(y_btd, self.output_dv[...], out_dtype=jnp.float32)
+      logits_btv = self._tgt_embed.attend(y_btd)
+    else:
+      logits_btv = dense(y_btd, weight(self.output_dv), out_dtype=jnp.float32)
+    return constrain(logits_btv, ("batch", "length", "vocab"))
 
   # -- public API -----------------------------------------------------------------------
-  def encode(self, src_bs, *, src_segments_bs=None, src_positions_bs=None, dropout_rng=None):
+  def encode(self, src_bs, *, src_segments_bs=None, src_positions_bs=None, dropout_rng=None, packed=None):
     """Encoder output [b, s, d] in the compute dtype."""
+    packed = src_segments_bs is not None if packed is None else packed
     src_segments_bs, src_positions_bs = self._defaults(src_bs, src_segments_bs, src_positions_bs)
     x_bsd = self._embed(src_bs, src_positions_bs, self.src_embed, self.src_positions, fold(dropout_rng, 0))
-    mask_b1ss = attention_mask(src_segments_bs, src_segments_bs)
+    mask = SegmentMask(src_segments_bs, src_segments_bs, packed=packed)
     for i, layer in enumerate(self.encoder_layers):
-      x_bsd = layer(x_bsd, mask_b1ss, src_positions_bs, fold(dropout_rng, i + 1))
-    return x_bsd if self.encoder_norm is None else self.encoder_norm(x_bsd)
+      x_bsd = layer(x_bsd, mask, src_positions_bs, fold(dropout_rng, i + 1))
+    return x_bsd if self.encoder_norm is None else constrain(self.encoder_norm(x_bsd), RESIDUAL)
 
   def decode(self, tgt_in_bt, enc_bsd, src_segments_bs, *, tgt_segments_bt=None, tgt_positions_bt=None,
-             dropout_rng=None):
+             dropout_rng=None, packed=None):
     """Teacher-forced decoder: f32 logits [b, t, v] for every target position."""
+    packed = tgt_segments_bt is not None if packed is None else packed
     tgt_segments_bt, tgt_positions_bt = self._defaults(tgt_in_bt, tgt_segments_bt, tgt_positions_bt)
     y_btd = self._embed(tgt_in_bt, tgt_positions_bt, self._tgt_embed, self.tgt_positions, fold(dropout_rng, 0))
-    self_mask_b1tt = attention_mask(tgt_segments_bt, tgt_segments_bt, causal=True)
-    cross_mask_b1ts = attention_mask(tgt_segments_bt, src_segments_bs)
+    self_mask = SegmentMask(tgt_segments_bt, tgt_segments_bt, causal=True, packed=packed)
+    cross_mask = SegmentMask(tgt_segments_bt, src_segments_bs, packed=packed)
     for i, layer in enumerate(self.decoder_layers):
-      y_btd = layer(y_btd, self_mask_b1tt, tgt_positions_bt, enc_bsd, cross_mask_b1ts, fold(dropout_rng, i + 1))
+      y_btd = layer(y_btd, self_mask, tgt_positions_bt, enc_bsd, cross_mask, fold(dropout_rng, i + 1))
     return self._logits(y_btd)
 
   def __call__(self, src_bs, tgt_in_bt, *, src_segments_bs=None, tgt_segments_bt=None, src_positions_bs=None,
-               tgt_positions_bt=None, dropout_rng=None):
+               tgt_positions_bt=None, dropout_rng=None, packed=None):
     """Logits [b, t, v] (f32) of the next target token at every position."""
+    if packed is None:
+      packed = src_segments_bs is not None or tgt_segments_bt is not None
     if src_segments_bs is None:
       src_segments_bs = (src_bs != self.cfg.pad_id).astype(jnp.int32)
     enc_bsd = self.encode(src_bs, src_segments_bs=src_segments_bs, src_positions_bs=src_positions_bs,
-                          dropout_rng=fold(dropout_rng, 0))
+                          dropout_rng=fold(dropout_rng, 0), packed=packed)
     return self.decode(tgt_in_bt, enc_bsd, src_segments_bs, tgt_segments_bt=tgt_segments_bt,
-                       tgt_positions_bt=tgt_positions_bt, dropout_rng=fold(dropout_rng, 1))
+                       tgt_positions_bt=tgt_positions_bt, dropout_rng=fold(dropout_rng, 1), packed=packed)
 
   def cross_attention_weights(self, src_bs, tgt_in_bt) -> jax.Array:
     """Cross-attention weights [layers, b, n, t, s] of a teacher-forced pass (for plots)."""

@@ -1,4 +1,6 @@
-"""Attention: masks, the two attention paths, and gradients against a hand-written backward."""
+"""Attention: masks, every attention path that runs on the CPU against `explicit_attention`
+(XLA with the dense mask, XLA given sequence lengths: the call cuDNN gets on GPU, and the TPU
+splash kernel in Pallas' interpreter), gradients, and the choice of implementation."""
 
 import jax
 import jax.numpy as jnp
@@ -6,7 +8,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from seq2seq.attention import MultiHeadAttention, attention_mask, dot_product_attention, explicit_attention
+from seq2seq.attention import (MultiHeadAttention, SegmentMask, attention, attention_mask, choose_implementation,
+                               dot_product_attention, explicit_attention, lengths_attention, splash_attention)
 
 
 def test_attention_mask_padding_segments_and_causality():
@@ -38,7 +41,7 @@ def hand_backward(q_tnh, k_snh, v_snh, mask_ts, dz_tnh):
 
 # The explicit path keeps float64 throughout; jax.nn.dot_product_attention takes its
 # softmax in float32 by design, so it is held to float32 precision (a few ulp).
-@pytest.mark.parametrize("path, rtol, atol", [("fused", 1e-5, 1e-6), ("explicit", 1e-10, 1e-12)])
+@pytest.mark.parametrize("path, rtol, atol", [("xla", 1e-5, 1e-6), ("explicit", 1e-10, 1e-12)])
 def test_attention_gradient_equals_hand_written_backward(path, rtol, atol):
   t, s, n, h = 5, 7, 3, 8
   rng = np.random.default_rng(0)
@@ -47,7 +50,7 @@ def test_attention_gradient_equals_hand_written_backward(path, rtol, atol):
   mask_ts = rng.random((t, s)) > 0.3
   mask_ts[:, 0] = True  # every query sees at least one key
 
-  attend = dot_product_attention if path == "fused" else explicit_attention
+  attend = dot_product_attention if path == "xla" else explicit_attention
 
   def loss(q, k, v):
     z = attend(q[None], k[None], v[None], jnp.asarray(mask_ts)[None, None])
@@ -59,7 +62,7 @@ def test_attention_gradient_equals_hand_written_backward(path, rtol, atol):
     np.testing.assert_allclose(np.asarray(got), want, rtol=rtol, atol=atol)
 
 
-def test_fused_and_explicit_paths_agree():
+def test_xla_and_explicit_paths_agree():
   rng = np.random.default_rng(1)
   q, k, v = (jnp.asarray(rng.standard_normal((2, 6, 2, 4)), jnp.float32) for _ in range(3))
   mask = attention_mask(jnp.array([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]]),
@@ -75,3 +78,231 @@ def test_attention_dropout_is_a_function_of_the_key():
   np.testing.assert_array_equal(a, mha(x, x, mask, rng=jax.random.key(1)))
   assert not np.allclose(a, mha(x, x, mask, rng=jax.random.key(2)))
   np.testing.assert_array_equal(mha(x, x, mask), mha(x, x, mask, rng=None))
+
+
+def segment_ids(rows, length):
+  """[len(rows), length] segment ids: row r holds segments 1, 2, ... of the given lengths, then padding."""
+  out = np.zeros((len(rows), length), np.int32)
+  for r, lengths in enumerate(rows):
+    ends = np.cumsum(lengths, dtype=int)
+    for i, (start, end) in enumerate(zip(ends - lengths, ends)):
+      out[r, start:end] = i + 1
+  return jnp.asarray(out)
+
+
+# Row 0 is packed (three segments, then padding); rows 1-3 are unpacked: one segment then padding,
+# a full row, an empty row. Lengths are multiples of 128 so that splash attention can run. In the
+# cross case tgt row 1 has padding queries but its source row none: those queries see no key at all.
+TGT_BT = segment_ids([(40, 50, 20), (70,), (128,), ()], 128)
+SRC_BS = segment_ids([(60, 100, 50), (256,), (10,), ()], 256)
+CASES = {"self": (TGT_BT, TGT_BT, False), "causal": (TGT_BT, TGT_BT, True), "cross": (TGT_BT, SRC_BS, False)}
+# f32: XLA computes what the explicit softmax does (equal to rounding); splash's online softmax
+# sums in another order (measured up to 1.2e-6). bf16: every path computes logits and softmax in f32 but rounds the weights
+# and the output to bf16 at different points: up to two bf16 ulps (2 * 2^-7) where |out| < 2.
+TOLERANCE = {jnp.float32: dict(rtol=1e-5, atol=3e-6), jnp.bfloat16: dict(rtol=0, atol=2 * 2.0**-7)}
+
+
+def qkv(case, dtype, seed=0):
+  q_segments_bt, k_segments_bs, causal = CASES[case]
+  (b, t), s, n, h = q_segments_bt.shape, k_segments_bs.shape[1], 2, 32
+  rng = np.random.default_rng(seed)
+  q, k, v = (jnp.asarray(rng.standard_normal(shape), dtype) for shape in [(b, t, n, h), (b, s, n, h), (b, s, n, h)])
+  return q, k, v, SegmentMask(q_segments_bt, k_segments_bs, causal=causal)
+
+
+def unpacked(mask: SegmentMask) -> SegmentMask:
+  """The unpacked rows 1-3 only."""
+  return SegmentMask(mask.q_segments_bt[1:], mask.k_segments_bs[1:], causal=mask.causal, packed=False)
+
+
+# Every kernel that runs on the CPU, as (q, k, v, mask) -> out. "xla_lengths" is the call cuDNN
+# gets on GPU, made with implementation="xla"; it is given the unpacked rows 1-3 only.
+KERNELS = {
+    "explicit": lambda q, k, v, mask: explicit_attention(q, k, v, mask.dense_b1ts()),
+    "xla_mask": lambda q, k, v, mask: dot_product_attention(q, k, v, mask.dense_b1ts()),
+    "xla_lengths": lambda q, k, v, mask: lengths_attention(q, k, v, mask, implementation="xla"),
+    "splash": lambda q, k, v, mask: splash_attention(q, k, v, mask, interpret=True),
+}
+
+
+def rows_of(name):
+  return slice(1, None) if name == "xla_lengths" else slice(None)
+
+
+def mask_for(name, mask):
+  return unpacked(mask) if name == "xla_lengths" else mask
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_every_cpu_kernel_equals_explicit_attention_on_real_queries(case, dtype):
+  q, k, v, mask = qkv(case, dtype)
+
+  @jax.jit
+  def outputs(q, k, v, mask):
+    return {name: kernel(q[rows_of(name)], k[rows_of(name)], v[rows_of(name)], mask_for(name, mask))
+            for name, kernel in KERNELS.items()}
+
+  outs = {name: np.asarray(out, np.float32) for name, out in outputs(q, k, v, mask).items()}
+  real_bt = np.asarray(mask.q_segments_bt != 0)
+  for name, got in outs.items():
+    assert np.isfinite(got).all(), f"{name}: non-finite outputs (padding queries included)"
+    want = outs["explicit"][rows_of(name)]
+    real = real_bt[rows_of(name)]
+    np.testing.assert_allclose(got[real], want[real], **TOLERANCE[dtype], err_msg=name)
+
+
+def test_gradients_of_every_cpu_kernel_are_finite_and_equal_explicit():
+  """Cross-attention, where some padding queries see no key at all. The cotangent over every
+  query, padding included, gives finite gradients; over real queries only (the model's loss)
+  it gives explicit attention's gradients."""
+  q, k, v, mask = qkv("cross", jnp.float32)
+  real_bt11 = (mask.q_segments_bt != 0)[:, :, None, None]
+  dz = jnp.asarray(np.random.default_rng(3).standard_normal(q.shape), jnp.float32)
+
+  @jax.jit
+  def gradients(q, k, v, mask):
+    """name -> (gradients for every query, gradients for real queries), one backward pass each."""
+    out = {}
+    for name, kernel in KERNELS.items():
+      rows, m = rows_of(name), mask_for(name, mask)
+      _, vjp = jax.vjp(lambda q, k, v: kernel(q, k, v, m), q[rows], k[rows], v[rows])
+      out[name] = jax.vmap(vjp)(jnp.stack([dz[rows], dz[rows] * real_bt11[rows]]))
+    return out
+
+  grads = gradients(q, k, v, mask)
+  for name, qkv_grads in grads.items():
+    assert all(np.isfinite(np.asarray(g[0])).all() for g in qkv_grads), name
+    for got, want in zip(qkv_grads, grads["explicit"]):  # rows do not interact: compare rows 1-3 alone
+      np.testing.assert_allclose(got[1], want[1][rows_of(name)], rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+def test_attention_runs_the_same_numbers_by_any_cpu_implementation():
+  """`attention` (what the model calls): padding queries come out as zeros on every path."""
+  q, k, v, mask = qkv("causal", jnp.float32)
+  impls = ("auto", "xla", "explicit")
+  run = jax.jit(lambda q, k, v, mask: {impl: attention(q, k, v, mask, impl=impl) for impl in impls})
+  outs = {impl: np.asarray(out) for impl, out in run(q, k, v, mask).items()}
+  assert np.all(outs["auto"][np.asarray(mask.q_segments_bt == 0)] == 0)
+  for impl in ("xla", "explicit"):
+    np.testing.assert_allclose(outs[impl], outs["auto"], rtol=1e-6, atol=1e-6, err_msg=impl)
+
+
+def test_auto_falls_back_to_xla_when_cudnn_cannot_trace(monkeypatch):
+  """A "GPU" without cuDNN (this CPU, posing as one): "auto" picks cuDNN, whose trace raises,
+  and XLA runs instead; a requested "cudnn" lets the error through."""
+  q, k, v, mask = qkv("causal", jnp.bfloat16)
+  q, k, v, mask = q[1:], k[1:], v[1:], unpacked(mask)
+  run = jax.jit(attention, static_argnames="impl")
+  want = run(q, k, v, mask, impl="xla")
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  np.testing.assert_array_equal(np.asarray(run(q, k, v, mask, impl="auto"), np.float32), np.asarray(want, np.float32))
+  with pytest.raises(RuntimeError, match="cuDNN"):
+    attention(q, k, v, mask, impl="cudnn")
+
+
+@pytest.mark.parametrize("impl, match", [("cudnn", "GPU only"), ("splash", "TPU only")])
+def test_a_requested_kernel_that_cannot_run_is_an_error_naming_the_setting(impl, match):
+  mha = MultiHeadAttention(16, 2, 8, use_bias=False, dropout_rate=0.0, impl=impl, rngs=nnx.Rngs(0))
+  x = jnp.ones((1, 4, 16), jnp.float32)
+  segments = jnp.ones((1, 4), jnp.int32)
+  with pytest.raises(ValueError, match=rf"config.model.attention_impl='{impl}'.*{match}"):
+    mha(x, x, SegmentMask(segments, segments))
+
+
+# (requested, platform, dtype, head_dim, lengths, packed, dropout) -> implementation
+BF16, F32 = jnp.bfloat16, jnp.float32
+CHOICES = [
+    ("auto", "cpu", F32, 64, (128, 128), False, False, "xla"),
+    ("auto", "cpu", BF16, 64, (128, 128), False, False, "xla"),
+    ("auto", "gpu", BF16, 64, (40, 50), False, False, "cudnn"),
+    ("auto", "gpu", jnp.float16, 128, (40, 50), False, False, "cudnn"),
+    ("auto", "gpu", F32, 64, (40, 50), False, False, "xla"),  # cuDNN needs bf16/fp16
+    ("auto", "gpu", BF16, 64, (40, 50), True, False, "xla"),  # packed rows: dense mask
+    ("auto", "gpu", BF16, 12, (40, 50), False, False, "xla"),  # head dim not a multiple of 8
+    ("auto", "gpu", BF16, 256, (40, 50), False, False, "xla"),  # head dim over 128
+    ("auto", "gpu", BF16, 64, (40, 50), False, True, "explicit"),  # attention dropout
+    ("auto", "tpu", BF16, 64, (128, 256), True, False, "splash"),
+    ("auto", "tpu", F32, 64, (256, 128), False, False, "splash"),
+    ("auto", "tpu", BF16, 64, (96, 128), True, False, "xla"),  # length not a multiple of 128
+    ("auto", "tpu", BF16, 64, (128, 128), True, True, "explicit"),
+    ("xla", "gpu", BF16, 64, (40, 50), False, False, "xla"),
+    ("explicit", "tpu", BF16, 64, (128, 128), True, False, "explicit"),
+    ("cudnn", "gpu", BF16, 64, (40, 50), False, False, "cudnn"),
+    ("splash", "tpu", BF16, 64, (128, 128), True, False, "splash"),
+]
+
+
+@pytest.mark.parametrize("requested, platform, dtype, head_dim, lengths, packed, dropout, expected", CHOICES)
+def test_choose_implementation(requested, platform, dtype, head_dim, lengths, packed, dropout, expected):
+  got = choose_implementation(requested, platform=platform, dtype=dtype, head_dim=head_dim, q_len=lengths[0],
+                              kv_len=lengths[1], packed=packed, dropout=dropout)
+  assert got == expected
+
+
+def test_choose_implementation_edge_cases():
+  common = dict(dtype=BF16, head_dim=64, q_len=128, kv_len=128, packed=False)
+  assert choose_implementation("cudnn", platform="gpu", record_weights=True, **common) == "explicit"
+  assert choose_implementation("auto", platform="gpu", segments=False, **common) == "xla"  # a bare dense mask
+  # Splash on several devices needs the train step's mesh to shard_map over.
+  assert choose_implementation("auto", platform="tpu", device_count=8, batch=16, **common) == "xla"
+  assert choose_implementation("auto", platform="tpu", device_count=8, mesh_size=8, batch=16, **common) == "splash"
+  with pytest.raises(ValueError, match="attention dropout"):
+    choose_implementation("cudnn", platform="gpu", dropout=True, **common)
+  with pytest.raises(ValueError, match="unpacked rows"):
+    choose_implementation("cudnn", platform="gpu", **common | {"packed": True})
+  with pytest.raises(ValueError, match="float32"):
+    choose_implementation("cudnn", platform="gpu", **common | {"dtype": F32})
+  with pytest.raises(ValueError, match="multiples of 128"):
+    choose_implementation("splash", platform="tpu", **common | {"q_len": 64})
+  with pytest.raises(ValueError, match="must be one of"):
+    choose_implementation("flash", platform="gpu", **common)
+
+
+def test_transformer_takes_the_packed_flag_and_the_implementation_setting():
+  """The model's `packed` flag and `attention_impl` change how attention runs, not the numbers."""
+  from seq2seq.config import ModelConfig
+  from seq2seq.transformer import Transformer
+
+  src_bs, tgt_bt = np.array([[5, 6, 7, 0], [8, 9, 10, 11]]), np.array([[1, 12, 13], [1, 14, 0]])
+  cfg = dict(vocab_size=16, d_model=16, num_heads=2, num_encoder_layers=1, num_decoder_layers=1, d_ff=16, max_len=8)
+  run = nnx.jit(lambda model, packed: model(src_bs, tgt_bt, packed=packed), static_argnums=1)
+  logits = run(Transformer(ModelConfig(**cfg), rngs=nnx.Rngs(0)), False)
+  explicit = run(Transformer(ModelConfig(**cfg, attention_impl="explicit"), rngs=nnx.Rngs(0)), True)
+  np.testing.assert_allclose(explicit, logits, rtol=1e-5, atol=1e-5)
+
+
+SPLASH_ON_A_MESH = """
+import os
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+import jax, jax.numpy as jnp, numpy as np
+from seq2seq import sharding
+from seq2seq.attention import SegmentMask, explicit_attention, splash_attention
+rng = np.random.default_rng(0)
+q, k, v = (jnp.asarray(rng.normal(size=(4, 128, 4, 16)), jnp.float32) for _ in range(3))
+seg = np.ones((4, 128), np.int32); seg[0, 60:] = 2; seg[1, 100:] = 0; seg = jnp.asarray(seg)
+mask = SegmentMask(seg, seg, causal=True)
+mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+def run(q, k, v, mask):
+  with sharding.activation_mesh(mesh):
+    return splash_attention(q, k, v, mask, interpret=True)
+real = (seg != 0)[:, :, None, None]  # padding queries: attention() zeroes them on every path
+got = jnp.where(real, jax.jit(run)(q, k, v, mask), 0.0)
+want = jnp.where(real, explicit_attention(q, k, v, mask.dense_b1ts()), 0.0)
+print(float(jnp.max(jnp.abs(got - want))), "shard_map" in str(jax.make_jaxpr(run)(q, k, v, mask)))
+"""
+
+
+def test_splash_runs_per_device_in_shard_map_on_a_data_fsdp_tensor_mesh():
+  """On a (2, 2, 2) mesh of fake CPU devices the Pallas kernel (interpreted) runs in
+  shard_map on each device's rows and heads and equals explicit attention."""
+  import subprocess
+  import sys
+
+  from conftest import REPO
+
+  out = subprocess.run([sys.executable, "-c", SPLASH_ON_A_MESH], capture_output=True, text=True, timeout=300,
+                       cwd=REPO)
+  assert out.returncode == 0, out.stderr[-3000:]
+  error, used_shard_map = out.stdout.split()
+  assert used_shard_map == "True" and float(error) < 3e-6
