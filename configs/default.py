@@ -97,6 +97,7 @@ def get_config() -> ml_collections.ConfigDict:
       adam_b2=0.98,
       adam_eps=1e-9,
       weight_decay=0.0,
+      adam_mu_dtype="",  # "" = the parameters' (float32); "bfloat16" halves the first moment's memory
       grad_clip_norm=0.0,  # 0 = off
       accum_steps=1,  # micro-batches per update (token-weighted gradient accumulation)
       rng_impl="threefry2x32",  # dropout key PRNG (threefry2x32 | rbg); masks hash the key, layers.keep_mask

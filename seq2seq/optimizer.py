@@ -55,6 +55,7 @@ def make(train_cfg, *, d_model: int) -> tuple[optax.GradientTransformation, opta
   parts = []
   if train_cfg.grad_clip_norm:
     parts.append(optax.clip_by_global_norm(train_cfg.grad_clip_norm))
+  mu_dtype = train_cfg.get("adam_mu_dtype", "") or None  # bfloat16: half the first moment's memory
   parts.append(optax.adamw(lr, b1=train_cfg.adam_b1, b2=train_cfg.adam_b2, eps=train_cfg.adam_eps,
-                           weight_decay=train_cfg.weight_decay, mask=decay_mask))
+                           weight_decay=train_cfg.weight_decay, mask=decay_mask, mu_dtype=mu_dtype))
   return optax.chain(*parts), lr

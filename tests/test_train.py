@@ -247,3 +247,22 @@ def test_steps_that_do_not_log_evaluate_or_checkpoint_read_nothing_from_the_devi
     assert not result["ok"] and "neither logs, evaluates nor checkpoints" in result["error"]
   else:
     assert result["ok"] and result["step"] == 14 and np.isfinite(result["loss"])
+
+
+@pytest.mark.slow
+def test_bfloat16_trains_like_float32(data_dir, session_cache, tmp_path):
+  """300 steps of the tiny config in bf16 compute (f32 parameters, softmax, norms and loss)
+  follow the f32 run's loss curve within 1% at every logged step. 1% is the spread between two
+  f32 runs with different seeds at step 300 (measured 1.0%); bf16 differed by 0.1%. bf16 first
+  moments (train.adam_mu_dtype) join the bf16 run."""
+  curves = {}
+  for dtype in ("float32", "bfloat16"):
+    config = make_config("tiny", data_dir, session_cache)
+    config.model.dtype = dtype
+    config.train.update(steps=300, eval_every=0, checkpoint_every=10**6, log_every=50, peak_flops=1e12,
+                        adam_mu_dtype="bfloat16" if dtype == "bfloat16" else "")
+    train_and_evaluate(config, str(tmp_path / dtype))
+    curves[dtype] = [r["loss"] for r in metrics.read(tmp_path / dtype) if "loss" in r]
+  assert len(curves["float32"]) == len(curves["bfloat16"]) == 6
+  assert curves["float32"][-1] < curves["float32"][0] - 1.0  # it learned: 5.6 to 3.9 nats
+  np.testing.assert_allclose(curves["bfloat16"], curves["float32"], rtol=0.01)
