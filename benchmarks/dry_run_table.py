@@ -33,13 +33,13 @@ def plan(config: str, mesh, dtype: str, peak_tflops: float, extra=()) -> dict:
 
 
 def markdown(rows: list[dict]) -> str:
-  head = ("| config | dtype | mesh (data, fsdp, tensor) | params + Adam GiB | temporaries GiB | total GiB | "
+  head = ("| config | tokens/batch | dtype | mesh (data, fsdp, tensor) | params + Adam GiB | temporaries GiB | total GiB | "
           + " | ".join(f"fits {m} GiB" for m in MEMORY_GIB) + " | TFLOP/step/device (XLA / formula) |")
   lines = [head, "|" + "---|" * (head.count("|") - 1)]
   for r in rows:
     mesh = ", ".join(str(r["mesh"][a]) for a in ("data", "fsdp", "tensor"))
     fits = " | ".join("yes" if r["total_gib"] <= m else "no" for m in MEMORY_GIB)
-    lines.append(f"| {r['config']} | {r['dtype']} | {mesh} | {(r['param_bytes'] + r['opt_state_bytes']) / 2**30:.2f} | "
+    lines.append(f"| {r['config']} | {r['max_tokens']} | {r['dtype']} | {mesh} | {(r['param_bytes'] + r['opt_state_bytes']) / 2**30:.2f} | "
                  f"{r['temp_bytes'] / 2**30:.2f} | {r['total_gib']:.2f} | {fits} | "
                  f"{r['flops_xla'] / 1e12:.2f} / {r['flops_model'] / 1e12:.2f} |")
   return "\n".join(lines)
@@ -50,14 +50,18 @@ def main() -> None:
   parser.add_argument("--configs", default="wmt14_base,wmt14_big")
   parser.add_argument("--dtypes", default="bfloat16,float32")
   parser.add_argument("--peak_tflops", type=float, default=989.0, help="per device (default: H100 SXM dense bf16)")
+  parser.add_argument("--max_tokens", default="", help="comma-separated data.max_tokens values (default: the config's)")
   parser.add_argument("--out", default="")
   args = parser.parse_args()
   rows = []
   for config in args.configs.split(","):
     for dtype in args.dtypes.split(","):
-      for mesh in MESHES:
-        rows.append({"config": config} | plan(config, mesh, dtype, args.peak_tflops))
-        print(markdown(rows[-1:]).splitlines()[-1], flush=True)
+      for max_tokens in (args.max_tokens.split(",") if args.max_tokens else [""]):
+        for mesh in MESHES:
+          extra = [f"--config.data.max_tokens={max_tokens}"] if max_tokens else []
+          row = plan(config, mesh, dtype, args.peak_tflops, extra)
+          rows.append({"config": config, "max_tokens": max_tokens or "config"} | row)
+          print(markdown(rows[-1:]).splitlines()[-1], flush=True)
   print(markdown(rows))
   if args.out:
     pathlib.Path(args.out).write_text(json.dumps(rows, indent=1) + "\n")
