@@ -20,3 +20,12 @@ class DivergenceGuard:
     self.mean = loss if self.mean is None else self.ema_decay * self.mean + (1 - self.ema_decay) * loss
     self.seen += 1
     return None
+
+  def first_divergence(self, steps, first_step: int) -> tuple[str | None, int]:
+    """Checks consecutive steps, given as (loss sum, tokens, gradient norm) from `first_step`
+    on, in order: (reason, step) of the first that diverged, or (None, 0)."""
+    for i, (loss_sum, tokens, grad_norm) in enumerate(steps):
+      reason = self.check(float(loss_sum) / max(float(tokens), 1.0), float(grad_norm))
+      if reason:
+        return reason, first_step + i
+    return None, 0

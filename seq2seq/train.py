@@ -313,17 +313,12 @@ def _due(step: int, t) -> set[str]:
 def _check(guard: DivergenceGuard | None, window: dict) -> tuple[str | None, int]:
   """(reason, step) of the first step since the last check that diverged, or (None, 0).
   Reads the window's per-step loss and gradient norm back from the devices in one transfer."""
-  unchecked = window["sums"][window["checked"]:]
-  first = window["first_step"] + window["checked"]
+  unchecked, first = window["sums"][window["checked"]:], window["first_step"] + window["checked"]
   window["checked"] = len(window["sums"])
   if guard is None or not unchecked:
     return None, 0
-  fetched = jax.device_get([(m["loss_sum"], m["tokens"], m["grad_norm"]) for m in unchecked])
-  for i, (loss_sum, tokens, grad_norm) in enumerate(fetched):
-    reason = guard.check(float(loss_sum) / max(float(tokens), 1.0), float(grad_norm))
-    if reason:
-      return reason, first + i
-  return None, 0
+  return guard.first_divergence(jax.device_get([(m["loss_sum"], m["tokens"], m["grad_norm"]) for m in unchecked]),
+                                first)
 
 
 def _roll_back(state, step, detected_at, reason, rollbacks, t, ckpts, run_identity, shardings, writer, bar, is_main):

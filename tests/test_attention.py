@@ -293,6 +293,7 @@ print(float(jnp.max(jnp.abs(got - want))), "shard_map" in str(jax.make_jaxpr(run
 """
 
 
+@pytest.mark.slow
 def test_splash_runs_per_device_in_shard_map_on_a_data_fsdp_tensor_mesh():
   """On a (2, 2, 2) mesh of fake CPU devices the Pallas kernel (interpreted) runs in
   shard_map on each device's rows and heads and equals explicit attention."""

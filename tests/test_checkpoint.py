@@ -149,6 +149,7 @@ def test_sigkill_after_a_checkpoint_and_during_a_save_then_rerun_equals_the_unin
     np.testing.assert_array_equal(x, y)
 
 
+@pytest.mark.slow
 def test_restore_on_another_mesh_continues_the_same_run(uninterrupted, data_dir, session_cache, tmp_path):
   """Saved on 1 device at step 10; restored on 8 (fake CPU) devices as a (2, 2, 2) mesh."""
   shutil.copytree(uninterrupted, tmp_path, dirs_exist_ok=True)

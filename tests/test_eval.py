@@ -163,6 +163,7 @@ def test_output_order_equals_input_order(translator, val_files):
   assert len(set(reference)) > 1
 
 
+@pytest.mark.slow
 def test_sharded_mesh_gives_the_same_translations(run, val_files, tmp_path):
   """The checkpoint is loaded onto the config's mesh: (2,2,2) on 8 devices equals 1 device."""
   import shutil

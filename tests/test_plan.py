@@ -5,7 +5,12 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO
+
+
+pytestmark = pytest.mark.slow  # two dry runs, each a fresh process compiling for 8 fake devices
 
 
 def dry_run(*overrides, memory_gib=None):

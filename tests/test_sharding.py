@@ -22,6 +22,8 @@ from seq2seq import sharding
 
 from conftest import REPO
 
+pytestmark = pytest.mark.slow  # compiles the train step for five 8-device meshes (~30 s)
+
 MESHES = ("8,1,1", "1,8,1", "1,1,8", "2,2,2", "1,2,4")
 
 

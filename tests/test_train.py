@@ -162,6 +162,7 @@ def test_tiny_config_on_multi30k_learns_and_reports(data_dir, session_cache, tmp
   assert json.loads((tmp_path / "config.json").read_text())["model"]["d_model"] == 64
 
 
+@pytest.mark.slow
 def test_an_epoch_compiles_the_train_step_once_per_batch_shape(data_dir, session_cache, tmp_path):
   import logging
 
@@ -232,7 +233,7 @@ def test_two_processes_train_like_one():
   np.testing.assert_allclose(two["losses"], single["losses"], atol=1e-5)
 
 
-@pytest.mark.parametrize("read_every_step", [False, True])
+@pytest.mark.parametrize("read_every_step", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_steps_that_do_not_log_evaluate_or_checkpoint_read_nothing_from_the_devices(
     read_every_step, data_dir, session_cache, tmp_path):
   """Log every 5, evaluate every 7, checkpoint every 10 of 14 steps, under an emulated
