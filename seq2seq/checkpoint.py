@@ -2,20 +2,76 @@
 step), the data iterator's position and the run's identity (model settings, vocabulary),
 saved asynchronously. Orbax writes each step to a temporary directory and renames it when
 complete, so restore only ever sees finished checkpoints. Nothing is pickled.
+
+Once a save has finished, process 0 records the size and sha256 of every file of it in
+STEP/seq2seq_checksums.json. Restore verifies them: a checkpoint with a changed, truncated
+or missing file is reported (step and file) and the next older one is tried, so bit rot or
+a torn copy costs one checkpoint interval, never a silently wrong model.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
+import logging
 import pathlib
 import signal
 
+import jax
 import orbax.checkpoint as ocp
 from orbax.checkpoint.checkpoint_managers import preservation_policy as policies
 
 from seq2seq import metrics
 from seq2seq.config import ModelConfig
+
+
+CHECKSUMS = "seq2seq_checksums.json"
+_log = logging.getLogger(__name__)
+
+
+class CheckpointError(ValueError):
+  """No usable checkpoint: the one asked for, or every one, is damaged."""
+
+
+def _sha256(path: pathlib.Path) -> str:
+  digest = hashlib.sha256()
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 20), b""):
+      digest.update(block)
+  return digest.hexdigest()
+
+
+def write_checksums(step_dir: pathlib.Path) -> None:
+  """Records {relative path: [size, sha256]} of every file of a finished checkpoint."""
+  files = {str(p.relative_to(step_dir)): [p.stat().st_size, _sha256(p)]
+           for p in sorted(step_dir.rglob("*")) if p.is_file() and p.name != CHECKSUMS}
+  tmp = step_dir / (CHECKSUMS + ".tmp")
+  tmp.write_text(json.dumps({"files": files}, indent=0), encoding="utf-8")
+  tmp.replace(step_dir / CHECKSUMS)
+
+
+def verify(step_dir: pathlib.Path) -> str | None:
+  """What is wrong with a checkpoint's files, naming the first bad file; None if they match
+  their checksums. A checkpoint without checksums (its run stopped right after the save)
+  passes, with a warning: only reading it can tell."""
+  manifest = step_dir / CHECKSUMS
+  if not manifest.is_file():
+    _log.warning("%s has no %s (the run stopped before recording them); it is not verified", step_dir, CHECKSUMS)
+    return None
+  try:
+    files = json.loads(manifest.read_text(encoding="utf-8"))["files"]
+  except (ValueError, KeyError) as err:
+    return f"{manifest}: unreadable ({err})"
+  for name, (size, sha256) in files.items():
+    path = step_dir / name
+    if not path.is_file():
+      return f"{path}: missing"
+    if path.stat().st_size != size:
+      return f"{path}: {path.stat().st_size} bytes, {size} recorded"
+    if _sha256(path) != sha256:
+      return f"{path}: contents differ from the recorded sha256"
+  return None
 
 
 # Model settings that choose how the same function is computed, not what the parameters mean:
@@ -53,9 +109,58 @@ class Checkpoints:
     options = ocp.CheckpointManagerOptions(preservation_policy=keep_policy, create=True,
                                            enable_async_checkpointing=asynchronous)
     self.manager = ocp.CheckpointManager(self.directory, options=options)
+    self._unsealed: int | None = None  # a save whose checksums are not written yet
+    self.fallbacks: list[dict] = []  # {"step", "problem"} of damaged checkpoints the last restore skipped
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
+
+  def _seal(self, block: bool) -> None:
+    """Writes the checksums of the last save once it has finished (waiting for it if `block`)."""
+    if self._unsealed is None or (not block and (jax.process_count() > 1 or self.manager.is_saving_in_progress())):
+      return  # several processes seal only where they all block (finishing a save is collective)
+    self.manager.wait_until_finished()  # raises if the save failed
+    step_dir = self.directory / str(self._unsealed)
+    if jax.process_index() == 0 and step_dir.is_dir():
+      write_checksums(step_dir)
+    self._unsealed = None
+
+  def check(self) -> None:
+    """Raises CheckpointError now if an asynchronous save failed; seals a save that has
+    finished. Cheap: the loop calls it after every step."""
+    try:
+      self.manager.check_for_errors()
+      self._seal(block=False)
+    except Exception as err:  # noqa: BLE001 - whatever the writer raised (disk full, permissions)
+      raise self._save_failed(err) from err
+
+  def _save_failed(self, err: Exception) -> CheckpointError:
+    good = [s for s in sorted(self.manager.all_steps(), reverse=True) if s != self._unsealed]
+    return CheckpointError(f"saving checkpoint {self._unsealed} in {self.directory} failed: {type(err).__name__}: "
+                           f"{err}. Training stopped; the last good checkpoint is "
+                           f"{good[0] if good else 'none'} (rerun the same command to resume from it)")
+
+  def quarantine(self, steps) -> None:
+    """Moves damaged checkpoints to DIR/damaged_checkpoints/STEP (kept for inspection, out
+    of the way of the steps training will save again)."""
+    if jax.process_index() == 0:
+      for step in steps:
+        target = self.workdir / "damaged_checkpoints" / str(step)
+        n = 1
+        while target.exists():
+          target, n = self.workdir / "damaged_checkpoints" / f"{step}.{n}", n + 1
+        target.parent.mkdir(parents=True, exist_ok=True)
+        (self.directory / str(step)).rename(target)
+        _log.warning("moved damaged checkpoint %d to %s", step, target)
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils
+
+      multihost_utils.sync_global_devices("seq2seq_quarantine")
+    self.manager.reload()
+
+  def problem(self, step: int) -> str | None:
+    """Why checkpoint `step` cannot be used (see `verify`), or None."""
+    return verify(self.directory / str(step))
 
   def best_step(self) -> int | None:
     """The kept checkpoint with the lowest validation loss in metrics.jsonl."""
@@ -65,36 +170,82 @@ class Checkpoints:
 
   def save(self, step: int, state, data_state: dict, run_identity: dict, val_loss: float | None = None) -> None:
     """Saves asynchronously; `val_loss` (when validation ran at this step) ranks it for "best"."""
-    self.manager.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state),
-        identity=ocp.args.JsonSave(run_identity)), metrics=None if val_loss is None else {"val_loss": val_loss},
-        force=True)
+    self.wait()
+    try:
+      self.manager.save(step, args=ocp.args.Composite(
+          state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state),
+          identity=ocp.args.JsonSave(run_identity)), metrics=None if val_loss is None else {"val_loss": val_loss},
+          force=True)
+    except Exception as err:  # noqa: BLE001
+      self._unsealed = step
+      raise self._save_failed(err) from err
+    self._unsealed = step
 
-  def restore(self, target_state, run_identity: dict, step: int | None = None):
-    """(state, data_state) of `step` (default: the latest), laid out like `target_state`."""
-    step = self.latest_step() if step is None else step
-    where = self.directory / str(step)
-    saved = self.manager.restore(step, args=ocp.args.Composite(identity=ocp.args.JsonRestore()))
-    check_identity(saved.identity, run_identity, str(where))
-    restored = self.manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(target_state), data=ocp.args.JsonRestore()))
-    return restored.state, restored.data
+  def _newest_intact(self, read, step: int | None, skip=()):
+    """(step, read(step)) of `step`, or of the newest checkpoint that verifies and reads,
+    recording the ones passed over in `self.fallbacks`. A checkpoint that does not match
+    the run (check_identity) is an error, not damage."""
+    self.fallbacks = []
+    candidates = [step] if step is not None else sorted(set(self.manager.all_steps()) - set(skip), reverse=True)
+    for candidate in candidates:
+      problem = self.problem(candidate)
+      if problem is None:
+        try:
+          return candidate, read(candidate)
+        except CheckpointError:
+          raise
+        except ValueError as err:
+          if "does not match this run's config" in str(err):
+            raise
+          problem = f"cannot be read: {err}"
+        except Exception as err:  # noqa: BLE001 - orbax/tensorstore raise many kinds on damaged files
+          problem = f"cannot be read: {type(err).__name__}: {err}"
+      where = self.directory / str(candidate)
+      if step is not None:
+        raise CheckpointError(f"checkpoint {candidate} ({where}) is damaged: {problem}")
+      _log.warning("checkpoint %d is damaged, trying an older one: %s", candidate, problem)
+      self.fallbacks.append({"step": int(candidate), "problem": problem})
+    damaged = "; ".join(f"{f['step']}: {f['problem']}" for f in self.fallbacks) or "none saved"
+    raise CheckpointError(f"no intact checkpoint in {self.directory} ({damaged})")
 
-  def restore_params(self, target_params, run_identity: dict, step: int):
-    """Only the parameters of `step` (no optimizer state), laid out like `target_params`."""
-    saved = self.manager.restore(step, args=ocp.args.Composite(identity=ocp.args.JsonRestore()))
-    check_identity(saved.identity, run_identity, str(self.directory / str(step)))
+  def restore(self, target_state, run_identity: dict, step: int | None = None, skip=()):
+    """(state, data_state, step) of `step`, or of the newest intact checkpoint not in
+    `skip`, laid out like `target_state`; damaged ones passed over are in `self.fallbacks`."""
+    def read(step):
+      saved = self.manager.restore(step, args=ocp.args.Composite(identity=ocp.args.JsonRestore()))
+      check_identity(saved.identity, run_identity, str(self.directory / str(step)))
+      return self.manager.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(target_state), data=ocp.args.JsonRestore()))
+
+    step, restored = self._newest_intact(read, step, skip)
+    return restored.state, restored.data, step
+
+  def restore_params(self, target_params, run_identity: dict, step: int | None = None):
+    """(parameters, step) of `step`, or of the newest intact checkpoint (no optimizer
+    state), laid out like `target_params`."""
     target = {"params": target_params}
-    restored = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
-        target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True)))
-    return restored.state["params"]
+
+    def read(step):
+      saved = self.manager.restore(step, args=ocp.args.Composite(identity=ocp.args.JsonRestore()))
+      check_identity(saved.identity, run_identity, str(self.directory / str(step)))
+      return self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+          target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True)))
+
+    step, restored = self._newest_intact(read, step)
+    return restored.state["params"], step
 
   def wait(self) -> None:
-    self.manager.wait_until_finished()
+    """Waits for the last save; raises CheckpointError if it failed."""
+    try:
+      self._seal(block=True)
+    except Exception as err:  # noqa: BLE001
+      raise self._save_failed(err) from err
 
   def close(self) -> None:
-    self.manager.wait_until_finished()
-    self.manager.close()
+    try:
+      self.wait()
+    finally:
+      self.manager.close()
 
 
 class StopSignal:

@@ -71,11 +71,17 @@ def load_params(workdir, config, mesh, *, step: int | None = None, best: bool = 
     return model_cfg, graphdef, params, tok, f"average{average_last}-{saved['averaged_steps'][-1]}"
   ckpts = checkpoint.Checkpoints(workdir, asynchronous=False)
   try:
-    chosen = ckpts.best_step() if best else (step if step is not None else ckpts.latest_step())
-    if chosen is None or chosen not in ckpts.manager.all_steps():
-      what = "a validated checkpoint (best)" if best else f"checkpoint {step}" if step is not None else "a checkpoint"
+    chosen = ckpts.best_step() if best else step  # None: the newest intact one
+    if (best or step is not None) and (chosen is None or chosen not in ckpts.manager.all_steps()):
+      what = "a validated checkpoint (best)" if best else f"checkpoint {step}"
       raise ValueError(f"{ckpts.directory} has no {what}; it has steps {list(ckpts.manager.all_steps())}")
-    params = ckpts.restore_params(target, run_identity, chosen)
+    if not ckpts.manager.all_steps():
+      raise ValueError(f"{ckpts.directory} has no checkpoint")
+    params, chosen = ckpts.restore_params(target, run_identity, chosen)
+    if ckpts.fallbacks and jax.process_index() == 0:
+      skipped = "; ".join(f"{f['step']} ({f['problem']})" for f in ckpts.fallbacks)
+      print(f"warning: damaged checkpoints skipped: {skipped}; evaluating checkpoint {chosen}, the newest intact one",
+            file=sys.stderr, flush=True)
   finally:
     ckpts.close()
   return model_cfg, graphdef, params, tok, f"{'best' if best else 'step'}{chosen}"

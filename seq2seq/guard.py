@@ -1,9 +1,13 @@
 """The divergence guard: decides when a training step went bad (NaN/inf loss or gradient
-norm, or a loss spike over `spike_factor` times its running mean)."""
+norm, or a loss spike over `spike_factor` times its running mean), and rolls training back
+to the newest intact checkpoint with finite parameters."""
 
 from __future__ import annotations
 
 import math
+
+import jax
+import jax.numpy as jnp
 
 
 class DivergenceGuard:
@@ -29,3 +33,44 @@ class DivergenceGuard:
       if reason:
         return reason, first_step + i
     return None, 0
+
+
+def roll_back(state, step, detected_at, reason, rollbacks, t, ckpts, run_identity, shardings, writer, bar, is_main):
+  """The last checkpoint's state with a lower learning-rate scale; logs a `rollback` event
+  at the step that diverged (found at step `detected_at`)."""
+  if rollbacks > t.get("guard_max_rollbacks", 3):
+    raise RuntimeError(f"training diverged {rollbacks} times, the last at step {step} ({reason}); stopping. "
+                       "Lower config.train.learning_rate or see metrics.jsonl")
+  ckpts.wait()
+  if ckpts.latest_step() is None:
+    raise RuntimeError(f"training diverged at step {step} ({reason}) before any checkpoint was saved")
+  lr_scale = float(state["lr_scale"]) * t.get("guard_lr_factor", 0.5)  # compounds over rollbacks
+  state = restore_finite(state, ckpts, run_identity, writer, step)
+  state["lr_scale"] = jax.device_put(jnp.float32(lr_scale), shardings["lr_scale"])
+  event = {"event": "rollback", "reason": reason, "to_step": int(state["step"]), "lr_scale": lr_scale,
+           "detected_at": detected_at}
+  writer.write(step, event)
+  if is_main:
+    bar.write(f"step {step}: {reason}; rolled back to step {event['to_step']}, lr scale {lr_scale}")
+  return state
+
+
+def restore_finite(state, ckpts, run_identity, writer, step):
+  """The newest intact checkpoint whose parameters are all finite; older ones when a
+  restored state is itself bad (each skipped one is a `restore_fallback` event)."""
+  bad = []
+  while True:
+    restored, _, restored_step = ckpts.restore(state, run_identity, skip=bad)
+    finite = _finite(restored)
+    skipped = ckpts.fallbacks + ([] if finite else [{"step": restored_step, "problem": "non-finite parameters"}])
+    for f in skipped:
+      writer.write(step, {"event": "restore_fallback", "damaged_step": f["step"], "problem": f["problem"]})
+    ckpts.quarantine([f["step"] for f in skipped])
+    if finite:
+      return restored
+    bad += [f["step"] for f in skipped]
+
+
+def _finite(state) -> bool:
+  leaves = [x for x in jax.tree.leaves(state["params"]) if jnp.issubdtype(x.dtype, jnp.floating)]
+  return bool(jax.device_get(jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))))

@@ -4,6 +4,7 @@ TensorBoard event files in DIR. Only process 0 writes."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import pathlib
@@ -48,11 +49,23 @@ def _plain(v):
 
 
 def read(workdir: str | os.PathLike) -> list[dict]:
-  """All records of DIR/metrics.jsonl."""
+  """All records of DIR/metrics.jsonl. A torn last line (a crash or a full disk mid-write) is
+  dropped with a warning; a bad line elsewhere is an error naming the file and line."""
   path = pathlib.Path(workdir) / "metrics.jsonl"
   if not path.is_file():
     return []
-  return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+  lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+  records = []
+  for number, line in enumerate(lines, 1):
+    if not line.strip():
+      continue
+    try:
+      records.append(json.loads(line))
+    except json.JSONDecodeError as err:
+      if any(rest.strip() for rest in lines[number:]):
+        raise ValueError(f"{path}:{number}: not a JSON record ({err}): {line[:80]!r}") from None
+      logging.getLogger(__name__).warning("%s:%d: dropped a torn last line (%s): %r", path, number, err, line[:80])
+  return records
 
 
 def training_summary(workdir: str | os.PathLike) -> dict:

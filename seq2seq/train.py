@@ -20,7 +20,7 @@ from flax import nnx
 from seq2seq import checkpoint, data, flops, metrics, optimizer, sharding, transformer
 from seq2seq.batching import BatchIterator, epoch_plan, make_batch
 from seq2seq.config import ModelConfig
-from seq2seq.guard import DivergenceGuard
+from seq2seq.guard import DivergenceGuard, roll_back
 from seq2seq.loss import cross_entropy_sums, summarize
 from seq2seq.prefetch import Prefetch
 from seq2seq.score import score
@@ -211,11 +211,16 @@ def train_and_evaluate(config, workdir: str, command: str = "") -> dict:
 
   ckpts = checkpoint.Checkpoints(workdir, keep=config.train.get("keep_checkpoints", 3))
   run_identity = checkpoint.identity(model_cfg, tok.model_bytes)
-  if ckpts.latest_step() is not None:  # rerunning the same command resumes
-    state, data_state = ckpts.restore(state, run_identity)
+  fallbacks = []
+  if ckpts.latest_step() is not None:  # rerunning the same command resumes, from the newest intact checkpoint
+    state, data_state, restored = ckpts.restore(state, run_identity)
+    fallbacks = ckpts.fallbacks
+    ckpts.quarantine([f["step"] for f in fallbacks])  # training will save those steps again
     train_iter.restore(data_state)
     if is_main:
-      print(f"resumed from {ckpts.directory / str(int(state['step']))}", flush=True)
+      for f in fallbacks:
+        print(f"warning: checkpoint {f['step']} is damaged and was skipped: {f['problem']}", flush=True)
+      print(f"resumed from {ckpts.directory / str(restored)}", flush=True)
   if is_main:  # only once the run goes ahead: a refused restart leaves the run's config and commands as they were
     write_atomic(workdir_path / "config.json", config.to_json_best_effort(indent=1, sort_keys=True).encode())
     if command:
@@ -225,6 +230,8 @@ def train_and_evaluate(config, workdir: str, command: str = "") -> dict:
   kept = metrics.truncate_after(workdir, int(state["step"])) if is_main else []
 
   writer = metrics.MetricsWriter(workdir, enabled=is_main)
+  for f in fallbacks:
+    writer.write(int(state["step"]), {"event": "restore_fallback", "damaged_step": f["step"], "problem": f["problem"]})
   t = config.train
   guard = DivergenceGuard(spike_factor=t.get("guard_spike_factor", 0.0)) if t.get("guard_max_rollbacks", 3) else None
   rollbacks = 0
@@ -252,6 +259,7 @@ def train_and_evaluate(config, workdir: str, command: str = "") -> dict:
         step += 1
         _account(window, step_metrics, fed)
         bar.update(1)
+        ckpts.check()  # a failed asynchronous save stops training now, not a checkpoint interval later
       # One host stops on its own signal; several agree at the steps they synchronise anyway
       # (log, evaluation, checkpoint), so a stop waits at most log_every steps.
       stopping = stop.received is not None if jax.process_count() == 1 else bool(due) and _agree(
@@ -263,8 +271,8 @@ def train_and_evaluate(config, workdir: str, command: str = "") -> dict:
       reason, bad_step = _check(guard, window)
       if reason:  # roll back to the last good checkpoint; the data that led here is skipped
         rollbacks += 1
-        state = _roll_back(state, bad_step, step, reason, rollbacks, t, ckpts, run_identity, shardings, writer, bar,
-                           is_main)
+        state = roll_back(state, bad_step, step, reason, rollbacks, t, ckpts, run_identity, shardings, writer, bar,
+                          is_main)
         step = int(state["step"])
         window = _new_window(step)
         continue
@@ -319,26 +327,6 @@ def _check(guard: DivergenceGuard | None, window: dict) -> tuple[str | None, int
     return None, 0
   return guard.first_divergence(jax.device_get([(m["loss_sum"], m["tokens"], m["grad_norm"]) for m in unchecked]),
                                 first)
-
-
-def _roll_back(state, step, detected_at, reason, rollbacks, t, ckpts, run_identity, shardings, writer, bar, is_main):
-  """The last checkpoint's state with a lower learning-rate scale; logs a `rollback` event
-  at the step that diverged (found at step `detected_at`)."""
-  if rollbacks > t.get("guard_max_rollbacks", 3):
-    raise RuntimeError(f"training diverged {rollbacks} times, the last at step {step} ({reason}); stopping. "
-                       "Lower config.train.learning_rate or see metrics.jsonl")
-  ckpts.wait()
-  if ckpts.latest_step() is None:
-    raise RuntimeError(f"training diverged at step {step} ({reason}) before any checkpoint was saved")
-  lr_scale = float(state["lr_scale"]) * t.get("guard_lr_factor", 0.5)  # compounds over rollbacks
-  state, _ = ckpts.restore(state, run_identity)
-  state["lr_scale"] = jax.device_put(jnp.float32(lr_scale), shardings["lr_scale"])
-  event = {"event": "rollback", "reason": reason, "to_step": int(state["step"]), "lr_scale": lr_scale,
-           "detected_at": detected_at}
-  writer.write(step, event)
-  if is_main:
-    bar.write(f"step {step}: {reason}; rolled back to step {event['to_step']}, lr scale {lr_scale}")
-  return state
 
 
 def _agree(flag: bool) -> bool:

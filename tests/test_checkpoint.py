@@ -241,8 +241,9 @@ def test_the_best_checkpoint_by_validation_loss_is_kept(tmp_path):
   writer.close()
   assert set(ckpts.manager.all_steps()) == {20, 40}  # the latest, and the best
   assert ckpts.best_step() == 20
-  restored, data_state = ckpts.restore({"w": jnp.zeros((2,))}, identity, step=20)
+  restored, data_state, step = ckpts.restore({"w": jnp.zeros((2,))}, identity, step=20)
   np.testing.assert_array_equal(restored["w"], [20.0, 20.0])
+  assert step == 20
   assert data_state["position"] == 20
   ckpts.close()
 

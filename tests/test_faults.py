@@ -1,0 +1,132 @@
+"""Faults that used to pass silently or wedge a run: bit rot, truncation or a lost file in the
+newest checkpoint, a torn metrics line, a save that fails. Each run is a real tiny training
+run; a resumed run must end exactly where an uninterrupted one does."""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from seq2seq import checkpoint, evaluate, metrics, sharding
+from seq2seq.train import train_and_evaluate
+
+from conftest import REPO, make_config
+
+pytestmark = pytest.mark.slow  # real training runs, ~100 s in all
+
+
+def tiny(data_dir, cache, **train):
+  config = make_config("tiny", data_dir, cache)
+  config.train.update(dict(log_every=5, eval_every=0, checkpoint_every=10, peak_flops=2.5e11) | train)
+  return config
+
+
+def params_of(workdir, step=None):
+  config = evaluate.load_config(workdir)
+  return evaluate.load_params(workdir, config, sharding.make_mesh(config.mesh), step=step)
+
+
+@pytest.fixture(scope="module")
+def straight(data_dir, session_cache, tmp_path_factory):
+  """30 uninterrupted steps, checkpoints at 10, 20, 30."""
+  workdir = tmp_path_factory.mktemp("straight")
+  train_and_evaluate(tiny(data_dir, session_cache, steps=30), str(workdir))
+  return workdir
+
+
+def _largest_file(step_dir: pathlib.Path) -> pathlib.Path:
+  return max((p for p in step_dir.rglob("*") if p.is_file() and p.name != checkpoint.CHECKSUMS),
+             key=lambda p: p.stat().st_size)
+
+
+def flip_bytes(path: pathlib.Path, count: int = 15) -> None:
+  """`count` bytes inverted in the middle of the file; the size stays the same."""
+  data = bytearray(path.read_bytes())
+  middle = len(data) // 2
+  for i in range(middle, middle + count):
+    data[i] ^= 0xFF
+  path.write_bytes(bytes(data))
+
+
+DAMAGE = {
+    "bit_rot": flip_bytes,
+    "truncated": lambda path: os.truncate(path, path.stat().st_size // 2),
+}
+
+
+@pytest.mark.parametrize("damage", ["bit_rot", "truncated", "lost_metadata"])
+def test_a_damaged_newest_checkpoint_is_skipped_by_eval_and_by_training_which_ends_as_if_it_were_not(
+    damage, straight, data_dir, session_cache, tmp_path):
+  """Train 20 steps (checkpoints 10, 20), damage checkpoint 20, rerun to 30: training resumes
+  from 10 with a warning and a `restore_fallback` event naming the file, and its parameters
+  equal the uninterrupted run's. Before that, eval skips 20 and says so; --step=20 is refused."""
+  workdir = tmp_path / "run"
+  train_and_evaluate(tiny(data_dir, session_cache, steps=20), str(workdir))
+  step_dir = workdir / "checkpoints" / "20"
+  if damage == "lost_metadata":  # and no checksums to tell: only reading it fails
+    (step_dir / checkpoint.CHECKSUMS).unlink()
+    (step_dir / "state" / "_METADATA").unlink()
+    named = "cannot be read"
+  else:
+    target = _largest_file(step_dir)
+    DAMAGE[damage](target)
+    named = str(target)
+
+  _, _, params, _, label = params_of(workdir)
+  assert label == "step10"
+  with pytest.raises(checkpoint.CheckpointError, match=r"checkpoint 20 .* is damaged"):
+    params_of(workdir, step=20)
+
+  train_and_evaluate(tiny(data_dir, session_cache, steps=30), str(workdir))
+  events = [r for r in metrics.read(workdir) if r.get("event") == "restore_fallback"]
+  assert [(e["step"], e["damaged_step"]) for e in events] == [(10, 20)] and named in events[0]["problem"]
+  assert [r["step"] for r in metrics.read(workdir) if "loss" in r] == [5, 10, 15, 20, 25, 30]
+  for x, y in zip(jax.tree.leaves(params_of(workdir)[2]), jax.tree.leaves(params_of(straight)[2])):
+    np.testing.assert_array_equal(x, y)
+
+
+def test_every_checkpoint_damaged_is_an_error_naming_each(data_dir, session_cache, tmp_path):
+  train_and_evaluate(tiny(data_dir, session_cache, steps=20), str(tmp_path))
+  for step in (10, 20):
+    flip_bytes(_largest_file(tmp_path / "checkpoints" / str(step)))
+  with pytest.raises(checkpoint.CheckpointError, match=r"no intact checkpoint .*\(20: .*; 10: .*\)"):
+    train_and_evaluate(tiny(data_dir, session_cache, steps=30), str(tmp_path))
+
+
+def test_a_torn_last_metrics_line_is_dropped_with_a_warning_naming_the_file(
+    straight, data_dir, session_cache, tmp_path, caplog):
+  workdir = tmp_path / "run"
+  train_and_evaluate(tiny(data_dir, session_cache, steps=20), str(workdir))
+  with open(workdir / "metrics.jsonl", "a", encoding="utf-8") as f:
+    f.write('{"step": 25, "loss": 4.1')  # the disk filled up mid-line
+  train_and_evaluate(tiny(data_dir, session_cache, steps=30), str(workdir))
+  assert f"{workdir / 'metrics.jsonl'}:5: dropped a torn last line" in caplog.text
+  got = {r["step"]: r["loss"] for r in metrics.read(workdir) if "loss" in r}
+  assert got == {r["step"]: r["loss"] for r in metrics.read(straight) if "loss" in r}
+  (workdir / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2, "lo\n{"step": 3}\n')
+  with pytest.raises(ValueError, match=r"metrics.jsonl:2: not a JSON record"):
+    metrics.read(workdir)
+
+
+def test_a_failed_save_stops_training_at_once_and_the_last_good_checkpoint_stays_intact(
+    data_dir, session_cache, tmp_path):
+  """Files over 256 KiB cannot be written (ulimit -f) once checkpoint 10 exists: the save of
+  20 fails, training stops with an error naming it and the intact checkpoint 10."""
+  train_and_evaluate(tiny(data_dir, session_cache, steps=10), str(tmp_path))
+  assert _largest_file(tmp_path / "checkpoints" / "10").stat().st_size > 256 * 1024
+  cmd = (f"ulimit -f 256 && {sys.executable} train.py --config=configs/tiny.py --workdir={tmp_path} "
+         f"--config.data.dir={data_dir} --config.data.cache_dir={session_cache} --config.train.steps=40 "
+         "--config.train.log_every=5 --config.train.eval_every=0 --config.train.checkpoint_every=10 "
+         "--config.train.peak_flops=2.5e11")
+  out = subprocess.run(["bash", "-c", cmd], cwd=REPO, capture_output=True, text=True, timeout=600)
+  assert out.returncode != 0
+  assert "saving checkpoint 20" in out.stderr and "the last good checkpoint is 10" in out.stderr
+  steps = [r["step"] for r in metrics.read(tmp_path) if "loss" in r]
+  assert max(steps) < 30, "training went on past the failed save"
+  ckpts = checkpoint.Checkpoints(str(tmp_path))
+  assert ckpts.manager.all_steps() == [10] and ckpts.problem(10) is None
+  ckpts.close()
