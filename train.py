@@ -12,6 +12,7 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
+from seq2seq import cli
 from seq2seq.sharding import define_distributed_flags
 from seq2seq.train import train_and_evaluate
 
@@ -51,4 +52,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -112,6 +112,7 @@ def get_config() -> ml_collections.ConfigDict:
       # guard checks the steps since the last check at those that do). "disallow" makes a read
       # on such a step an error (jax.transfer_guard_device_to_host); "log" reports it.
       transfer_guard="allow",
+      allow_data_change=False,  # resume although data/batching settings differ from the checkpoint's (logged)
   ))
 
   # Mesh axis sizes; -1 takes the remaining devices.

@@ -158,7 +158,7 @@ def splash_attention(q_btnh, k_bsnh, v_bsnh, mask: SegmentMask, *, interpret: bo
   kernel in its interpreter (any platform, slowly: for tests). Inside
   `seq2seq.sharding.activation_mesh` (the train step) it runs in `jax.shard_map`, each
   device on its rows and heads."""
-  (_, t, n, h), s = q_btnh.shape, k_bsnh.shape[1]
+  (_, t, _, h), s = q_btnh.shape, k_bsnh.shape[1]
 
   def local(q_btnh, k_bsnh, v_bsnh, q_segments_bt, k_segments_bs):
     kernel = _splash_kernel(q_btnh.shape[2], t, s, mask.causal, interpret)  # this device's heads
@@ -262,7 +262,7 @@ def attention(q_btnh: jax.Array, k_bsnh: jax.Array, v_bsnh: jax.Array, mask: Seg
   """softmax(q k^T / sqrt(h) + mask) v per head, [b, t, n, h], by the implementation
   `choose_implementation` picks (see the module docstring). `mask` is a `SegmentMask`, or a
   dense boolean [b, 1, t, s] mask (then only "xla" / "explicit" can run)."""
-  (b, t, n, h), s = q_btnh.shape, k_bsnh.shape[1]
+  (b, t, _, h), s = q_btnh.shape, k_bsnh.shape[1]
   segments = isinstance(mask, SegmentMask)
   dense_b1ts = mask.dense_b1ts if segments else lambda: mask
   apply_dropout = rng is not None and dropout_rate > 0.0

@@ -7,12 +7,12 @@ checkpoint of its own that evaluation can load.
 from __future__ import annotations
 
 import pathlib
-import sys
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from seq2seq import cli
 from seq2seq.checkpoint import Checkpoints
 
 
@@ -91,10 +91,10 @@ def main(argv=None) -> None:
     try:
       out = save_average(workdir.value, newest_steps(workdir.value, last.value))
     except ValueError as e:
-      sys.exit(f"error: {e}")
+      cli.fail(str(e))
     print(f"averaged the last {last.value} checkpoints into {out}")
 
-  app.run(run, argv=argv)
+  app.run(run, argv=argv, flags_parser=cli.parse_flags)
 
 
 if __name__ == "__main__":

@@ -79,14 +79,18 @@ def verify(step_dir: pathlib.Path) -> str | None:
 NOT_IDENTITY = ("attention_impl",)
 
 
-def identity(model_cfg: ModelConfig, spm_model: bytes) -> dict:
-  """What must match between a checkpoint and the run restoring it."""
+def identity(model_cfg: ModelConfig, spm_model: bytes, data: dict | None = None) -> dict:
+  """What must match between a checkpoint and the run restoring it. `data`: the data settings
+  an exact resume depends on (seq2seq.data.resume_settings); evaluation leaves them out."""
   model = {k: v for k, v in dataclasses.asdict(model_cfg).items() if k not in NOT_IDENTITY}
-  return {"model": model, "spm_sha256": hashlib.sha256(spm_model).hexdigest()}
+  out = {"model": model, "spm_sha256": hashlib.sha256(spm_model).hexdigest()}
+  return out | ({"data": data} if data is not None else {})
 
 
-def check_identity(saved: dict, current: dict, where: str) -> None:
-  """Raises a ValueError listing every setting that differs from the checkpoint's."""
+def check_identity(saved: dict, current: dict, where: str, allow_data_change: bool = False) -> None:
+  """Raises a ValueError listing every setting that differs from the checkpoint's. Data
+  settings that differ are refused too (the resumed run would not be the same run), unless
+  `allow_data_change` (config.train.allow_data_change), which logs them."""
   diffs = [f"config.model.{k}: checkpoint has {v!r}, config has {current['model'].get(k)!r}"
            for k, v in saved["model"].items() if current["model"].get(k) != v]
   if saved["spm_sha256"] != current["spm_sha256"]:
@@ -94,13 +98,22 @@ def check_identity(saved: dict, current: dict, where: str) -> None:
   if diffs:
     raise ValueError(f"{where} does not match this run's config; restoring it would give garbage:\n  "
                      + "\n  ".join(diffs))
+  if "data" in saved and "data" in current:
+    data_diffs = [f"config.data.{k}: checkpoint has {v!r}, config has {current['data'].get(k)!r}"
+                  for k, v in saved["data"].items() if current["data"].get(k) != v]
+    if data_diffs and not allow_data_change:
+      raise ValueError(f"{where} was trained with other data settings; resuming would not continue the same run:\n  "
+                       + "\n  ".join(data_diffs) + "\nUse a new --workdir, or pass "
+                       "--config.train.allow_data_change=true to go on with the new settings")
+    if data_diffs:
+      _log.warning("resuming with changed data settings (train.allow_data_change): %s", "; ".join(data_diffs))
 
 
 class Checkpoints:
   """Saves when asked; keeps the last `keep` and the one with the
   lowest validation loss; restores the latest."""
 
-  def __init__(self, workdir: str, *, keep: int = 3, asynchronous: bool = True):
+  def __init__(self, workdir: str, *, keep: int = 3, asynchronous: bool = True, allow_data_change: bool = False):
     self.workdir = pathlib.Path(workdir).resolve()
     self.directory = self.workdir / "checkpoints"
     keep_policy = policies.AnyPreservationPolicy([
@@ -110,6 +123,7 @@ class Checkpoints:
                                            enable_async_checkpointing=asynchronous)
     self.manager = ocp.CheckpointManager(self.directory, options=options)
     self._unsealed: int | None = None  # a save whose checksums are not written yet
+    self.allow_data_change = allow_data_change
     self.fallbacks: list[dict] = []  # {"step", "problem"} of damaged checkpoints the last restore skipped
 
   def latest_step(self) -> int | None:
@@ -195,7 +209,7 @@ class Checkpoints:
         except CheckpointError:
           raise
         except ValueError as err:
-          if "does not match this run's config" in str(err):
+          if "does not match this run's config" in str(err) or "other data settings" in str(err):
             raise
           problem = f"cannot be read: {err}"
         except Exception as err:  # noqa: BLE001 - orbax/tensorstore raise many kinds on damaged files
@@ -213,7 +227,7 @@ class Checkpoints:
     `skip`, laid out like `target_state`; damaged ones passed over are in `self.fallbacks`."""
     def read(step):
       saved = self.manager.restore(step, args=ocp.args.Composite(identity=ocp.args.JsonRestore()))
-      check_identity(saved.identity, run_identity, str(self.directory / str(step)))
+      check_identity(saved.identity, run_identity, str(self.directory / str(step)), self.allow_data_change)
       return self.manager.restore(step, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(target_state), data=ocp.args.JsonRestore()))
 

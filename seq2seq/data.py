@@ -9,10 +9,10 @@ import hashlib
 import json
 import os
 import pathlib
-import sys
 
 import numpy as np
 
+from seq2seq import cli
 from seq2seq import corpus as corpus_lib
 from seq2seq import subword
 from seq2seq import tokenizer as tokenizer_lib
@@ -20,6 +20,7 @@ from seq2seq.batching import Batching, BatchIterator, epoch_plan, plan_stats
 from seq2seq.sources import DataError, Source, check_language
 
 SPM_FILE = "spm.model"
+SPM_SETTINGS_FILE = "spm_settings.json"  # the settings spm.model was made with
 
 
 def cache_dir(config) -> pathlib.Path:
@@ -46,7 +47,16 @@ def tokenizer(config, workdir: str | None = None) -> tokenizer_lib.Tokenizer:
   """
   data = config.data
   in_workdir = pathlib.Path(workdir) / SPM_FILE if workdir else None
+  wanted = tokenizer_settings(config)
   if in_workdir is not None and in_workdir.is_file():
+    recorded = in_workdir.with_name(SPM_SETTINGS_FILE)
+    if recorded.is_file():  # older workdirs have none
+      had = json.loads(recorded.read_text(encoding="utf-8"))
+      diffs = [f"config.data.{k}: {had.get(k)!r} there, {v!r} now" for k, v in wanted.items() if had.get(k) != v]
+      if diffs:
+        raise ValueError(f"{in_workdir} was made with other tokenizer settings than this config's, so this run "
+                         "would silently use the old vocabulary:\n  " + "\n  ".join(diffs)
+                         + "\nUse a new --workdir (or restore the settings).")
     return tokenizer_lib.Tokenizer.load(in_workdir)
   if data.get("spm_model"):
     tok = tokenizer_lib.Tokenizer.load(os.path.expanduser(data.spm_model))
@@ -64,9 +74,30 @@ def tokenizer(config, workdir: str | None = None) -> tokenizer_lib.Tokenizer:
                                   character_coverage=data.spm_character_coverage, seed=config.seed)
       tokenizer_lib.write_atomic(cached, model)
       tok = tokenizer_lib.Tokenizer(model)
+  if not data.get("spm_model") and tok.vocab_size < data.vocab_size:
+    raise ValueError(f"config.data.vocab_size={data.vocab_size}, but the sample of {data.train_split} supports only "
+                     f"{tok.vocab_size} pieces; set config.data.vocab_size to at most {tok.vocab_size}")
   if in_workdir is not None:
+    tokenizer_lib.write_atomic(in_workdir.with_name(SPM_SETTINGS_FILE), json.dumps(wanted, indent=1).encode())
     tokenizer_lib.write_atomic(in_workdir, tok.model_bytes)
   return tok
+
+
+def tokenizer_settings(config) -> dict:
+  """The config keys a run's sentencepiece model depends on (recorded beside it)."""
+  data = config.data
+  keys = ("spm_model",) if data.get("spm_model") else ("train_split", "vocab_size", "spm_model_type",
+                                                       "spm_character_coverage", "spm_sample_size")
+  return {k: data.get(k) for k in keys}
+
+
+# Data settings an exact resume depends on (the batches a step sees), recorded in checkpoints.
+RESUME_KEYS = ("train_split", "src_lang", "tgt_lang", "max_len", "max_length_ratio", "max_tokens", "batch_multiple",
+               "num_buckets", "bucket_min", "fill_rows", "packing", "pack_length", "subword_alpha", "subword_nbest")
+
+
+def resume_settings(config) -> dict:
+  return {k: config.data.get(k) for k in RESUME_KEYS}
 
 
 def cleaning(config) -> corpus_lib.Cleaning:
@@ -161,10 +192,10 @@ def main(argv=None) -> int:
     try:
       stats = statistics(config, tokenizer(config))
     except DataError as e:
-      sys.exit(f"error: {e}")
+      cli.fail(str(e))
     print(json.dumps(stats) if as_json.value else describe(stats))
 
-  app.run(run, argv=argv)
+  app.run(run, argv=argv, flags_parser=cli.parse_flags)
   return 0
 
 

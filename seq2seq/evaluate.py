@@ -28,7 +28,7 @@ import jax
 import ml_collections
 from flax import nnx
 
-from seq2seq import average, checkpoint, data, metrics, sharding, transformer
+from seq2seq import average, checkpoint, cli, data, metrics, sharding, transformer
 from seq2seq.config import ModelConfig
 from seq2seq.score import score
 from seq2seq.sources import DataError, read_lines
@@ -171,14 +171,30 @@ def evaluate(translator: Translator, params, sources: list[str], references: lis
   return result
 
 
+def decoded_lines(stream):
+  """Text lines of a byte or text stream. An invalid UTF-8 byte becomes U+FFFD with a warning
+  naming the line, so every input line still gets its output line."""
+  raw = getattr(stream, "buffer", stream)
+  for number, line in enumerate(raw, 1):
+    if isinstance(line, str):
+      yield line.rstrip("\r\n")
+      continue
+    try:
+      text = line.decode("utf-8")
+    except UnicodeDecodeError as err:
+      print(f"warning: stdin line {number}: invalid UTF-8 at byte {err.start}, replaced by U+FFFD", file=sys.stderr)
+      text = line.decode("utf-8", errors="replace")
+    yield text.rstrip("\r\n")
+
+
 def translate_stream(translator: Translator, params, lines, out) -> None:
   """Stdin to stdout: line by line at a terminal, in batches when piped; one output line each."""
   if hasattr(lines, "isatty") and lines.isatty():
-    for line in lines:
-      out.write(translator(params, [line.rstrip("\n")])[0] + "\n")
+    for line in decoded_lines(lines):
+      out.write(translator(params, [line])[0] + "\n")
       out.flush()
     return
-  for hyp in translator(params, [line.rstrip("\n") for line in lines]):
+  for hyp in translator(params, list(decoded_lines(lines))):
     out.write(hyp + "\n")
   out.flush()
 
@@ -251,7 +267,7 @@ def main(argv=None) -> None:
                           tokenize=tokenize.value, lowercase=lowercase.value,
                           extra=extra) for name, src, ref in jobs]
     except (ValueError, DataError) as err:
-      sys.exit(f"error: {err}")
+      cli.fail(str(err))
     if jax.process_index() == 0:
       for r in results:
         print(f"{r['name']} ({r['checkpoint']}): {r['sentences']} sentences in {r['seconds']:.1f} s "
@@ -260,4 +276,4 @@ def main(argv=None) -> None:
         print(f"{r['name']}: {r['chrf_line']}")
         print(f"{r['name']}: {r['bleu_line']}")
 
-  app.run(run, argv=argv)
+  app.run(run, argv=argv, flags_parser=cli.parse_flags)

@@ -32,6 +32,7 @@ import pathlib
 import re
 import tempfile
 import urllib.request
+import zlib
 from collections.abc import Iterator
 
 Pair = tuple[str, str]
@@ -84,15 +85,22 @@ def read_lines(path: str | os.PathLike) -> Iterator[str]:
     raise DataError(f"{path}: no such file")
   opener = gzip.open if path.suffix == ".gz" else open
   sgml = path.name.endswith((".sgm", ".sgm.gz"))
-  with opener(path, "rb") as f:
-    if sgml:
-      text = f.read()
-      for match in _SEG.finditer(text):
-        lineno = text.count(b"\n", 0, match.start()) + 1
-        yield html.unescape(_decode(match.group(1), path, lineno).strip())
-      return
-    for lineno, raw in enumerate(f, start=1):
-      yield _decode(raw, path, lineno).rstrip("\r\n")
+  lineno = 0
+  try:
+    with opener(path, "rb") as f:
+      if sgml:
+        text = f.read()
+        for match in _SEG.finditer(text):
+          lineno = text.count(b"\n", 0, match.start()) + 1
+          yield html.unescape(_decode(match.group(1), path, lineno).strip())
+        return
+      for lineno, raw in enumerate(f, start=1):
+        yield _decode(raw, path, lineno).rstrip("\r\n")
+  except (EOFError, gzip.BadGzipFile, zlib.error) as err:  # a truncated or corrupt download or copy
+    raise DataError(f"{path}: damaged gzip file after line {lineno} ({type(err).__name__}: {err}); "
+                    "download or copy it again") from None
+  if lineno == 0 and not sgml:
+    raise DataError(f"{path}: empty file")
 
 
 def _decode(raw: bytes, path, lineno: int) -> str:
@@ -150,6 +158,9 @@ def multi30k_file(split: str, lang: str, data_dir: str, cache_dir: str, base_url
   """The local Multi30k file, from `data_dir` if it has it, else downloaded into the cache."""
   name = f"{split}.{lang}.gz"
   if data_dir:
+    if not pathlib.Path(data_dir).is_dir():
+      raise DataError(f"config.data.dir={data_dir} (or SEQ2SEQ_DATA_DIR) is not a folder; point it at a folder laid "
+                      "out like ../shared/data, or leave it empty to download Multi30k")
     local = pathlib.Path(data_dir) / "multi30k" / name
     if local.is_file():
       return local

@@ -186,14 +186,9 @@ def train_and_evaluate(config, workdir: str, command: str = "") -> dict:
   """Trains `config` in `workdir`; returns the last logged metrics. `command`, the command
   line that started this run or restart, is added to DIR/commands.txt once it goes ahead."""
   workdir_path = pathlib.Path(workdir)
-  workdir_path.mkdir(parents=True, exist_ok=True)
   is_main = jax.process_index() == 0
-
-  mesh = sharding.make_mesh(config.mesh)
-  dp = sharding.data_parallel_size(mesh)
-  if config.data.batch_multiple % dp:
-    raise ValueError(f"config.data.batch_multiple={config.data.batch_multiple} must be a multiple of the "
-                     f"{dp} devices the batch is split over (mesh data x fsdp)")
+  mesh = validate(config)  # before anything is written into the workdir
+  workdir_path.mkdir(parents=True, exist_ok=True)
   tok = data.tokenizer(config, workdir)
   model_cfg = ModelConfig.from_config(config.model, vocab_size=tok.vocab_size)
   tx, schedule = optimizer.make(config.train, d_model=model_cfg.d_model)
@@ -209,8 +204,9 @@ def train_and_evaluate(config, workdir: str, command: str = "") -> dict:
   configured_peak = float(config.train.get("peak_flops", 0.0))
   peak = configured_peak or flops.measure_matmul_peak(repeats=10) * jax.device_count()
 
-  ckpts = checkpoint.Checkpoints(workdir, keep=config.train.get("keep_checkpoints", 3))
-  run_identity = checkpoint.identity(model_cfg, tok.model_bytes)
+  ckpts = checkpoint.Checkpoints(workdir, keep=config.train.get("keep_checkpoints", 3),
+                                 allow_data_change=config.train.get("allow_data_change", False))
+  run_identity = checkpoint.identity(model_cfg, tok.model_bytes, data.resume_settings(config))
   fallbacks = []
   if ckpts.latest_step() is not None:  # rerunning the same command resumes, from the newest intact checkpoint
     state, data_state, restored = ckpts.restore(state, run_identity)
@@ -303,6 +299,23 @@ def train_and_evaluate(config, workdir: str, command: str = "") -> dict:
   ckpts.close()
   writer.close()
   return last
+
+
+def validate(config):
+  """Checks the settings that can be checked before any data is read; returns the mesh."""
+  ModelConfig.from_config(config.model, vocab_size=config.data.vocab_size)  # names a bad model key or value
+  t = config.train
+  for key in ("steps", "checkpoint_every", "log_every"):
+    if int(t[key]) < 1:
+      raise ValueError(f"config.train.{key} must be at least 1, got {t[key]}")
+  if int(t.eval_every) < 0:
+    raise ValueError(f"config.train.eval_every must be 0 (off) or positive, got {t.eval_every}")
+  mesh = sharding.make_mesh(config.mesh)
+  dp = sharding.data_parallel_size(mesh)
+  if config.data.batch_multiple % dp:
+    raise ValueError(f"config.data.batch_multiple={config.data.batch_multiple} must be a multiple of the "
+                     f"{dp} devices the batch is split over (mesh data x fsdp)")
+  return mesh
 
 
 def _due(step: int, t) -> set[str]:

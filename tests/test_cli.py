@@ -1,0 +1,64 @@
+"""Bad input on the command line ends as one `error: ...` line and exit status 2, without a
+traceback, and writes nothing; damaged or empty input files are named."""
+
+import gzip
+import io
+import subprocess
+import sys
+
+import pytest
+
+from seq2seq import checkpoint, evaluate
+from seq2seq.sources import DataError, read_lines
+
+from conftest import REPO
+
+BAD_RUNS = [
+    (["--config.model.nrom=rmsnorm"], r"unknown config key config.model.nrom; did you mean config.model.norm"),
+    (["--config.model.norm=bad"], r"config.model.norm must be one of \('layernorm', 'rmsnorm', 'adanorm'\), got 'bad'"),
+    (["--config.train.checkpoint_every=0"], r"config.train.checkpoint_every must be at least 1, got 0"),
+    (["--config.data.dir=/nonexistent"], r"config.data.dir=/nonexistent \(or SEQ2SEQ_DATA_DIR\) is not a folder"),
+]
+
+
+@pytest.mark.slow
+def test_bad_settings_are_one_error_line_exit_2_and_write_nothing(tmp_path):
+  import re
+
+  for overrides, message in BAD_RUNS + [([], None)]:
+    workdir = tmp_path / "run"
+    config = "configs/tiny.py" if message else "configs/nope.py"
+    out = subprocess.run([sys.executable, "train.py", f"--config={config}", f"--workdir={workdir}", *overrides],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, (overrides, out.stderr[-2000:])
+    assert "Traceback" not in out.stderr
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and re.search(message or r"configs/nope.py.*No such file", errors[0]), out.stderr
+    assert not (workdir / "spm.model").exists() and not (workdir / "config.json").exists()
+
+
+def test_a_truncated_gzip_and_an_empty_file_are_named(tmp_path):
+  data = gzip.compress(("a line of text\n" * 5000).encode())
+  (tmp_path / "cut.en.gz").write_bytes(data[: len(data) // 2])
+  with pytest.raises(DataError, match=r"cut.en.gz: damaged gzip file after line \d+"):
+    list(read_lines(tmp_path / "cut.en.gz"))
+  (tmp_path / "empty.en").write_text("")
+  with pytest.raises(DataError, match=r"empty.en: empty file"):
+    list(read_lines(tmp_path / "empty.en"))
+
+
+def test_invalid_utf8_on_stdin_is_replaced_with_a_warning_and_every_line_is_kept(capsys):
+  stream = io.BytesIO(b"good line\nbad \xff byte\n\nlast\n")
+  assert list(evaluate.decoded_lines(stream)) == ["good line", "bad \ufffd byte", "", "last"]
+  assert "stdin line 2: invalid UTF-8 at byte 4, replaced by U+FFFD" in capsys.readouterr().err
+
+
+def test_a_restart_with_other_data_settings_is_refused_unless_allowed(caplog):
+  saved = {"model": {"d_model": 8}, "spm_sha256": "x", "data": {"max_tokens": 4096, "fill_rows": True}}
+  current = {"model": {"d_model": 8}, "spm_sha256": "x", "data": {"max_tokens": 8192, "fill_rows": True}}
+  with pytest.raises(ValueError, match=r"other data settings(.|\n)*config.data.max_tokens: checkpoint has 4096, "
+                                       r"config has 8192(.|\n)*allow_data_change"):
+    checkpoint.check_identity(saved, current, "ckpt")
+  checkpoint.check_identity(saved, current, "ckpt", allow_data_change=True)
+  assert "resuming with changed data settings" in caplog.text
+  checkpoint.check_identity({k: v for k, v in saved.items() if k != "data"}, current, "old checkpoint")
