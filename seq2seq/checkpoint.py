@@ -202,6 +202,8 @@ class Checkpoints:
     self.fallbacks = []
     candidates = [step] if step is not None else sorted(set(self.manager.all_steps()) - set(skip), reverse=True)
     for candidate in candidates:
+      if step is None and not (self.directory / str(candidate)).is_dir():
+        continue  # deleted since listed (a training run keeping only its newest): not damage
       problem = self.problem(candidate)
       if problem is None:
         try:
@@ -215,6 +217,14 @@ class Checkpoints:
         except Exception as err:  # noqa: BLE001 - orbax/tensorstore raise many kinds on damaged files
           problem = f"cannot be read: {type(err).__name__}: {err}"
       where = self.directory / str(candidate)
+      if step is None and not where.is_dir():
+        _log.warning("checkpoint %d was deleted while being read (a run is training here); trying the next", candidate)
+        if candidate == candidates[0]:  # the run may have saved a newer one meanwhile
+          self.manager.reload()
+          newer = sorted(s for s in self.manager.all_steps() if s > candidate and s not in skip)
+          if newer:
+            return self._newest_intact(read, None, skip)
+        continue
       if step is not None:
         raise CheckpointError(f"checkpoint {candidate} ({where}) is damaged: {problem}")
       _log.warning("checkpoint %d is damaged, trying an older one: %s", candidate, problem)

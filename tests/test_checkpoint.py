@@ -311,3 +311,26 @@ def test_explicit_coordinator_needs_a_process_count_and_id(num_processes, proces
 
   with pytest.raises(ValueError, match=r"--num_processes >= 1 and 0 <= --process_id < num_processes"):
     initialize_distributed("127.0.0.1:1234", num_processes, process_id)
+
+
+def test_a_checkpoint_deleted_while_eval_reads_it_is_skipped_not_reported_damaged(tmp_path):
+  """A run keeping only its newest checkpoint deletes it under an evaluation reading it."""
+  import jax.numpy as jnp
+
+  identity = {"model": {}, "spm_sha256": "x"}
+  ckpts = checkpoint.Checkpoints(str(tmp_path), keep=3)
+  for step in (10, 20):
+    ckpts.save(step, {"w": jnp.full((2,), float(step))}, {"position": step}, identity)
+  ckpts.wait()
+  restore = ckpts.manager.restore
+
+  def deleting_restore(step, args):
+    if step == 20:
+      shutil.rmtree(ckpts.directory / "20")
+      raise FileNotFoundError(f"{ckpts.directory / '20'}: Truncated Zstd-compressed stream")
+    return restore(step, args=args)
+
+  ckpts.manager.restore = deleting_restore
+  restored, data_state, step = ckpts.restore({"w": jnp.zeros((2,))}, identity)
+  assert step == 10 and data_state["position"] == 10 and ckpts.fallbacks == []
+  ckpts.close()

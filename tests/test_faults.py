@@ -130,3 +130,41 @@ def test_a_failed_save_stops_training_at_once_and_the_last_good_checkpoint_stays
   ckpts = checkpoint.Checkpoints(str(tmp_path))
   assert ckpts.manager.all_steps() == [10] and ckpts.problem(10) is None
   ckpts.close()
+
+
+def test_soak_ten_sigkills_at_seeded_moments_end_bit_identical(data_dir, session_cache, tmp_path):
+  """A 300-step tiny run killed (SIGKILL) at 10 seeded random moments, some inside saves
+  (checkpoints every 20 steps, asynchronous), then run to the end: every logged loss and the
+  final parameters equal an uninterrupted run's."""
+  import signal
+  import time
+
+  straight_dir = tmp_path / "straight"
+  settings = dict(steps=300, log_every=5, checkpoint_every=20)
+  train_and_evaluate(tiny(data_dir, session_cache, **settings), str(straight_dir))
+  workdir = tmp_path / "soak"
+  cmd = [sys.executable, "train.py", "--config=configs/tiny.py", f"--workdir={workdir}",
+         f"--config.data.dir={data_dir}", f"--config.data.cache_dir={session_cache}", "--config.train.eval_every=0",
+         "--config.train.peak_flops=2.5e11", *(f"--config.train.{k}={v}" for k, v in settings.items())]
+  rng = np.random.default_rng(0)
+  logged = lambda: max((r["step"] for r in metrics.read(workdir) if "loss" in r), default=0)
+  kills = 0
+  for target in sorted(rng.choice(np.arange(10, 295), size=10, replace=False)):
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    extra = rng.uniform(0.0, 0.3)  # seconds past the logged step: lands anywhere, saves included
+    deadline = time.monotonic() + 300
+    while proc.poll() is None and logged() < target:
+      assert time.monotonic() < deadline
+      time.sleep(0.005)
+    time.sleep(extra)
+    if proc.poll() is None:
+      proc.send_signal(signal.SIGKILL)
+      kills += 1
+    proc.wait(timeout=60)
+  final = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+  assert final.returncode == 0, final.stderr[-3000:]
+  assert kills >= 8
+  got = {r["step"]: r["loss"] for r in metrics.read(workdir) if "loss" in r}
+  assert got == {r["step"]: r["loss"] for r in metrics.read(straight_dir) if "loss" in r}
+  for x, y in zip(jax.tree.leaves(params_of(workdir)[2]), jax.tree.leaves(params_of(straight_dir)[2])):
+    np.testing.assert_array_equal(x, y)

@@ -247,3 +247,22 @@ def test_unknown_language_code_names_the_key():
   assert check_language("de", "tgt_lang") == "de"
   with pytest.raises(DataError, match=r"config\.data\.tgt_lang='xx'"):
     check_language("xx", "tgt_lang")
+
+
+def test_a_cached_file_that_does_not_match_its_checksum_is_downloaded_again(data_dir, tmp_path, caplog):
+  """A 50-line val.en.gz put into the cache by hand was once read as Multi30k val."""
+  from seq2seq import sources
+
+  cache = tmp_path / "cache"
+  (cache / "multi30k").mkdir(parents=True)
+  lines = gzip.decompress((data_dir / "multi30k/val.en.gz").read_bytes()).splitlines(keepends=True)[:50]
+  (cache / "multi30k/val.en.gz").write_bytes(gzip.compress(b"".join(lines)))
+  with _Server(data_dir / "multi30k") as url:
+    src = Source("multi30k:val", "en", "de", cache_dir=str(cache), multi30k_url=url)
+    assert len(list(src)) == 1014
+  assert "val.en.gz does not match its sha256; downloading it again" in caplog.text
+  assert (cache / "multi30k/val.en.gz").read_bytes() == (data_dir / "multi30k/val.en.gz").read_bytes()
+  with _Server(data_dir / "multi30k") as url:  # a cap below the file's size
+    with pytest.raises(DataError, match=r"more than 1000 bytes; refusing the download"):
+      sources.download(f"{url}/val.de.gz", tmp_path / "capped" / "val.de.gz", "0" * 64, max_bytes=1000)
+  assert not list((tmp_path / "capped").iterdir())
