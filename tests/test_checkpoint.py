@@ -334,3 +334,24 @@ def test_a_checkpoint_deleted_while_eval_reads_it_is_skipped_not_reported_damage
   restored, data_state, step = ckpts.restore({"w": jnp.zeros((2,))}, identity)
   assert step == 10 and data_state["position"] == 10 and ckpts.fallbacks == []
   ckpts.close()
+
+
+def test_the_divergence_guard_falls_back_past_a_restored_state_that_is_itself_bad(tmp_path):
+  import jax.numpy as jnp
+
+  from seq2seq.guard import restore_finite
+
+  identity = {"model": {}, "spm_sha256": "x"}
+  ckpts = checkpoint.Checkpoints(str(tmp_path), keep=3)
+  for step, value in [(10, 1.0), (20, float("nan"))]:  # 20 verifies (its files are as written) but holds NaN
+    ckpts.save(step, {"params": {"w": jnp.full((2,), value)}, "step": jnp.int32(step)}, {"position": step}, identity)
+  ckpts.wait()
+  writer = metrics.MetricsWriter(tmp_path)
+  target = {"params": {"w": jnp.zeros((2,))}, "step": jnp.int32(0)}
+  state = restore_finite(target, ckpts, identity, writer, step=25)
+  writer.close()
+  assert int(state["step"]) == 10
+  events = [r for r in metrics.read(tmp_path) if r.get("event") == "restore_fallback"]
+  assert [(e["step"], e["damaged_step"], e["problem"]) for e in events] == [(25, 20, "non-finite parameters")]
+  assert ckpts.manager.all_steps() == [10] and (tmp_path / "damaged_checkpoints" / "20").is_dir()
+  ckpts.close()
