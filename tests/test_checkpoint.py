@@ -217,6 +217,7 @@ def test_divergence_before_any_checkpoint_is_a_clear_error(data_dir, session_cac
     train_and_evaluate(config, str(tmp_path))
 
 
+@pytest.mark.slow
 def test_divergence_after_the_allowed_rollbacks_stops_with_a_clear_error(data_dir, session_cache, tmp_path):
   # A spike factor below 1 flags every step once the running mean exists (10 steps).
   config = tiny(data_dir, session_cache, steps=25, guard_spike_factor=0.5, guard_max_rollbacks=2)

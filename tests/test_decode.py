@@ -197,6 +197,7 @@ def test_an_ensemble_of_one_model_twice_searches_like_the_model(beam):
                                 search_models([model], src_bs, limits, **kwargs))
 
 
+@pytest.mark.slow
 def test_ensemble_greedy_picks_the_most_probable_token_of_the_mean_distribution():
   """Reference by teacher forcing: every output token is the argmax of the mean of the two
   models' probabilities given the prefix (models of different depth and positions)."""
@@ -215,6 +216,7 @@ def test_ensemble_greedy_picks_the_most_probable_token_of_the_mean_distribution(
     assert length == 10 or probs_lv[length - 1].argmax() == EOS
 
 
+@pytest.mark.slow
 def test_ensemble_cached_equals_uncached():
   models = [make_model(40), make_model(40, seed=11, num_encoder_layers=1, positions="learned")]
   src_bs, lengths = sources(40, seed=8)
