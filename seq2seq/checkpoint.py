@@ -23,6 +23,7 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint.checkpoint_managers import preservation_policy as policies
 
 from seq2seq import metrics
+from seq2seq.sources import file_sha256
 from seq2seq.config import ModelConfig
 
 
@@ -34,17 +35,9 @@ class CheckpointError(ValueError):
   """No usable checkpoint: the one asked for, or every one, is damaged."""
 
 
-def _sha256(path: pathlib.Path) -> str:
-  digest = hashlib.sha256()
-  with open(path, "rb") as f:
-    for block in iter(lambda: f.read(1 << 20), b""):
-      digest.update(block)
-  return digest.hexdigest()
-
-
 def write_checksums(step_dir: pathlib.Path) -> None:
   """Records {relative path: [size, sha256]} of every file of a finished checkpoint."""
-  files = {str(p.relative_to(step_dir)): [p.stat().st_size, _sha256(p)]
+  files = {str(p.relative_to(step_dir)): [p.stat().st_size, file_sha256(p)]
            for p in sorted(step_dir.rglob("*")) if p.is_file() and p.name != CHECKSUMS}
   tmp = step_dir / (CHECKSUMS + ".tmp")
   tmp.write_text(json.dumps({"files": files}, indent=0), encoding="utf-8")
@@ -69,7 +62,7 @@ def verify(step_dir: pathlib.Path) -> str | None:
       return f"{path}: missing"
     if path.stat().st_size != size:
       return f"{path}: {path.stat().st_size} bytes, {size} recorded"
-    if _sha256(path) != sha256:
+    if file_sha256(path) != sha256:
       return f"{path}: contents differ from the recorded sha256"
   return None
 
