@@ -201,7 +201,7 @@ def _cudnn_blockers(*, platform, dtype, head_dim, packed, segments) -> list[str]
   return why
 
 
-def _splash_blockers(*, platform, q_len, kv_len, segments, batch, device_count, mesh_size) -> list[str]:
+def _splash_blockers(*, platform, q_len, kv_len, segments, device_count, mesh_size) -> list[str]:
   why = []
   if _splash is None:
     why.append("this JAX has no jax.experimental.pallas.ops.tpu.splash_attention")
@@ -219,7 +219,7 @@ def _splash_blockers(*, platform, q_len, kv_len, segments, batch, device_count, 
 
 def choose_implementation(requested: str, *, platform: str, dtype, head_dim: int, q_len: int, kv_len: int,
                           packed: bool, segments: bool = True, dropout: bool = False, record_weights: bool = False,
-                          batch: int = 1, device_count: int = 1, mesh_size: int = 0) -> str:
+                          device_count: int = 1, mesh_size: int = 0) -> str:
   """Which attention runs: "explicit", "xla", "cudnn" or "splash" (a pure function of static facts).
 
   `requested` is `config.model.attention_impl`; "auto" takes the first kernel that can run
@@ -240,7 +240,7 @@ def choose_implementation(requested: str, *, platform: str, dtype, head_dim: int
     return requested
   blockers = {
       "cudnn": _cudnn_blockers(platform=platform, dtype=dtype, head_dim=head_dim, packed=packed, segments=segments),
-      "splash": _splash_blockers(platform=platform, q_len=q_len, kv_len=kv_len, segments=segments, batch=batch,
+      "splash": _splash_blockers(platform=platform, q_len=q_len, kv_len=kv_len, segments=segments,
                                  device_count=device_count, mesh_size=mesh_size),
   }
   if requested != "auto":
@@ -262,14 +262,14 @@ def attention(q_btnh: jax.Array, k_bsnh: jax.Array, v_bsnh: jax.Array, mask: Seg
   """softmax(q k^T / sqrt(h) + mask) v per head, [b, t, n, h], by the implementation
   `choose_implementation` picks (see the module docstring). `mask` is a `SegmentMask`, or a
   dense boolean [b, 1, t, s] mask (then only "xla" / "explicit" can run)."""
-  (b, t, _, h), s = q_btnh.shape, k_bsnh.shape[1]
+  (_, t, _, h), s = q_btnh.shape, k_bsnh.shape[1]
   segments = isinstance(mask, SegmentMask)
   dense_b1ts = mask.dense_b1ts if segments else lambda: mask
   apply_dropout = rng is not None and dropout_rate > 0.0
   mesh = current_mesh()
   choice = choose_implementation(impl, platform=jax.default_backend(), dtype=q_btnh.dtype, head_dim=h, q_len=t,
                                  kv_len=s, packed=not segments or mask.packed, segments=segments,
-                                 dropout=apply_dropout, batch=b, device_count=jax.device_count(),
+                                 dropout=apply_dropout, device_count=jax.device_count(),
                                  mesh_size=0 if mesh is None else mesh.size)
   if choice == "explicit":
     out_btnh = explicit_attention(q_btnh, k_bsnh, v_bsnh, dense_b1ts(), dropout_rate=dropout_rate, rng=rng)

@@ -245,8 +245,8 @@ def test_choose_implementation_edge_cases():
   assert choose_implementation("cudnn", platform="gpu", record_weights=True, **common) == "explicit"
   assert choose_implementation("auto", platform="gpu", segments=False, **common) == "xla"  # a bare dense mask
   # Splash on several devices needs the train step's mesh to shard_map over.
-  assert choose_implementation("auto", platform="tpu", device_count=8, batch=16, **common) == "xla"
-  assert choose_implementation("auto", platform="tpu", device_count=8, mesh_size=8, batch=16, **common) == "splash"
+  assert choose_implementation("auto", platform="tpu", device_count=8, **common) == "xla"
+  assert choose_implementation("auto", platform="tpu", device_count=8, mesh_size=8, **common) == "splash"
   with pytest.raises(ValueError, match="attention dropout"):
     choose_implementation("cudnn", platform="gpu", dropout=True, **common)
   with pytest.raises(ValueError, match="unpacked rows"):

@@ -64,7 +64,7 @@ def test_collectives_follow_the_mesh_axes(compiled, mesh):
   dp, d, vocab = data * fsdp, model["d_model"], model["vocab_size"]
   ops = result["meshes"][mesh]
   assert {c["kind"] for c in ops} <= {"all-reduce", "all-gather", "reduce-scatter"}, "no all-to-all or permute"
-  params = [s for s in result["param_shapes"]]
+  params = result["param_shapes"]
   n_params = sum(math.prod(s) for s in params)
   embedding = vocab * d
   token_shapes = ([rows * length // dp, d], [rows // dp, length, d])
@@ -99,9 +99,6 @@ def test_collectives_follow_the_mesh_axes(compiled, mesh):
 
 
 def test_activation_specs_skip_axes_that_do_not_divide():
-  import jax
-
-  mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, jax.devices()[:1])
   assert sharding.constrain(np.ones((3, 5)), ("batch", "embed")).shape == (3, 5)  # one device: unchanged
 
   class FakeMesh:
@@ -111,4 +108,3 @@ def test_activation_specs_skip_axes_that_do_not_divide():
   assert tuple(spec) == (("data", "fsdp"), None, "tensor", None)
   spec = sharding.activation_spec(("batch", "length", "vocab"), (6, 7, 9), FakeMesh())
   assert tuple(spec) == (None, None, None)  # 6 rows over 8 devices, 9 over 2: left whole
-  del mesh
