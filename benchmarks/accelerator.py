@@ -69,8 +69,10 @@ def main() -> None:
   import jax
   import numpy as np
 
-  from seq2seq import flops, optimizer, plan, sharding, train
-  from seq2seq.config import ModelConfig
+  from seq2seq import sharding
+  from seq2seq.model import flops
+  from seq2seq.model.config import ModelConfig
+  from seq2seq.training import optimizer, plan, train
 
   config = load_config(args.config)
   config.model.dtype = args.dtype

@@ -79,8 +79,8 @@ flag = config_flags.DEFINE_config_file("config", "configs/wmt14_base.py")
 flags.FLAGS(sys.argv)
 config = flag.value
 """
-TOKENIZER = CONFIG + "data.tokenizer(config)\n"
-CORPUS = CONFIG + "print(len(data.corpus(config, config.data.train_split, data.tokenizer(config))))\n"
+TOKENIZER = CONFIG + "data.load_tokenizer(config)\n"
+CORPUS = CONFIG + "print(len(data.load_corpus(config, config.data.train_split, data.load_tokenizer(config))))\n"
 PLAN = "import sys; from seq2seq import data; data.main(sys.argv[:1] + ['--config=configs/wmt14_base.py', '--json'] + " \
        "sys.argv[1:])\n"
 
@@ -91,7 +91,7 @@ def batch_times(config, n: int = 200) -> dict:
 
   from seq2seq import data, sharding
 
-  tok = data.tokenizer(config)
+  tok = data.load_tokenizer(config)
   iterator = data.train_iterator(config, tok)
   mesh = sharding.make_mesh(config.mesh)
   iterator.plan(0)
@@ -114,8 +114,8 @@ def train_step_seconds(config, shape) -> float:
   import optax
 
   from seq2seq import sharding
-  from seq2seq.config import ModelConfig
-  from seq2seq.train import Steps, init_state
+  from seq2seq.model.config import ModelConfig
+  from seq2seq.training.train import Steps, init_state
 
   rows, s, t = shape
   model_cfg = ModelConfig.from_config(config.model, vocab_size=config.data.vocab_size)
@@ -143,8 +143,8 @@ def step_against_host(config, host: dict) -> dict:
   the rows (the whole batch's f32 logits and their gradient do not fit in 24 GiB) and scaled
   up, and what it would take on an accelerator at 400 TFLOP/s (about 40% of an H100's bf16
   peak), both against the host's time per batch."""
-  from seq2seq import flops
-  from seq2seq.config import ModelConfig
+  from seq2seq.model import flops
+  from seq2seq.model.config import ModelConfig
 
   rows, s, t = host["commonest_shape"]
   step_flops = flops.train_step_flops(ModelConfig.from_config(config.model, vocab_size=config.data.vocab_size),
@@ -164,7 +164,7 @@ def main() -> None:
   parser.add_argument("--out", default="")
   parser.add_argument("--skip_train_step", action="store_true")
   args = parser.parse_args()
-  from seq2seq.evaluate import hardware
+  from seq2seq.inference.evaluate import hardware
 
   results = {"machine": hardware(),
              "memory_gib": psutil.virtual_memory().total / 2**30, "config": "configs/wmt14_base.py"}
@@ -192,7 +192,7 @@ def main() -> None:
     results["pairs_kept"], results["tokens"] = stats["pairs"], stats["tokens"]
     results["length_percentiles"] = stats["length_percentiles"]
 
-    from configs import wmt14_base
+    from seq2seq.configs import wmt14_base
     for mode, packing in (("bucketed", False), ("packed", True)):
       config = wmt14_base.get_config()
       config.data.update(train_split=f"files:{tmp}/text/wmt_like.{{lang}}", cache_dir=str(tmp / "cache"),

@@ -40,22 +40,23 @@ def main() -> None:
   import jax
   from flax import nnx
 
-  from seq2seq import data, evaluate, sharding
-  from seq2seq.config import ModelConfig
-  from seq2seq.transformer import Transformer
-  from seq2seq.translate import Translator, source_bucket
+  from seq2seq import data, sharding
+  from seq2seq.inference import evaluate, load
+  from seq2seq.inference.translate import Translator, source_bucket
+  from seq2seq.model.config import ModelConfig
+  from seq2seq.model.transformer import Transformer
 
   if args.workdir:
-    config = evaluate.load_config(args.workdir)
+    config = load.run_config(args.workdir)
     mesh = sharding.make_mesh(config.mesh)
-    model_cfg, graphdef, params, tok, label = evaluate.load_params(args.workdir, config, mesh)
+    model_cfg, graphdef, params, tok, label = load.load_params(args.workdir, config, mesh)
     lengths = dict(max_len_a=config.eval.max_len_a, max_len_b=config.eval.max_len_b, min_len=0)
   else:
-    from configs import multi30k
+    from seq2seq.configs import multi30k
 
     config = multi30k.get_config()
     mesh = sharding.make_mesh(config.mesh)
-    tok = data.tokenizer(config)
+    tok = data.load_tokenizer(config)
     model_cfg = ModelConfig.from_config(config.model, vocab_size=tok.vocab_size)
     graphdef, params = nnx.split(Transformer(model_cfg, rngs=nnx.Rngs(0)))
     label = f"random multi30k model, {args.steps} steps per sentence"

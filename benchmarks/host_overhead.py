@@ -1,4 +1,4 @@
-"""Host overhead per training step: the whole loop of `seq2seq.train` (data feed, step
+"""Host overhead per training step: the whole loop of `seq2seq.training.train` (data feed, step
 dispatch, divergence guard, bookkeeping) on a model so small that device time is negligible.
 
   SEQ2SEQ_DATA_DIR=../shared/data python benchmarks/host_overhead.py
@@ -36,8 +36,9 @@ def main() -> None:
   import jax
   import numpy as np
 
-  from configs import tiny
-  from seq2seq import metrics, train
+  from seq2seq import metrics
+  from seq2seq.configs import tiny
+  from seq2seq.training import train
 
   if not pathlib.Path(train.__file__).is_relative_to(pathlib.Path(args.repo).resolve()):
     raise SystemExit(f"seq2seq was imported from {train.__file__}, not from --repo={args.repo}")
@@ -53,10 +54,12 @@ def main() -> None:
   loop_ms = statistics.median(np.diff(walls[:-1]) / args.log_every * 1e3)  # the last window holds the final save
 
   # The bare step: same model and batch shape, called back to back.
-  from seq2seq import data, optimizer, sharding, transformer
-  from seq2seq.config import ModelConfig
+  from seq2seq import data, sharding
+  from seq2seq.model import transformer
+  from seq2seq.model.config import ModelConfig
+  from seq2seq.training import optimizer
 
-  tok = data.tokenizer(config, tempfile.mkdtemp())
+  tok = data.load_tokenizer(config, tempfile.mkdtemp())
   model_cfg = ModelConfig.from_config(config.model, vocab_size=tok.vocab_size)
   mesh = sharding.make_mesh(config.mesh)
   tx, schedule = optimizer.make(config.train, d_model=model_cfg.d_model)

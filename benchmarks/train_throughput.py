@@ -38,9 +38,11 @@ def main() -> None:
   import jax
   import ml_collections
 
-  from seq2seq import flops, optimizer, sharding
-  from seq2seq.config import ModelConfig
-  from seq2seq.train import Steps, init_state
+  from seq2seq import sharding
+  from seq2seq.model import flops
+  from seq2seq.model.config import ModelConfig
+  from seq2seq.training import optimizer
+  from seq2seq.training.train import Steps, init_state
 
   if args.config:
     import importlib.util

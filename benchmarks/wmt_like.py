@@ -23,7 +23,7 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from seq2seq.sources import Source  # noqa: E402
+from seq2seq.data.sources import Source  # noqa: E402
 
 CHUNK = 100_000
 

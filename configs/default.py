@@ -3,7 +3,7 @@
 # Expected: nothing in particular; use tiny.py, multi30k.py, wmt14_base.py or wmt14_big.py.
 """Defaults for every section: seed, model, data, train, mesh, eval.
 
-The model section mirrors `seq2seq.config.ModelConfig` (Vaswani et al. base); the
+The model section mirrors `seq2seq.model.config.ModelConfig` (Vaswani et al. base); the
 vocabulary size comes from `data.vocab_size`. Override any leaf on the command line:
 `--config.model.norm=rmsnorm`.
 """
@@ -41,7 +41,7 @@ def get_config() -> ml_collections.ConfigDict:
       use_bias=True,
       dtype="float32",  # compute dtype: float32 | bfloat16
       # auto | xla | explicit | cudnn | splash. auto: cuDNN on GPU (bf16/fp16, unpacked rows), splash on
-      # TPU (lengths multiples of 128), else XLA; attention dropout always takes explicit. See seq2seq/attention.py.
+      # TPU (lengths multiples of 128), else XLA; attention dropout always takes explicit. See seq2seq/model/attention.py.
       attention_impl="auto",
       pad_id=0,
   ))
@@ -49,7 +49,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.data = ml_collections.ConfigDict(dict(
       dir=os.environ.get("SEQ2SEQ_DATA_DIR", ""),  # "" = download Multi30k into cache_dir
       cache_dir="",  # tokenizers and tokenized corpora; "" = $SEQ2SEQ_CACHE or ~/.cache/seq2seq
-      # Splits are KIND:WHAT specs (see seq2seq/sources.py); a bare name means `source:name`.
+      # Splits are KIND:WHAT specs (see seq2seq/data/sources.py); a bare name means `source:name`.
       source="multi30k",
       src_lang="en",
       tgt_lang="de",
@@ -72,7 +72,7 @@ def get_config() -> ml_collections.ConfigDict:
       # Cleaning (training and validation corpora).
       max_len=128,  # subword tokens per side, eos included; longer pairs are dropped
       max_length_ratio=3.0,  # drop pairs whose longer side is more than this times the shorter
-      # Batching (seq2seq/batching.py): rows of a few fixed lengths, filled best-fit with pairs.
+      # Batching (seq2seq/data/batching.py): rows of a few fixed lengths, filled best-fit with pairs.
       max_tokens=4096,  # token budget per batch and side: rows * row length
       batch_multiple=8,  # rows per batch are a multiple of this
       num_buckets=8,  # row lengths (so batch shapes, so compilations), geometric from bucket_min to max_len

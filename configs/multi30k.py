@@ -5,7 +5,7 @@
 # test_2017_flickr after 2400 steps, 57 minutes of training (about 1350 target tokens/s).
 """Multi30k en->de: a small pre-norm Transformer sized for a CPU."""
 
-from configs import default
+from seq2seq.configs import default
 
 
 def get_config():

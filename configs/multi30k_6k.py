@@ -11,7 +11,7 @@ NLL 1.727 at the end against 1.78 for the hour run; training NLL (dropout on) 1.
 model still overfits and is short of the >= 40 BLEU published text-only models reach.
 """
 
-from configs import multi30k
+from seq2seq.configs import multi30k
 
 
 def get_config():

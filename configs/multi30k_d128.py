@@ -13,7 +13,7 @@ layers, dropout 0.3) runs about 1.9x the tokens/s on the 2-core CPU, so 7000 ste
 (tests/test_configs.py checks that the two are the same config).
 """
 
-from configs import multi30k
+from seq2seq.configs import multi30k
 
 
 def get_config():

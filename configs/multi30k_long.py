@@ -11,7 +11,7 @@ NLL (dropout on) 1.51 and validation NLL 1.82 at the end, greedy validation BLEU
 against 36.9. Dropout 0.2 with 6000 steps does better: see multi30k_6k.py.
 """
 
-from configs import multi30k
+from seq2seq.configs import multi30k
 
 
 def get_config():

@@ -3,7 +3,7 @@
 # Expected: the training loss falls within the first 100 steps; BLEU is not meaningful.
 """Tiny configuration: 2+2 layers of width 64 on Multi30k en->de."""
 
-from configs import default
+from seq2seq.configs import default
 
 
 def get_config():

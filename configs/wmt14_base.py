@@ -21,7 +21,7 @@ Data, as in the paper:
   most), filled best-fit: about 3% padding (benchmarks/results/data_pipeline_wmt_cpu2.json).
 """
 
-from configs import default
+from seq2seq.configs import default
 
 HUB_TRAIN = "hf:wmt/wmt14:de-en:train"
 

@@ -7,7 +7,7 @@
 Data, sentencepiece, cleaning and batching as configs/wmt14_base.py.
 """
 
-from configs import wmt14_base
+from seq2seq.configs import wmt14_base
 
 
 def get_config():

@@ -17,7 +17,7 @@ each pair of files is checked to have equal line counts. Validation is newstest2
 test newstest2014, from the same folder, as in wmt14_base.py.
 """
 
-from configs import wmt14_base
+from seq2seq.configs import wmt14_base
 
 CORPORA = ("wmt14/training/europarl-v7.de-en", "wmt14/commoncrawl.de-en", "wmt14/training/news-commentary-v9.de-en")
 LOCAL_TRAIN = "files:" + ",".join(f"{c}.{{lang}}" for c in CORPORA)

@@ -13,7 +13,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from seq2seq import cli
-from seq2seq.checkpoint import Checkpoints
+from seq2seq.training.checkpoint import Checkpoints
 
 
 def newest_steps(workdir: str, last: int) -> list[int]:
@@ -82,7 +82,7 @@ def load_average(path: str | pathlib.Path, target_params=None) -> tuple[dict, di
 
 
 def main(argv=None) -> None:
-  from absl import app, flags
+  from absl import flags
 
   workdir = flags.DEFINE_string("workdir", None, "The run's directory.", required=True)
   last = flags.DEFINE_integer("last", 5, "How many of the newest checkpoints to average.")
@@ -94,7 +94,7 @@ def main(argv=None) -> None:
       cli.fail(str(e))
     print(f"averaged the last {last.value} checkpoints into {out}")
 
-  app.run(run, argv=argv, flags_parser=cli.parse_flags)
+  cli.run(run, __name__, argv)
 
 
 if __name__ == "__main__":

@@ -1,24 +1,57 @@
-"""How the command-line programs fail on bad input: one line `error: ...` on stderr and exit
-status 2, no traceback. Bad input is a config that does not load, an unknown config key
-(named with the closest valid ones), or a ValueError from our code (DataError and
-CheckpointError are ValueErrors). Anything else is a bug and keeps its traceback.
+"""What every command-line program shares (all use absl flags):
+
+- `--config=NAME` names a shipped config (seq2seq/configs, e.g. multi30k) from any
+  directory; `--config=PATH.py` loads a file.
+- Quiet logs: a run prints only its own lines. Library INFO logs (absl, orbax, JAX) appear
+  with `--log_level=INFO` (or DEBUG), or absl's `--verbosity=0`; both are listed by --help.
+- Bad input fails with one line `error: ...` on stderr and exit status 2, no traceback: a
+  config that does not load, an unknown config key (named with the closest valid ones), or
+  a ValueError from our code (DataError and CheckpointError are ValueErrors). Anything else
+  is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
 import difflib
 import importlib.util
+import os
 import re
+import shlex
 import sys
 
 from absl import app, flags
 
 USAGE_ERROR = 2
+LOG_LEVELS = {"DEBUG": 1, "INFO": 0, "WARNING": -1, "ERROR": -2, "FATAL": -3}  # as absl --verbosity values
 
 
 def fail(message: str) -> None:
   print(f"error: {message}", file=sys.stderr, flush=True)
   sys.exit(USAGE_ERROR)
+
+
+def resolve_config(argv: list[str]) -> list[str]:
+  """argv with `--config=NAME` (a shipped config) turned into that file's path."""
+  from seq2seq import configs
+
+  return [f"--config={configs.resolve(a.split('=', 1)[1])}" if a.startswith("--config=") else a for a in argv]
+
+
+def command_line(console_name: str, script: str) -> str:
+  """This process's command line as a user would retype it: `seq2seq-train ...` when run as
+  the console command, else `python train.py ...`."""
+  program = console_name if os.path.basename(sys.argv[0]) == console_name else None
+  return shlex.join([program] + sys.argv[1:] if program else ["python", *sys.argv])
+
+
+def define_distributed_flags():
+  """The multi-host flags of train and eval; returns a function that joins the run with them."""
+  from seq2seq import sharding
+
+  address = flags.DEFINE_string("coordinator_address", "", "Multi-host runs: auto, or HOST:PORT of process 0.")
+  count = flags.DEFINE_integer("num_processes", 0, "Multi-host runs with HOST:PORT: how many processes.")
+  index = flags.DEFINE_integer("process_id", -1, "Multi-host runs with HOST:PORT: this process, 0 to N-1.")
+  return lambda: sharding.initialize_distributed(address.value, count.value, index.value)
 
 
 def _config_keys(argv: list[str]) -> list[str]:
@@ -59,9 +92,11 @@ def explain(err: Exception, argv: list[str]) -> str:
 
 
 def parse_flags(argv: list[str]) -> list[str]:
-  """absl's flag parsing, with config errors as `error:` lines."""
+  """absl's flag parsing, with config errors as `error:` lines and quiet library logs."""
+  argv = resolve_config(argv)
   try:
     rest = flags.FLAGS(argv)
+    _set_log_level()
     if "config" in flags.FLAGS and flags.FLAGS["config"].present:
       flags.FLAGS["config"].value.keys()  # a config file that does not load fails here, not at first use
     return rest
@@ -76,8 +111,24 @@ def parse_flags(argv: list[str]) -> list[str]:
     fail(explain(err, argv))
 
 
-def run(main, argv=None) -> None:
-  """`app.run(main)` where bad input ends as `error: ...`, exit status 2."""
+def _set_log_level() -> None:
+  """Library logs at WARNING unless --log_level or --verbosity (-v) was given."""
+  level = flags.FLAGS["log_level"].value if "log_level" in flags.FLAGS else "WARNING"
+  if "log_level" in flags.FLAGS and flags.FLAGS["log_level"].present or not flags.FLAGS["verbosity"].present:
+    flags.FLAGS.verbosity = LOG_LEVELS[level]  # absl applies it to Python's logging (orbax, JAX) too
+
+
+def run(main, module: str | None = None, argv=None) -> None:
+  """`app.run(main)` with the shared flags, where bad input ends as `error: ...`, exit status 2.
+  `module` (the command's module name) puts its flags first in --help."""
+  if "log_level" not in flags.FLAGS:
+    flags.DEFINE_enum("log_level", "WARNING", list(LOG_LEVELS), "Library log messages shown (absl, orbax, JAX); "
+                      "the run's own lines always are. INFO shows the libraries' progress messages.")
+  program = (argv or sys.argv)[0]
+  for name in [*flags.FLAGS.flags_by_module_dict().get(module, []), flags.FLAGS["log_level"],
+               flags.FLAGS["verbosity"]]:
+    flags.FLAGS.register_key_flag_for_module(program, name)  # listed by --help, not only --helpfull
+
   def guarded(args):
     try:
       return main(args)

@@ -1,5 +1,7 @@
-"""Where training reports go: DIR/metrics.jsonl (one JSON object per logged step) and
-TensorBoard event files in DIR. Only process 0 writes."""
+"""Where training reports go: DIR/metrics.jsonl (one JSON object per logged step, flat keys:
+loss, val_loss, ...) and TensorBoard event files in DIR, where the tags are grouped so that
+train and validation curves share charts: train/loss beside val/loss, eval/NAME/bleu for
+eval.py's scores. Only process 0 writes."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ import logging
 import math
 import os
 import pathlib
+
+from seq2seq.files import write_atomic
 
 
 class MetricsWriter:
@@ -28,8 +32,8 @@ class MetricsWriter:
     with open(self.path, "a", encoding="utf-8") as f:
       f.write(json.dumps(record) + "\n")
     for k, v in record.items():
-      if k != "step" and isinstance(v, (int, float)) and math.isfinite(v):
-        self._tb.add_scalar(k, v, int(step))
+      if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+        self._tb.add_scalar(tensorboard_tag(k), v, int(step))
 
   def flush(self) -> None:
     if self._tb is not None:
@@ -38,6 +42,22 @@ class MetricsWriter:
   def close(self) -> None:
     if self._tb is not None:
       self._tb.close()
+
+
+def tensorboard_tag(key: str) -> str:
+  """train/loss for loss, val/loss for val_loss; keys with a group already keep it."""
+  if "/" in key:
+    return key
+  return f"val/{key[4:]}" if key.startswith("val_") else f"train/{key}"
+
+
+def write_scalars(workdir: str | os.PathLike, step: int, values: dict[str, float]) -> None:
+  """Adds scalars under their tags (e.g. eval/test_2016_flickr/bleu) to the run's TensorBoard."""
+  from tensorboardX import SummaryWriter
+
+  with SummaryWriter(str(workdir)) as tb:
+    for tag, value in values.items():
+      tb.add_scalar(tag, value, int(step))
 
 
 def _plain(v):
@@ -86,7 +106,5 @@ def truncate_after(workdir: str | os.PathLike, step: int) -> list[dict]:
   if not path.is_file():
     return []
   kept = [r for r in read(workdir) if r["step"] <= step]
-  tmp = path.with_suffix(".jsonl.tmp")
-  tmp.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")  # as MetricsWriter writes them
-  os.replace(tmp, path)
+  write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))  # as MetricsWriter writes them
   return kept

@@ -7,7 +7,6 @@ validation BLEU and throughput over steps, one PNG each.
 from __future__ import annotations
 
 import pathlib
-import sys
 
 from seq2seq import metrics
 
@@ -60,17 +59,19 @@ def plot(workdir: str | pathlib.Path, out: str | pathlib.Path | None = None) -> 
 
 
 def main(argv: list[str] | None = None) -> None:
-  import argparse
+  from absl import app, flags
 
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("workdir")
-  parser.add_argument("--out", default=None, help="output folder (default: WORKDIR/plots)")
-  args = parser.parse_args(argv)
-  try:
-    for path in plot(args.workdir, args.out):
+  from seq2seq import cli
+
+  out = flags.DEFINE_string("out", None, "Output folder (default: WORKDIR/plots).")
+
+  def run(args):
+    if len(args) != 2:
+      raise app.UsageError("give one WORKDIR: python -m seq2seq.plot WORKDIR [--out=DIR]")
+    for path in plot(args[1], out.value):
       print(path)
-  except ValueError as e:
-    sys.exit(f"error: {e}")
+
+  cli.run(run, __name__, argv)
 
 
 if __name__ == "__main__":

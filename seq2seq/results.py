@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import pathlib
 import re
-import sys
 
 from seq2seq import metrics
 
@@ -98,19 +97,22 @@ def update_readme(readme: str | pathlib.Path, text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-  import argparse
+  from absl import app, flags
 
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("workdirs", nargs="+")
-  parser.add_argument("--readme", default="", help="update the table between the results markers of this file (other runs' rows stay)")
-  args = parser.parse_args(argv)
-  try:
-    text = table(args.workdirs)
-    if args.readme:
-      text = update_readme(args.readme, text)
-  except ValueError as e:
-    sys.exit(f"error: {e}")
-  print(text, end="")
+  from seq2seq import cli
+
+  readme = flags.DEFINE_string("readme", "", "Update the table between the results markers of this file (other "
+                               "runs' rows stay).")
+
+  def run(args):
+    if len(args) < 2:
+      raise app.UsageError("give one or more WORKDIRs: python -m seq2seq.results WORKDIR... [--readme=FILE]")
+    text = table(args[1:])
+    if readme.value:
+      text = update_readme(readme.value, text)
+    print(text, end="")
+
+  cli.run(run, __name__, argv)
 
 
 if __name__ == "__main__":

@@ -82,20 +82,6 @@ def initialize_distributed(coordinator_address: str, num_processes: int = 0, pro
     jax.distributed.initialize()
 
 
-def define_distributed_flags():
-  """train.py's and eval.py's multi-host flags; returns a function that joins the run with them."""
-  import sys
-
-  from absl import flags
-
-  address = flags.DEFINE_string("coordinator_address", "", "Multi-host runs: auto, or HOST:PORT of process 0.")
-  count = flags.DEFINE_integer("num_processes", 0, "Multi-host runs with HOST:PORT: how many processes.")
-  index = flags.DEFINE_integer("process_id", -1, "Multi-host runs with HOST:PORT: this process, 0 to N-1.")
-  for holder in (address, count, index):  # listed by the script's --help, not only --helpfull
-    flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[holder.name])
-  return lambda: initialize_distributed(address.value, count.value, index.value)
-
-
 def make_mesh(mesh_cfg, devices=None) -> Mesh:
   devices = jax.devices() if devices is None else devices
   shape = mesh_shape(mesh_cfg, len(devices))

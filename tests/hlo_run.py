@@ -22,9 +22,11 @@ import jax.numpy as jnp  # noqa: E402
 import ml_collections  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from seq2seq import optimizer, sharding, transformer  # noqa: E402
-from seq2seq.config import ModelConfig  # noqa: E402
-from seq2seq.train import BATCH_KEYS, Steps, abstract_state  # noqa: E402
+from seq2seq import sharding  # noqa: E402
+from seq2seq.model import transformer  # noqa: E402
+from seq2seq.model.config import ModelConfig  # noqa: E402
+from seq2seq.training import optimizer  # noqa: E402
+from seq2seq.training.train import BATCH_KEYS, Steps, abstract_state  # noqa: E402
 
 # Sizes chosen so that shapes tell tensors apart: tokens per batch (16 x 24 = 384) differ
 # from every parameter dimension; every sharded dimension divides by 8.

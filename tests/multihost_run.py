@@ -14,8 +14,9 @@ jax.config.update("jax_cpu_collectives_implementation", "gloo")
 if num_processes > 1:
   jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=num_processes, process_id=process_id)
 
-from seq2seq import sharding  # noqa: E402
 from sharded_run import batches, run_steps  # noqa: E402
+
+from seq2seq import sharding  # noqa: E402
 
 rows = 16
 local = [{k: v[process_id * rows // num_processes:(process_id + 1) * rows // num_processes] for k, v in b.items()}

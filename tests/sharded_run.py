@@ -13,9 +13,10 @@ import jax  # noqa: E402
 import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 
-from seq2seq import optimizer, sharding  # noqa: E402
-from seq2seq.config import ModelConfig  # noqa: E402
-from seq2seq.train import Steps, init_state  # noqa: E402
+from seq2seq import sharding  # noqa: E402
+from seq2seq.model.config import ModelConfig  # noqa: E402
+from seq2seq.training import optimizer  # noqa: E402
+from seq2seq.training.train import Steps, init_state  # noqa: E402
 
 
 def batches(n, rows=16, s=12, t=10, vocab=64):

@@ -8,8 +8,17 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from seq2seq.attention import (MultiHeadAttention, SegmentMask, attention, attention_mask, choose_implementation,
-                               dot_product_attention, explicit_attention, lengths_attention, splash_attention)
+from seq2seq.model.attention import (
+  MultiHeadAttention,
+  SegmentMask,
+  attention,
+  attention_mask,
+  choose_implementation,
+  dot_product_attention,
+  explicit_attention,
+  lengths_attention,
+  splash_attention,
+)
 
 
 def test_attention_mask_padding_segments_and_causality():
@@ -261,8 +270,8 @@ def test_choose_implementation_edge_cases():
 
 def test_transformer_takes_the_packed_flag_and_the_implementation_setting():
   """The model's `packed` flag and `attention_impl` change how attention runs, not the numbers."""
-  from seq2seq.config import ModelConfig
-  from seq2seq.transformer import Transformer
+  from seq2seq.model.config import ModelConfig
+  from seq2seq.model.transformer import Transformer
 
   src_bs, tgt_bt = np.array([[5, 6, 7, 0], [8, 9, 10, 11]]), np.array([[1, 12, 13], [1, 14, 0]])
   cfg = dict(vocab_size=16, d_model=16, num_heads=2, num_encoder_layers=1, num_decoder_layers=1, d_ff=16, max_len=8)
@@ -277,7 +286,7 @@ import os
 os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 import jax, jax.numpy as jnp, numpy as np
 from seq2seq import sharding
-from seq2seq.attention import SegmentMask, explicit_attention, splash_attention
+from seq2seq.model.attention import SegmentMask, explicit_attention, splash_attention
 rng = np.random.default_rng(0)
 q, k, v = (jnp.asarray(rng.normal(size=(4, 128, 4, 16)), jnp.float32) for _ in range(3))
 seg = np.ones((4, 128), np.int32); seg[0, 60:] = 2; seg[1, 100:] = 0; seg = jnp.asarray(seg)

@@ -5,26 +5,25 @@ import json
 
 import numpy as np
 import pytest
-
-from seq2seq import batching as batching_lib
-from seq2seq import data
-from seq2seq.batching import BatchIterator, epoch_plan, make_batch, plan_stats
-from seq2seq.tokenizer import EOS_ID
-
 from conftest import make_config
+
+from seq2seq import data
+from seq2seq.data import batching as batching_lib
+from seq2seq.data.batching import BatchIterator, epoch_plan, make_batch, plan_stats
+from seq2seq.data.tokenizer import EOS_ID
 
 
 @pytest.fixture(scope="module")
 def setup(data_dir, session_cache):
   config = make_config("multi30k", data_dir, session_cache, packing=False)  # these tests are about length buckets
-  tok = data.tokenizer(config)
-  return config, data.corpus(config, config.data.train_split, tok)
+  tok = data.load_tokenizer(config)
+  return config, data.load_corpus(config, config.data.train_split, tok)
 
 
 def batching_with(config, **data_overrides):
   config = config.copy_and_resolve_references()
   config.data.update(data_overrides)
-  return data.batching(config)
+  return data.batching_config(config)
 
 
 def take(iterator, n):
@@ -41,7 +40,7 @@ def assert_same(batches_a, batches_b):
 
 def test_same_seed_same_batches_other_seed_other_batches(setup):
   config, corpus = setup
-  cfg = data.batching(config)
+  cfg = data.batching_config(config)
   first = take(BatchIterator(corpus, cfg, seed=0), 20)
   assert_same(first, take(BatchIterator(corpus, cfg, seed=0), 20))
   other = take(BatchIterator(corpus, cfg, seed=1), 20)
@@ -67,7 +66,7 @@ def test_restored_state_gives_exactly_the_next_50_batches(setup, packing):
 def test_state_from_another_seed_is_refused(setup):
   config, corpus = setup
   with pytest.raises(ValueError, match="seed 3 but config.seed is 0"):
-    BatchIterator(corpus, data.batching(config), seed=0, state={"seed": 3, "epoch": 0, "position": 0})
+    BatchIterator(corpus, data.batching_config(config), seed=0, state={"seed": 3, "epoch": 0, "position": 0})
 
 
 def examples_in(batch):
@@ -101,7 +100,7 @@ def test_processes_together_cover_every_example_exactly_once(setup, packing):
 
 def test_budget_bounded_shapes_and_padding(setup):
   config, corpus = setup
-  cfg = data.batching(config)
+  cfg = data.batching_config(config)
   plan = epoch_plan(corpus.src_lengths, corpus.tgt_lengths, cfg, config.seed, 0)
   stats = plan_stats(plan, corpus.src_lengths, corpus.tgt_lengths)
   allowed = cfg.shapes(corpus.src_lengths, corpus.tgt_lengths)
@@ -148,8 +147,8 @@ def test_packing_uses_one_shape_sized_by_the_token_ratio(setup):
 def wmt_lengths(data_dir):
   """Token lengths of newstest2013 + 2014 (WMT-length news sentences), 6003 pairs tiled 25x
   to 150k, under a sentencepiece model trained on them."""
-  from seq2seq import tokenizer as tk
-  from seq2seq.sources import Source
+  from seq2seq.data import tokenizer as tk
+  from seq2seq.data.sources import Source
 
   pairs = [p for year in (2013, 2014) for p in Source(f"files:wmt14/newstest{year}.{{lang}}", "en", "de",
                                                       data_dir=str(data_dir))]
@@ -186,7 +185,7 @@ def test_next_fit_in_order_pads_more_than_the_planner(wmt_lengths):
 
 def test_rows_must_split_over_processes(setup):
   config, corpus = setup
-  plan = epoch_plan(corpus.src_lengths, corpus.tgt_lengths, data.batching(config), 0, 0)
+  plan = epoch_plan(corpus.src_lengths, corpus.tgt_lengths, data.batching_config(config), 0, 0)
   planned = next(b for b in plan if b.shape[0] % 3)
   with pytest.raises(ValueError, match="do not split over 3 processes"):
     make_batch(corpus, planned, 0, 3)

@@ -13,11 +13,11 @@ import time
 import jax
 import numpy as np
 import pytest
-
-from seq2seq import checkpoint, metrics
-from seq2seq.train import train_and_evaluate
-
 from conftest import REPO, communicate_all, free_port, make_config
+
+from seq2seq import metrics
+from seq2seq.training import checkpoint
+from seq2seq.training.train import train_and_evaluate
 
 
 def tiny(data_dir, cache, **train):
@@ -43,7 +43,7 @@ def uninterrupted(data_dir, session_cache, tmp_path_factory):
 
 
 def test_rerun_resumes_exactly_where_the_run_stopped(uninterrupted, data_dir, session_cache, tmp_path, monkeypatch):
-  from seq2seq import flops
+  from seq2seq.model import flops
 
   monkeypatch.setattr(flops, "measure_matmul_peak", None)  # a configured peak is not measured
   (tmp_path / "metrics.jsonl").write_text('{"step": 7, "loss": 99.0}\n')  # from a crash before any checkpoint
@@ -300,10 +300,11 @@ def test_sigterm_to_one_host_stops_every_host_at_one_step_and_the_rerun_resumes_
 
 def eval_params(workdir):
   """The latest parameters as eval.py loads them: one process, whatever mesh trained them."""
-  from seq2seq import evaluate, sharding
+  from seq2seq import sharding
+  from seq2seq.inference import load
 
-  config = evaluate.load_config(workdir)
-  return evaluate.load_params(workdir, config, sharding.make_mesh(config.mesh))[2]
+  config = load.run_config(workdir)
+  return load.load_params(workdir, config, sharding.make_mesh(config.mesh))[2]
 
 
 @pytest.mark.parametrize("num_processes, process_id", [(0, 0), (2, 2), (2, -1)])
@@ -340,7 +341,7 @@ def test_a_checkpoint_deleted_while_eval_reads_it_is_skipped_not_reported_damage
 def test_the_divergence_guard_falls_back_past_a_restored_state_that_is_itself_bad(tmp_path):
   import jax.numpy as jnp
 
-  from seq2seq.guard import restore_finite
+  from seq2seq.training.guard import restore_finite
 
   identity = {"model": {}, "spm_sha256": "x"}
   ckpts = checkpoint.Checkpoints(str(tmp_path), keep=3)

@@ -7,11 +7,11 @@ import subprocess
 import sys
 
 import pytest
-
-from seq2seq import checkpoint, evaluate
-from seq2seq.sources import DataError, read_lines
-
 from conftest import REPO
+
+from seq2seq.data.sources import DataError, read_lines
+from seq2seq.inference import evaluate
+from seq2seq.training import checkpoint
 
 BAD_RUNS = [
     (["--config.model.nrom=rmsnorm"], r"unknown config key config.model.nrom; did you mean config.model.norm"),

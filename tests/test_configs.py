@@ -6,8 +6,8 @@ import pathlib
 
 import pytest
 
-from seq2seq.config import ModelConfig
-from seq2seq.transformer import count_params
+from seq2seq.model.config import ModelConfig
+from seq2seq.model.transformer import count_params
 
 CONFIG_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs"
 NAMES = sorted(p.stem for p in CONFIG_DIR.glob("*.py") if p.stem != "__init__")  # every config file

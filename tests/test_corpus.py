@@ -4,9 +4,9 @@ and keyed by data, tokenizer and cleaning; errors leave no partial cache."""
 import numpy as np
 import pytest
 
-from seq2seq import corpus as corpus_lib
-from seq2seq import tokenizer as tk
-from seq2seq.sources import DataError, Source
+from seq2seq.data import corpus as corpus_lib
+from seq2seq.data import tokenizer as tk
+from seq2seq.data.sources import DataError, Source
 
 
 @pytest.fixture(scope="module")

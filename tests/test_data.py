@@ -8,11 +8,10 @@ import subprocess
 import sys
 
 import pytest
+from conftest import REPO, make_config
 
 from seq2seq import data
-from seq2seq.sources import DataError
-
-from conftest import REPO, make_config
+from seq2seq.data.sources import DataError
 
 
 def run_cli(*args, cache):
@@ -56,7 +55,7 @@ def test_direction_and_eval_splits_follow_the_config(data_dir, session_cache):
 
 
 def test_wmt14_configs_name_the_hub_and_the_local_corpora():
-  from configs import wmt14_base, wmt14_big, wmt14_files
+  from seq2seq.configs import wmt14_base, wmt14_big, wmt14_files
 
   for module in (wmt14_base, wmt14_big):
     train = data.source(module.get_config(), module.get_config().data.train_split)
@@ -71,10 +70,10 @@ def test_wmt14_configs_name_the_hub_and_the_local_corpora():
 def test_wmt14_files_config_trains_from_local_corpora(data_dir, tmp_path):
   """The three WMT14 corpora as wmt14_files.py names them (here: newstest2014 cut in three),
   newstest2013 for validation, and a few training steps of a tiny model on them."""
-  from configs import wmt14_files
   from seq2seq import metrics
-  from seq2seq.sources import Source
-  from seq2seq.train import train_and_evaluate
+  from seq2seq.configs import wmt14_files
+  from seq2seq.data.sources import Source
+  from seq2seq.training.train import train_and_evaluate
 
   pairs = list(Source("files:wmt14/newstest2014.{lang}", "en", "de", data_dir=str(data_dir)))
   for name, chunk in zip(wmt14_files.CORPORA, (pairs[:1500], pairs[1500:2800], pairs[2800:])):

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from seq2seq import decode
-from seq2seq.config import ModelConfig
-from seq2seq.transformer import Transformer
+from seq2seq.inference import decode
+from seq2seq.model.config import ModelConfig
+from seq2seq.model.transformer import Transformer
 
 EOS, PAD = 1, 0
 
@@ -141,7 +141,7 @@ def test_search_with_beam_one_is_greedy_fast_path():
   greedy_bl, _ = run_search(model, src_bs, limits, decode.greedy, max_len=10)
   graphdef, state = nnx.split(model)
   out = jax.jit(lambda s: decode.search(nnx.merge(graphdef, s), src_bs, limits, beam_size=1, alpha=0.6,
-                                        max_len=10))(state)
+                                        max_len=10)[0])(state)
   np.testing.assert_array_equal(out, greedy_bl)
 
 
@@ -183,7 +183,7 @@ def test_search_stops_once_every_sentence_is_finished(beam):
 
 def search_models(models, src_bs, limits, **kwargs):
   graphdefs, states = zip(*(nnx.split(m) for m in models))
-  fn = lambda states: decode.search([nnx.merge(g, s) for g, s in zip(graphdefs, states)], src_bs, limits, **kwargs)
+  fn = lambda states: decode.search([nnx.merge(g, s) for g, s in zip(graphdefs, states)], src_bs, limits, **kwargs)[0]
   return np.asarray(jax.jit(fn)(list(states)))
 
 

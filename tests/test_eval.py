@@ -10,12 +10,12 @@ import sys
 import jax
 import numpy as np
 import pytest
-
-from seq2seq import evaluate, metrics, sharding
-from seq2seq.train import train_and_evaluate
-from seq2seq.translate import Translator
-
 from conftest import REPO, communicate_all, free_port, make_config
+
+from seq2seq import metrics, sharding
+from seq2seq.inference import evaluate, load
+from seq2seq.inference.translate import Translator
+from seq2seq.training.train import train_and_evaluate
 
 VAL_SENTENCES = 24
 
@@ -35,7 +35,7 @@ def run(data_dir, session_cache, tmp_path_factory):
 def val_files(run, data_dir, tmp_path_factory):
   """The first validation pairs as plain, gzipped and SGML files."""
   folder = tmp_path_factory.mktemp("val_files")
-  config = evaluate.load_config(run)
+  config = load.run_config(run)
   from seq2seq import data
 
   pairs = data.eval_pairs(config, config.data.validation_split)[:VAL_SENTENCES]
@@ -105,8 +105,8 @@ def test_a_stale_average_is_recomputed(run, tmp_path):
   average.save_average(str(copy), average.newest_steps(str(copy), 2))
   assert average.averaged_steps(copy / "average" / "last2") == [40, 60]
   shutil.rmtree(copy / "checkpoints" / "60")  # the newest two are now 20 and 40
-  config = evaluate.load_config(copy)
-  *_, params, _, label = evaluate.load_params(copy, config, sharding.make_mesh(config.mesh), average_last=2)
+  config = load.run_config(copy)
+  *_, params, _, label = load.load_params(copy, config, sharding.make_mesh(config.mesh), average_last=2)
   assert label == "average2-40" and average.averaged_steps(copy / "average" / "last2") == [20, 40]
   want, _ = average.average_params(str(copy), average.newest_steps(str(copy), 2))
   for x, y in zip(jax.tree.leaves(want), jax.tree.leaves(params)):
@@ -134,9 +134,9 @@ def test_mismatched_reference_is_a_clear_error(run, val_files, tmp_path):
 
 @pytest.fixture(scope="module")
 def translator(run):
-  config = evaluate.load_config(run)
+  config = load.run_config(run)
   mesh = sharding.make_mesh(config.mesh)
-  model_cfg, graphdef, params, tok, _ = evaluate.load_params(run, config, mesh)
+  model_cfg, graphdef, params, tok, _ = load.load_params(run, config, mesh)
   return Translator(model_cfg, graphdef, tok, mesh, beam_size=2, alpha=0.6, max_len_a=1.0, max_len_b=8,
                     batch_size=4), params
 
@@ -227,9 +227,9 @@ def test_ensemble_decodes_the_mean_of_the_runs_and_records_its_members(run, tran
   result = json.loads(path.read_text())
   assert [m["checkpoint"] for m in result["ensemble"]] == ["step40", "step60"]
   assert result["ensemble"][1]["workdir"] == str(run.resolve()) and result["ensemble"][1]["steps"] == 60
-  config = evaluate.load_config(run)
+  config = load.run_config(run)
   mesh = sharding.make_mesh(config.mesh)
-  cfgs, graphdefs, params, tok, label, _ = evaluate.load_ensemble([run, run], config, mesh, step=40)
+  cfgs, graphdefs, params, tok, label, _ = load.load_ensemble([run, run], config, mesh, step=40)
   assert label == result["checkpoint"]
   both = Translator(cfgs, graphdefs, tok, mesh, beam_size=2, alpha=0.6, max_len_a=1.0, max_len_b=8, batch_size=4)
   sources = (val_files / "src.en").read_text().splitlines()
@@ -245,4 +245,4 @@ def test_ensemble_decodes_the_mean_of_the_runs_and_records_its_members(run, tran
   other_config.train.update(steps=2, log_every=1, eval_every=0, checkpoint_every=2)
   train_and_evaluate(other_config, str(other))
   with pytest.raises(ValueError, match=f"{other / 'spm.model'} differs from {run / 'spm.model'}"):
-    evaluate.load_ensemble([run, other], config, mesh)
+    load.load_ensemble([run, other], config, mesh)

@@ -10,11 +10,12 @@ import sys
 import jax
 import numpy as np
 import pytest
-
-from seq2seq import checkpoint, evaluate, metrics, sharding
-from seq2seq.train import train_and_evaluate
-
 from conftest import REPO, make_config
+
+from seq2seq import metrics, sharding
+from seq2seq.inference import load
+from seq2seq.training import checkpoint
+from seq2seq.training.train import train_and_evaluate
 
 pytestmark = pytest.mark.slow  # real training runs, ~100 s in all
 
@@ -26,8 +27,8 @@ def tiny(data_dir, cache, **train):
 
 
 def params_of(workdir, step=None):
-  config = evaluate.load_config(workdir)
-  return evaluate.load_params(workdir, config, sharding.make_mesh(config.mesh), step=step)
+  config = load.run_config(workdir)
+  return load.load_params(workdir, config, sharding.make_mesh(config.mesh), step=step)
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from seq2seq.layers import FeedForward, Norm, dense, dropout, keep_mask, rope, sinusoidal, tied_logits
+from seq2seq.model.layers import FeedForward, Norm, dense, dropout, keep_mask, rope, sinusoidal, tied_logits
 
 
 def test_dropout_identity_without_key_and_unbiased_with_it():

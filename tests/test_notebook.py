@@ -2,7 +2,6 @@
 attention rows are distributions) and shows its two figures."""
 
 import pytest
-
 from conftest import REPO
 
 

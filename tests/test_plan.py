@@ -6,9 +6,7 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO
-
 
 pytestmark = pytest.mark.slow  # two dry runs, each a fresh process compiling for 8 fake devices
 

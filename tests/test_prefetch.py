@@ -3,7 +3,7 @@ happened, and closing stops the producer."""
 
 import pytest
 
-from seq2seq.prefetch import Prefetch
+from seq2seq.data.prefetch import Prefetch
 
 
 def test_items_come_in_order_and_the_producer_stays_at_most_depth_ahead():

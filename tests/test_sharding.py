@@ -17,10 +17,9 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import REPO
 
 from seq2seq import sharding
-
-from conftest import REPO
 
 pytestmark = pytest.mark.slow  # compiles the train step for five 8-device meshes (~30 s)
 

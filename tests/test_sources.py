@@ -9,7 +9,7 @@ import threading
 import numpy as np
 import pytest
 
-from seq2seq.sources import DataError, Source, check_language, read_lines, read_parallel
+from seq2seq.data.sources import DataError, Source, check_language, read_lines, read_parallel
 
 NEWSTEST = "wmt14/newstest2014.{lang}"
 
@@ -95,7 +95,7 @@ def test_hub_layout_dataset_loads_through_load_dataset(hub_pairs, tmp_path, stre
 
 
 def test_hub_spec_names_namespace_config_and_split():
-  from seq2seq.sources import parse_hf
+  from seq2seq.data.sources import parse_hf
 
   assert parse_hf("wmt/wmt14:de-en:train") == ("wmt/wmt14", "de-en", "train")
   assert parse_hf("wmt/wmt19:de-en:validation") == ("wmt/wmt19", "de-en", "validation")
@@ -251,7 +251,7 @@ def test_unknown_language_code_names_the_key():
 
 def test_a_cached_file_that_does_not_match_its_checksum_is_downloaded_again(data_dir, tmp_path, caplog):
   """A 50-line val.en.gz put into the cache by hand was once read as Multi30k val."""
-  from seq2seq import sources
+  from seq2seq.data import sources
 
   cache = tmp_path / "cache"
   (cache / "multi30k").mkdir(parents=True)

@@ -5,13 +5,13 @@ import json
 
 import numpy as np
 import pytest
-
-from seq2seq import data, subword
-from seq2seq.batching import BatchIterator
-from seq2seq.corpus import Corpus
-from seq2seq.tokenizer import EOS_ID
-
 from conftest import make_config
+
+from seq2seq import data
+from seq2seq.data import subword
+from seq2seq.data.batching import BatchIterator
+from seq2seq.data.corpus import Corpus
+from seq2seq.data.tokenizer import EOS_ID
 
 N_PAIRS = 400
 
@@ -20,8 +20,8 @@ N_PAIRS = 400
 def setup(data_dir, session_cache):
   """The tiny config's tokenizer and the first N_PAIRS pairs of its Multi30k training corpus."""
   config = make_config("tiny", data_dir, session_cache)
-  tok = data.tokenizer(config)
-  full = data.corpus(config, config.data.train_split, tok)
+  tok = data.load_tokenizer(config)
+  full = data.load_corpus(config, config.data.train_split, tok)
   ends = full.src_offsets[N_PAIRS], full.tgt_offsets[N_PAIRS]
   corpus = Corpus(np.asarray(full.src[:ends[0]]), full.src_offsets[:N_PAIRS + 1], np.asarray(full.tgt[:ends[1]]),
                   full.tgt_offsets[:N_PAIRS + 1], full.stats)
@@ -92,7 +92,7 @@ def test_draw_frequencies_follow_p_to_the_alpha():
 
 def test_iterator_with_resampling_resumes_exactly_across_epochs(setup):
   config, _, corpus, sampler = setup
-  cfg = data.batching(config)
+  cfg = data.batching_config(config)
   run = BatchIterator(corpus, cfg, seed=0, resample=sampler)
   n_epoch = len(run.plan(0))
   for _ in range(n_epoch - 2):
@@ -113,7 +113,7 @@ def test_train_iterator_uses_the_config_and_refuses_bpe(data_dir, session_cache,
   (tmp_path / "small.tsv").write_text("".join(f"{en}\t{de}\n" for en, de in pairs))
   settings = dict(train_split=f"tsv:{tmp_path / 'small.tsv'}", vocab_size=300, subword_alpha=0.1, subword_nbest=8)
   config = make_config("tiny", data_dir, session_cache, **settings)
-  tok = data.tokenizer(config)
+  tok = data.load_tokenizer(config)
   iterator = data.train_iterator(config, tok)
   assert iterator.resample is not None and iterator.resample.alpha == 0.1
   next(iterator)
@@ -122,7 +122,7 @@ def test_train_iterator_uses_the_config_and_refuses_bpe(data_dir, session_cache,
                              tok).resample is None
   bpe = make_config("tiny", data_dir, session_cache, **(settings | {"spm_model_type": "bpe"}))
   with pytest.raises(ValueError, match="subword_alpha needs a unigram sentencepiece model; this one is bpe"):
-    data.train_iterator(bpe, data.tokenizer(bpe))
+    data.train_iterator(bpe, data.load_tokenizer(bpe))
 
 
 def test_memory_estimate_bounds_the_candidates_and_a_corpus_too_large_is_refused(setup, monkeypatch):

@@ -2,12 +2,11 @@
 reuse from the workdir, an existing model path."""
 
 import pytest
+from conftest import make_config
 
 from seq2seq import data
-from seq2seq import tokenizer as tk
-from seq2seq.sources import Source
-
-from conftest import make_config
+from seq2seq.data import tokenizer as tk
+from seq2seq.data.sources import Source
 
 
 @pytest.fixture(scope="module")
@@ -38,22 +37,22 @@ def test_same_data_and_seed_give_the_same_model_with_reserved_ids(val_pairs):
 
 def test_unigram_model_is_trained_once_and_reused_from_the_workdir(data_dir, tmp_path, monkeypatch):
   config = make_config("tiny", data_dir, tmp_path / "cache", train_split="val", vocab_size=300)
-  first = data.tokenizer(config, workdir=str(tmp_path / "run"))
+  first = data.load_tokenizer(config, workdir=str(tmp_path / "run"))
   assert (tmp_path / "run" / data.SPM_FILE).read_bytes() == first.model_bytes
   monkeypatch.setattr(tk, "train", lambda *a, **k: pytest.fail("retrained although a model exists"))
-  assert data.tokenizer(config, workdir=str(tmp_path / "run")).model_bytes == first.model_bytes
+  assert data.load_tokenizer(config, workdir=str(tmp_path / "run")).model_bytes == first.model_bytes
   # A restart reuses the workdir's model even when the cache is gone...
   config.data.cache_dir = str(tmp_path / "other-cache")
-  assert data.tokenizer(config, workdir=str(tmp_path / "run")).model_bytes == first.model_bytes
+  assert data.load_tokenizer(config, workdir=str(tmp_path / "run")).model_bytes == first.model_bytes
   # ...but not with other tokenizer settings: that run would silently keep the old vocabulary.
   config.data.vocab_size = 400
   with pytest.raises(ValueError, match=r"spm.model was made with other tokenizer settings(.|\n)*"
                                        r"config.data.vocab_size: 300 there, 400 now"):
-    data.tokenizer(config, workdir=str(tmp_path / "run"))
+    data.load_tokenizer(config, workdir=str(tmp_path / "run"))
   config.data.vocab_size = 300
   # An existing model can be named instead of trained.
   config.data.spm_model = str(tmp_path / "run" / data.SPM_FILE)
-  assert data.tokenizer(config, workdir=str(tmp_path / "run2")).model_bytes == first.model_bytes
+  assert data.load_tokenizer(config, workdir=str(tmp_path / "run2")).model_bytes == first.model_bytes
 
 
 def test_a_bad_model_file_is_a_clear_error(tmp_path):
@@ -65,5 +64,5 @@ def test_a_bad_model_file_is_a_clear_error(tmp_path):
 def test_more_pieces_than_the_sample_supports_is_an_error(data_dir, tmp_path):
   config = make_config("tiny", data_dir, tmp_path / "cache", train_split="val", vocab_size=200_000)
   with pytest.raises(ValueError, match=r"config.data.vocab_size=200000, but the sample of val supports only \d+ pieces"):
-    data.tokenizer(config, workdir=str(tmp_path / "run"))
+    data.load_tokenizer(config, workdir=str(tmp_path / "run"))
   assert not (tmp_path / "run" / data.SPM_FILE).exists()

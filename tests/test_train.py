@@ -12,14 +12,14 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
-
-from seq2seq import metrics, optimizer, sharding
-from seq2seq.config import ModelConfig
-from seq2seq.loss import cross_entropy_sums
-from seq2seq.train import Steps, init_state, train_and_evaluate
-
 from conftest import REPO, communicate_all, free_port, make_config
 from sharded_run import batches
+
+from seq2seq import metrics, sharding
+from seq2seq.model.config import ModelConfig
+from seq2seq.training import optimizer
+from seq2seq.training.loss import cross_entropy_sums
+from seq2seq.training.train import Steps, init_state, train_and_evaluate
 
 
 @pytest.mark.parametrize("count", [0, 9, 3999, 4000, 20000])
@@ -56,7 +56,7 @@ def test_label_smoothed_loss_by_hand():
 def test_weight_decay_skips_norms_and_biases():
   from flax import nnx
 
-  from seq2seq.transformer import Transformer
+  from seq2seq.model.transformer import Transformer
 
   params = nnx.state(Transformer(ModelConfig(vocab_size=20, d_model=8, num_heads=2, num_encoder_layers=1,
                                              num_decoder_layers=1, d_ff=16), rngs=nnx.Rngs(0)), nnx.Param)
@@ -137,7 +137,7 @@ def test_sharded_meshes_train_like_one_device():
 
 
 def test_tiny_config_on_multi30k_learns_and_reports(data_dir, session_cache, tmp_path, monkeypatch):
-  from seq2seq import flops
+  from seq2seq.model import flops
 
   measured, calls = iter([1e11, 3e11, 2e11]), []  # the matmul peak at start and at the two evaluations
   monkeypatch.setattr(flops, "measure_matmul_peak", lambda repeats=10: calls.append(repeats) or next(measured))
@@ -170,7 +170,7 @@ def test_an_epoch_compiles_the_train_step_once_per_batch_shape(data_dir, session
 
   config = make_config("tiny", data_dir, session_cache, train_split="val", packing=False, fill_rows=False,
                        max_tokens=4096)
-  stats = data.statistics(config, data.tokenizer(config))
+  stats = data.statistics(config, data.load_tokenizer(config))
   config.train.update(steps=stats["batches"], eval_every=0, checkpoint_every=10**6, log_every=10)
 
   compiles = []
@@ -186,8 +186,8 @@ def test_an_epoch_compiles_the_train_step_once_per_batch_shape(data_dir, session
 
 
 def test_hand_written_gradients_equal_autodiff():
-  from seq2seq.layers import tied_logits
-  from seq2seq.loss import smoothed_xent
+  from seq2seq.model.layers import tied_logits
+  from seq2seq.training.loss import smoothed_xent
 
   rng = np.random.default_rng(0)
   logits = jnp.asarray(rng.standard_normal((2, 3, 7)))

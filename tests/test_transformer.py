@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from seq2seq.config import CHOICES, ModelConfig
-from seq2seq.layers import LOGICAL_AXES
-from seq2seq.transformer import Transformer, count_params
+from seq2seq.model.config import CHOICES, ModelConfig
+from seq2seq.model.layers import LOGICAL_AXES
+from seq2seq.model.transformer import Transformer, count_params
 
 VOCAB = 37
 SRC_BS = np.array([[5, 6, 7, 8, 9, 10, 0, 0], [11, 12, 13, 14, 15, 16, 17, 18]])

@@ -21,11 +21,11 @@ import sys  # noqa: E402
 sys.path[:0] = [os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.path.dirname(__file__)]
 
 import jax  # noqa: E402
-from jax._src import array, config as jax_config  # noqa: E402
-
-from seq2seq import train  # noqa: E402
-
 from conftest import make_config  # noqa: E402
+from jax._src import array  # noqa: E402
+from jax._src import config as jax_config
+
+from seq2seq.training import train  # noqa: E402
 
 _read = array.ArrayImpl._value
 

@@ -29,8 +29,8 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from seq2seq.corpus import Corpus
-from seq2seq.tokenizer import EOS_ID, PAD_ID
+from seq2seq.data.corpus import Corpus
+from seq2seq.data.tokenizer import EOS_ID, PAD_ID
 
 Batch = dict[str, np.ndarray]
 LENGTH_MULTIPLE = 8  # row lengths are multiples of this (TPU/GPU tiles)
@@ -275,7 +275,7 @@ class BatchIterator:
   """Endless batches over epochs; `state` (seed, epoch, position) is JSON-serializable.
 
   `resample(epoch)`, when given, is the corpus to batch in that epoch (the same pairs in
-  other segmentations: seq2seq.subword); it must be a pure function of the epoch. Batch
+  other segmentations: seq2seq.data.subword); it must be a pure function of the epoch. Batch
   shapes are fixed from the first corpus, with room for any pair up to `max_len`.
   """
 

@@ -23,9 +23,8 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint.checkpoint_managers import preservation_policy as policies
 
 from seq2seq import metrics
-from seq2seq.sources import file_sha256
-from seq2seq.config import ModelConfig
-
+from seq2seq.files import file_sha256, write_atomic
+from seq2seq.model.config import ModelConfig
 
 CHECKSUMS = "seq2seq_checksums.json"
 _log = logging.getLogger(__name__)
@@ -39,9 +38,7 @@ def write_checksums(step_dir: pathlib.Path) -> None:
   """Records {relative path: [size, sha256]} of every file of a finished checkpoint."""
   files = {str(p.relative_to(step_dir)): [p.stat().st_size, file_sha256(p)]
            for p in sorted(step_dir.rglob("*")) if p.is_file() and p.name != CHECKSUMS}
-  tmp = step_dir / (CHECKSUMS + ".tmp")
-  tmp.write_text(json.dumps({"files": files}, indent=0), encoding="utf-8")
-  tmp.replace(step_dir / CHECKSUMS)
+  write_atomic(step_dir / CHECKSUMS, json.dumps({"files": files}, indent=0))
 
 
 def verify(step_dir: pathlib.Path) -> str | None:

@@ -21,9 +21,9 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from seq2seq.prefetch import Prefetch
-from seq2seq.sources import DataError, Pair
-from seq2seq.tokenizer import Tokenizer
+from seq2seq.data.prefetch import Prefetch
+from seq2seq.data.sources import DataError, Pair
+from seq2seq.data.tokenizer import Tokenizer
 
 FORMAT_VERSION = 2  # 2: offsets stored raw (int64), written chunk by chunk
 CHUNK_PAIRS = 50_000

@@ -13,11 +13,12 @@ import pathlib
 import numpy as np
 
 from seq2seq import cli
-from seq2seq import corpus as corpus_lib
-from seq2seq import subword
-from seq2seq import tokenizer as tokenizer_lib
-from seq2seq.batching import Batching, BatchIterator, epoch_plan, plan_stats
-from seq2seq.sources import DataError, Source, check_language
+from seq2seq.data import corpus as corpus_lib
+from seq2seq.data import subword
+from seq2seq.data import tokenizer as tokenizer_lib
+from seq2seq.data.batching import Batching, BatchIterator, epoch_plan, plan_stats
+from seq2seq.data.sources import DataError, Source, check_language
+from seq2seq.files import write_atomic
 
 SPM_FILE = "spm.model"
 SPM_SETTINGS_FILE = "spm_settings.json"  # the settings spm.model was made with
@@ -39,7 +40,7 @@ def source(config, split: str) -> Source:
                 **({"multi30k_url": data.multi30k_url} if data.get("multi30k_url") else {}))
 
 
-def tokenizer(config, workdir: str | None = None) -> tokenizer_lib.Tokenizer:
+def load_tokenizer(config, workdir: str | None = None) -> tokenizer_lib.Tokenizer:
   """The run's sentencepiece model: the workdir's, else `data.spm_model`, else trained.
 
   A trained model is cached by (training data, settings, seed) and copied into the workdir,
@@ -72,14 +73,14 @@ def tokenizer(config, workdir: str | None = None) -> tokenizer_lib.Tokenizer:
       sample = tokenizer_lib.sample_sentences(train, data.spm_sample_size, config.seed)
       model = tokenizer_lib.train(sample, vocab_size=data.vocab_size, model_type=data.spm_model_type,
                                   character_coverage=data.spm_character_coverage, seed=config.seed)
-      tokenizer_lib.write_atomic(cached, model)
+      write_atomic(cached, model)
       tok = tokenizer_lib.Tokenizer(model)
   if not data.get("spm_model") and tok.vocab_size < data.vocab_size:
     raise ValueError(f"config.data.vocab_size={data.vocab_size}, but the sample of {data.train_split} supports only "
                      f"{tok.vocab_size} pieces; set config.data.vocab_size to at most {tok.vocab_size}")
   if in_workdir is not None:
-    tokenizer_lib.write_atomic(in_workdir.with_name(SPM_SETTINGS_FILE), json.dumps(wanted, indent=1).encode())
-    tokenizer_lib.write_atomic(in_workdir, tok.model_bytes)
+    write_atomic(in_workdir.with_name(SPM_SETTINGS_FILE), json.dumps(wanted, indent=1).encode())
+    write_atomic(in_workdir, tok.model_bytes)
   return tok
 
 
@@ -104,13 +105,13 @@ def cleaning(config) -> corpus_lib.Cleaning:
   return corpus_lib.Cleaning(max_len=config.data.max_len, max_length_ratio=config.data.max_length_ratio)
 
 
-def corpus(config, split: str, tok: tokenizer_lib.Tokenizer) -> corpus_lib.Corpus:
+def load_corpus(config, split: str, tok: tokenizer_lib.Tokenizer) -> corpus_lib.Corpus:
   """The tokenized and cleaned split, cached on disk."""
   src = source(config, split)
   return corpus_lib.build(src, src.fingerprint(), tok, cleaning(config), cache_dir(config), src.spec)
 
 
-def batching(config) -> Batching:
+def batching_config(config) -> Batching:
   data = config.data
   return Batching(max_tokens=data.max_tokens, max_len=data.max_len, batch_multiple=data.batch_multiple,
                   num_buckets=data.num_buckets, bucket_min=data.bucket_min, fill_rows=data.fill_rows,
@@ -121,16 +122,16 @@ def train_iterator(config, tok, *, state: dict | None = None, process_index: int
                    process_count: int = 1) -> BatchIterator:
   """Endless training batches for this process, resumed from `state` when given.
 
-  With `data.subword_alpha` > 0 each epoch sees new segmentations (seq2seq.subword).
+  With `data.subword_alpha` > 0 each epoch sees new segmentations (seq2seq.data.subword).
   """
-  data, train = config.data, corpus(config, config.data.train_split, tok)
+  data, train = config.data, load_corpus(config, config.data.train_split, tok)
   resample = None
   if data.get("subword_alpha", 0.0):
     if tok.model_type != "unigram":
       raise ValueError(f"config.data.subword_alpha needs a unigram sentencepiece model; this one is {tok.model_type}")
     resample = subword.Sampler(train, tok, alpha=data.subword_alpha, nbest=data.subword_nbest, max_len=data.max_len,
                                seed=config.seed)
-  return BatchIterator(train, batching(config), config.seed, process_index=process_index,
+  return BatchIterator(train, batching_config(config), config.seed, process_index=process_index,
                        process_count=process_count, state=state, resample=resample)
 
 
@@ -142,8 +143,8 @@ def eval_pairs(config, split: str) -> list[tuple[str, str]]:
 def statistics(config, tok) -> dict:
   """The training corpus in numbers: pairs kept and dropped, tokens, lengths, and the batches
   of its first epoch (count, distinct shapes, padding)."""
-  train = corpus(config, config.data.train_split, tok)
-  stats, cfg = train.stats, batching(config)
+  train = load_corpus(config, config.data.train_split, tok)
+  stats, cfg = train.stats, batching_config(config)
   plan = epoch_plan(train.src_lengths, train.tgt_lengths, cfg, config.seed, 0)
   ps = plan_stats(plan, train.src_lengths, train.tgt_lengths)
   percentiles = (50, 90, 95, 99, 100)
@@ -180,22 +181,23 @@ def describe(s: dict) -> str:
 
 
 def main(argv=None) -> int:
-  from absl import app, flags
+  from absl import flags
   from ml_collections import config_flags
 
-  config_flag = config_flags.DEFINE_config_file("config", None, "Path to a config file.", lock_config=True)
+  config_flag = config_flags.DEFINE_config_file("config", None, "A shipped config's name or a config file's path.",
+                                                lock_config=True)
   as_json = flags.DEFINE_bool("json", False, "Print the statistics as one JSON object.")
   flags.mark_flags_as_required(["config"])
 
   def run(_):
     config = config_flag.value
     try:
-      stats = statistics(config, tokenizer(config))
+      stats = statistics(config, load_tokenizer(config))
     except DataError as e:
       cli.fail(str(e))
     print(json.dumps(stats) if as_json.value else describe(stats))
 
-  app.run(run, argv=argv, flags_parser=cli.parse_flags)
+  cli.run(run, __name__, argv)
   return 0
 
 

@@ -7,7 +7,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from seq2seq.config import ModelConfig
+from seq2seq.model.config import ModelConfig
 
 
 def forward_flops(cfg: ModelConfig, batch: int, src_len: int, tgt_len: int) -> float:

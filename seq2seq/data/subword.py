@@ -20,8 +20,8 @@ import os
 
 import numpy as np
 
-from seq2seq.corpus import Corpus
-from seq2seq.tokenizer import EOS_ID, Tokenizer
+from seq2seq.data.corpus import Corpus
+from seq2seq.data.tokenizer import EOS_ID, Tokenizer
 
 CHUNK_SENTENCES = 4096
 

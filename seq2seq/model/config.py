@@ -13,7 +13,7 @@ CHOICES = {
     "norm_position": ("pre", "post"),
     "activation": ("relu", "gelu", "swiglu", "geglu"),
     "dtype": ("float32", "bfloat16"),
-    "attention_impl": ("auto", "xla", "explicit", "cudnn", "splash"),  # see seq2seq/attention.py
+    "attention_impl": ("auto", "xla", "explicit", "cudnn", "splash"),  # see seq2seq/model/attention.py
 }
 
 

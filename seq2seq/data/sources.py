@@ -30,10 +30,11 @@ import itertools
 import os
 import pathlib
 import re
-import tempfile
 import urllib.request
 import zlib
 from collections.abc import Iterator
+
+from seq2seq.files import atomic_open, file_sha256
 
 Pair = tuple[str, str]
 
@@ -136,14 +137,6 @@ MAX_DOWNLOAD_BYTES = 512 * 2**20  # a download larger than this is refused (a wr
 _verified: set[tuple[str, str]] = set()  # (path, sha256) of cached files checked by this process
 
 
-def file_sha256(path: pathlib.Path) -> str:
-  digest = hashlib.sha256()
-  with open(path, "rb") as f:
-    for block in iter(lambda: f.read(1 << 20), b""):
-      digest.update(block)
-  return digest.hexdigest()
-
-
 def download(url: str, dest: pathlib.Path, sha256: str, max_bytes: int = MAX_DOWNLOAD_BYTES) -> pathlib.Path:
   """Downloads `url` to `dest`, verifying its sha256; never leaves a partial file. A file
   already in the cache is verified too (once per process): one that does not match (damaged,
@@ -157,25 +150,18 @@ def download(url: str, dest: pathlib.Path, sha256: str, max_bytes: int = MAX_DOW
     import logging
 
     logging.getLogger(__name__).warning("%s does not match its sha256; downloading it again", dest)
-  dest.parent.mkdir(parents=True, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
-  try:
-    digest, size = hashlib.sha256(), 0
-    with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=60) as response:
-      for chunk in iter(lambda: response.read(1 << 20), b""):
-        size += len(chunk)
-        if size > max_bytes:
-          raise DataError(f"{url}: more than {max_bytes} bytes; refusing the download (nothing was written to {dest})")
-        digest.update(chunk)
-        out.write(chunk)
+  digest, size = hashlib.sha256(), 0
+  with atomic_open(dest, suffix=".part") as out, urllib.request.urlopen(url, timeout=60) as response:
+    for chunk in iter(lambda: response.read(1 << 20), b""):
+      size += len(chunk)
+      if size > max_bytes:
+        raise DataError(f"{url}: more than {max_bytes} bytes; refusing the download (nothing was written to {dest})")
+      digest.update(chunk)
+      out.write(chunk)
     if digest.hexdigest() != sha256:
       raise DataError(f"{url}: sha256 {digest.hexdigest()} does not match the expected {sha256}; "
                       f"nothing was written to {dest}")
-    os.replace(tmp, dest)
-    _verified.add((str(dest), sha256))
-  finally:
-    if os.path.exists(tmp):
-      os.remove(tmp)
+  _verified.add((str(dest), sha256))
   return dest
 
 

@@ -1,6 +1,14 @@
 """Translating text with a trained model: tokenize, sort by length, decode batches of a few
 fixed shapes on the device mesh, detokenize, and return the input order.
 
+  from seq2seq import Translator
+  translator = Translator.from_workdir("/tmp/m30k")            # a training run's directory
+  translator = Translator.from_pretrained("/tmp/m30k-model")   # a `python -m seq2seq.export` folder
+  translator.translate(["A man rides a bike."])                # -> ["Ein Mann fährt Fahrrad."]
+  hypotheses, scores = translator.translate(sentences, return_scores=True)
+
+Inside the library the parameters are passed per call (training validates changing ones):
+
   translator = Translator(model_cfg, graphdef, tok, mesh, beam_size=4, alpha=0.6)
   hypotheses = translator(params, ["A man rides a bike.", ...])
 
@@ -18,9 +26,10 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from seq2seq import decode, sharding
-from seq2seq.config import ModelConfig
-from seq2seq.tokenizer import EOS_ID, Tokenizer
+from seq2seq import sharding
+from seq2seq.data.tokenizer import EOS_ID, Tokenizer
+from seq2seq.inference import decode
+from seq2seq.model.config import ModelConfig
 
 # Padded source lengths: each batch uses the smallest that fits, so a test set compiles
 # at most a handful of programs however its lengths are spread.
@@ -39,7 +48,7 @@ class Translator:
 
   def __init__(self, model_cfg: ModelConfig | list[ModelConfig], graphdef, tok: Tokenizer, mesh, *,
                beam_size: int = 4, alpha: float = 0.6, max_len_a: float = 1.0, max_len_b: int = 50,
-               batch_size: int = 64, min_len: int = 0, use_cache: bool = True):
+               batch_size: int = 64, min_len: int = 0, use_cache: bool = True, params=None):
     if beam_size < 1 or batch_size < 1:
       raise ValueError(f"beam_size and batch_size must be >= 1, got {beam_size} and {batch_size}")
     self.ensemble = isinstance(model_cfg, list)
@@ -47,7 +56,8 @@ class Translator:
     if not cfgs or len(cfgs) != len(graphdefs) or len({c.vocab_size for c in cfgs}) != 1:
       raise ValueError(f"an ensemble needs one graphdef per model config and one vocabulary, got {len(cfgs)} "
                        f"configs (vocabularies {sorted({c.vocab_size for c in cfgs})}) and {len(graphdefs)} graphdefs")
-    self.graphdefs, self.tok, self.mesh = graphdefs, tok, mesh
+    self.graphdefs, self.tok, self.mesh, self.params = graphdefs, tok, mesh, params
+    self.checkpoint = ""  # which parameters from_workdir / from_pretrained loaded
     # Sources and outputs must fit every learned position table (None: no limit).
     self.position_limit = min((c.max_len for c in cfgs if c.positions == "learned"), default=None)
     self.settings = dict(beam_size=beam_size, alpha=alpha, max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len)
@@ -73,8 +83,57 @@ class Translator:
     """A global array from the full batch every process holds (each places its own shards)."""
     return jax.make_array_from_callback(x.shape, self._batch_sharding, lambda index: x[index])
 
+  @classmethod
+  def from_workdir(cls, workdir, checkpoint: None | str | int = None, *, beam_size: int | None = None,
+                   alpha: float | None = None, mesh=None, **settings) -> Translator:
+    """The model of a training run: `checkpoint` None (the newest intact one), "best" (lowest
+    validation loss) or a step. Search settings default to the run's config.eval; `settings`
+    may set max_len_a, max_len_b, batch_size and min_len. `mesh` defaults to config.mesh."""
+    from seq2seq.inference import load
+
+    if checkpoint is not None and checkpoint != "best" and not isinstance(checkpoint, int):
+      raise ValueError(f"checkpoint must be None, 'best' or a step number, got {checkpoint!r}")
+    config = load.run_config(workdir)
+    mesh = sharding.make_mesh(config.mesh) if mesh is None else mesh
+    model_cfg, graphdef, params, tok, label = load.load_params(
+        workdir, config, mesh, best=checkpoint == "best", step=checkpoint if isinstance(checkpoint, int) else None)
+    translator = cls(model_cfg, graphdef, tok, mesh, params=params,
+                     **search_settings(config.eval, beam_size=beam_size, alpha=alpha, **settings))
+    translator.checkpoint = label
+    return translator
+
+  @classmethod
+  def from_pretrained(cls, model_dir, *, beam_size: int | None = None, alpha: float | None = None, mesh=None,
+                      **settings) -> Translator:
+    """The model of a folder written by `python -m seq2seq.export` (safetensors, no orbax);
+    it translates exactly as `from_workdir` on the checkpoint that was exported."""
+    from seq2seq import export
+
+    config, model_cfg, tok, label = export.read_model_dir(model_dir)
+    mesh = sharding.make_mesh(config.mesh) if mesh is None else mesh
+    graphdef, params = export.load_params(model_dir, model_cfg, mesh)
+    translator = cls(model_cfg, graphdef, tok, mesh, params=params,
+                     **search_settings(config.eval, beam_size=beam_size, alpha=alpha, **settings))
+    translator.checkpoint = label
+    return translator
+
+  def translate(self, sentences: list[str] | str, *, return_scores: bool = False, progress: bool = False):
+    """Translations of `sentences` (a string gives a string); with return_scores, also each
+    translation's score: its log-probability, divided by the GNMT length penalty for beam > 1."""
+    if self.params is None:
+      raise ValueError("this Translator holds no parameters: build it with Translator.from_workdir or "
+                       "Translator.from_pretrained, or call it as translator(params, sentences)")
+    one = isinstance(sentences, str)
+    hypotheses, scores = self._translate(self.params, [sentences] if one else list(sentences), progress)
+    if one:
+      hypotheses, scores = hypotheses[0], scores[0]
+    return (hypotheses, scores) if return_scores else hypotheses
+
   def translate_ids(self, params, sources: list[list[int]], *, progress: bool = False) -> list[list[int]]:
     """Output ids (without eos) of each source id sequence (with eos), in input order."""
+    return self._translate_ids(params, sources, progress)[0]
+
+  def _translate_ids(self, params, sources: list[list[int]], progress: bool) -> tuple[list[list[int]], list[float]]:
     sources = list(sources)
     if self.position_limit is not None:
       limit = self.position_limit
@@ -82,6 +141,7 @@ class Translator:
       sources = [s if len(s) <= limit else s[:limit - 1] + [EOS_ID] for s in sources]
     order = sorted(range(len(sources)), key=lambda i: -len(sources[i]))  # longest first: memory errors show early
     outputs: list[list[int]] = [[] for _ in sources]
+    scores = [0.0] * len(sources)
     from tqdm import tqdm
 
     bar = tqdm(total=len(sources), unit="sent", dynamic_ncols=True, leave=False,
@@ -99,20 +159,35 @@ class Translator:
       limits = np.array(decode.output_limits(lengths, self.settings["max_len_a"], self.settings["max_len_b"],
                                                max_len))
       limits[len(rows):] = 1
-      tokens_bl = np.asarray(jax.device_get(self._search(params, self._put(src_bs), self._put(limits),
-                                                         max_len=max_len)))
+      tokens_bl, scores_b = jax.device_get(self._search(params, self._put(src_bs), self._put(limits),
+                                                        max_len=max_len))
       for r, i in enumerate(rows):
-        row = tokens_bl[r].tolist()
+        row = np.asarray(tokens_bl[r]).tolist()
         outputs[i] = row[:row.index(EOS_ID)] if EOS_ID in row else row
+        scores[i] = float(scores_b[r])
       bar.update(len(rows))
     bar.close()
-    return outputs
+    return outputs, scores
 
   def __call__(self, params, sentences: list[str], *, progress: bool = False) -> list[str]:
     """Detokenized translations; blank sources give blank outputs without running the model."""
+    return self._translate(params, sentences, progress)[0]
+
+  def _translate(self, params, sentences: list[str], progress: bool) -> tuple[list[str], list[float]]:
     nonblank = [i for i, s in enumerate(sentences) if s.strip()]
     ids = self.tok.encode([sentences[i] for i in nonblank]) if nonblank else []
-    out = [""] * len(sentences)
-    for i, hyp in zip(nonblank, self.translate_ids(params, ids, progress=progress)):
-      out[i] = self.tok.decode(hyp)
-    return out
+    out, scores = [""] * len(sentences), [0.0] * len(sentences)
+    hypotheses, hyp_scores = self._translate_ids(params, ids, progress)
+    for i, hyp, score in zip(nonblank, hypotheses, hyp_scores):
+      out[i], scores[i] = self.tok.decode(hyp), score
+    return out, scores
+
+
+def search_settings(eval_cfg, **overrides) -> dict:
+  """Translator keyword arguments from a config's `eval` section, with overrides (None: keep)."""
+  settings = {key: eval_cfg[key] for key in ("beam_size", "alpha", "max_len_a", "max_len_b", "batch_size")
+              if key in eval_cfg}
+  unknown = sorted(set(overrides) - set(settings) - {"min_len", "use_cache"})
+  if unknown:
+    raise ValueError(f"unknown search setting(s) {unknown}; known: {sorted(settings) + ['min_len', 'use_cache']}")
+  return settings | {k: v for k, v in overrides.items() if v is not None}

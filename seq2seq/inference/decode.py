@@ -220,13 +220,15 @@ def beam_search(stepper: Stepper, src_bs, limits_b, *, beam_size: int, alpha: fl
 
 def search(model, src_bs, limits_b, *, beam_size: int, alpha: float, max_len: int, min_len: int = 0,
            use_cache: bool = True):
-  """Best output per sentence: tokens [b, max_len] (eos, then padding). Beam 1 is greedy.
-  `model` may be a list of models sharing the vocabulary: their ensemble is searched."""
+  """(tokens [b, max_len], scores [b]) of the best output per sentence: its tokens end with eos,
+  then padding; its score is the sum of its log-probabilities, divided by the GNMT length
+  penalty for beam > 1. Beam 1 is greedy. `model` may be a list of models sharing the
+  vocabulary: their ensemble is searched."""
   models = list(model) if isinstance(model, (list, tuple)) else [model]
   stepper = ensemble([(cached if use_cache else uncached)(m, max_len) for m in models])
   ids = dict(bos_id=1, eos_id=1, pad_id=models[0].cfg.pad_id)
   if beam_size == 1:
-    return greedy(stepper, src_bs, limits_b, max_len=max_len, min_len=min_len, **ids)[0]
-  tokens_bkl, _ = beam_search(stepper, src_bs, limits_b, beam_size=beam_size, alpha=alpha, max_len=max_len,
+    return greedy(stepper, src_bs, limits_b, max_len=max_len, min_len=min_len, **ids)
+  tokens_bkl, scores_bk = beam_search(stepper, src_bs, limits_b, beam_size=beam_size, alpha=alpha, max_len=max_len,
                               min_len=min_len, **ids)
-  return tokens_bkl[:, 0]
+  return tokens_bkl[:, 0], scores_bk[:, 0]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 import os
 import pathlib
-import tempfile
 from collections.abc import Iterable
 
 import numpy as np
@@ -57,20 +56,6 @@ def train(sentences: list[str], *, vocab_size: int, model_type: str = "unigram",
       bos_id=-1, input_sentence_size=0, shuffle_input_sentence=False, hard_vocab_limit=False,
       max_sentence_length=1 << 14, num_threads=os.cpu_count() or 1, minloglevel=2)
   return model.getvalue()
-
-
-def write_atomic(path: str | os.PathLike, data: bytes) -> None:
-  """Writes `data` to `path` through a temporary file and a rename: all or nothing."""
-  path = pathlib.Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-  try:
-    with os.fdopen(fd, "wb") as f:
-      f.write(data)
-    os.replace(tmp, path)
-  finally:
-    if os.path.exists(tmp):
-      os.remove(tmp)
 
 
 class Tokenizer:

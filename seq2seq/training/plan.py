@@ -41,7 +41,7 @@ class Plan:
   output_bytes: int
   alias_bytes: int  # outputs that reuse donated arguments
   flops_xla: float  # per device per step (cost_analysis of the partitioned program)
-  flops_model: float  # per device per step (seq2seq.flops: matmuls only, 2 per multiply-add)
+  flops_model: float  # per device per step (seq2seq.model.flops: matmuls only, 2 per multiply-add)
   target_tokens: int  # per step (all devices), the compiled shape's target slots
   peak_tflops: float = 0.0  # per device
   mfu: float = 0.0
@@ -76,7 +76,7 @@ def batch_shapes(config) -> list[tuple[int, int, int]]:
   token counts are assumed (with a tokenized corpus the shorter side's rows are shorter)."""
   from seq2seq import data
 
-  cfg = data.batching(config)
+  cfg = data.batching_config(config)
   longest = (cfg.max_len, cfg.max_len) if not cfg.packing else (cfg.lengths()[0],) * 2
   return cfg.shapes(np.ones(1), np.ones(1), longest=longest)
 
@@ -108,8 +108,10 @@ def mesh_devices(mesh_cfg, default: int = 8) -> int:
 def dry_run(config, devices=None, *, peak_tflops: float = 0.0, mfu: float = 0.0) -> Plan:
   """Compiles the train step of `config` on its mesh for the longest batch shape and reads
   XLA's memory and cost analyses. Allocates nothing on the devices."""
-  from seq2seq import flops, optimizer, sharding, train, transformer
-  from seq2seq.config import ModelConfig
+  from seq2seq import sharding
+  from seq2seq.model import flops, transformer
+  from seq2seq.model.config import ModelConfig
+  from seq2seq.training import optimizer, train
 
   mesh = sharding.make_mesh(config.mesh, devices)
   model_cfg = ModelConfig.from_config(config.model, vocab_size=config.data.vocab_size)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import pathlib
-import sys
 import time
 
 import jax
@@ -17,15 +16,17 @@ import numpy as np
 import optax
 from flax import nnx
 
-from seq2seq import checkpoint, data, flops, metrics, optimizer, sharding, transformer
-from seq2seq.batching import BatchIterator, epoch_plan, make_batch
-from seq2seq.config import ModelConfig
-from seq2seq.guard import DivergenceGuard, roll_back
-from seq2seq.loss import cross_entropy_sums, summarize
-from seq2seq.prefetch import Prefetch
-from seq2seq.score import score
-from seq2seq.tokenizer import write_atomic
-from seq2seq.translate import Translator
+from seq2seq import data, metrics, sharding
+from seq2seq.data.batching import BatchIterator, epoch_plan, make_batch
+from seq2seq.data.prefetch import Prefetch
+from seq2seq.files import write_atomic
+from seq2seq.inference.score import score
+from seq2seq.inference.translate import Translator
+from seq2seq.model import flops, transformer
+from seq2seq.model.config import ModelConfig
+from seq2seq.training import checkpoint, optimizer, report
+from seq2seq.training.guard import DivergenceGuard, roll_back
+from seq2seq.training.loss import cross_entropy_sums, summarize
 
 BATCH_KEYS = ("src_bs", "src_segments_bs", "src_positions_bs", "tgt_in_bt", "tgt_out_bt", "tgt_segments_bt",
               "tgt_positions_bt")
@@ -72,7 +73,7 @@ def dropout_key(seed: int, step, micro: int = 0, impl: str = "threefry2x32"):
 
 def grad_sums(params, batch, key, *, graphdef, label_smoothing, poison=False, packed=True):
   """Gradient of the summed (not averaged) token loss, and the metric sums. `packed=False`:
-  every row holds one pair (lets GPUs use cuDNN attention; seq2seq/attention.py)."""
+  every row holds one pair (lets GPUs use cuDNN attention; seq2seq/model/attention.py)."""
   grads, sums = jax.grad(_loss, has_aux=True)(params, graphdef, batch, key, label_smoothing, poison, packed)
   return grads, sums
 
@@ -115,7 +116,7 @@ class Steps:
 
   def __init__(self, config, graphdef, shardings, mesh, tx, schedule):
     t = config.train
-    # Rows hold one pair each unless batches fill them up or pack them (seq2seq/batching.py).
+    # Rows hold one pair each unless batches fill them up or pack them (seq2seq/data/batching.py).
     data_cfg = config.get("data", {})
     packed = bool(data_cfg.get("packing", False) or data_cfg.get("fill_rows", True))
     common = dict(seed=config.seed, rng_impl=t.get("rng_impl", "threefry2x32"), graphdef=graphdef,
@@ -143,8 +144,8 @@ class Steps:
 # -- evaluation --------------------------------------------------------------------------
 def validation_batches(config, tok, mesh) -> list[dict]:
   """The validation split as fixed, deterministic batches (this process's rows)."""
-  corpus = data.corpus(config, config.data.validation_split, tok)
-  plan = epoch_plan(corpus.src_lengths, corpus.tgt_lengths, data.batching(config), seed=0, epoch=0)
+  corpus = data.load_corpus(config, config.data.validation_split, tok)
+  plan = epoch_plan(corpus.src_lengths, corpus.tgt_lengths, data.batching_config(config), seed=0, epoch=0)
   return [make_batch(corpus, p, jax.process_index(), jax.process_count()) for p in plan]
 
 
@@ -175,13 +176,6 @@ def bleu_validator(config, model_cfg, graphdef, tok, mesh):
 
 
 # -- the loop ----------------------------------------------------------------------------
-def _progress(total: int, initial: int):
-  from tqdm import tqdm
-
-  return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True,
-              disable=not sys.stderr.isatty() or jax.process_index() != 0)
-
-
 def train_and_evaluate(config, workdir: str, command: str = "") -> dict:
   """Trains `config` in `workdir`; returns the last logged metrics. `command`, the command
   line that started this run or restart, is added to DIR/commands.txt once it goes ahead."""
@@ -189,7 +183,7 @@ def train_and_evaluate(config, workdir: str, command: str = "") -> dict:
   is_main = jax.process_index() == 0
   mesh = validate(config)  # before anything is written into the workdir
   workdir_path.mkdir(parents=True, exist_ok=True)
-  tok = data.tokenizer(config, workdir)
+  tok = data.load_tokenizer(config, workdir)
   model_cfg = ModelConfig.from_config(config.model, vocab_size=tok.vocab_size)
   tx, schedule = optimizer.make(config.train, d_model=model_cfg.d_model)
   graphdef, state, shardings = init_state(model_cfg, tx, mesh, config.seed)
@@ -217,6 +211,8 @@ def train_and_evaluate(config, workdir: str, command: str = "") -> dict:
       for f in fallbacks:
         print(f"warning: checkpoint {f['step']} is damaged and was skipped: {f['problem']}", flush=True)
       print(f"resumed from {ckpts.directory / str(restored)}", flush=True)
+  if is_main:
+    print(report.summary(config, model_cfg, mesh, workdir), flush=True)
   if is_main:  # only once the run goes ahead: a refused restart leaves the run's config and commands as they were
     write_atomic(workdir_path / "config.json", config.to_json_best_effort(indent=1, sort_keys=True).encode())
     if command:
@@ -232,7 +228,7 @@ def train_and_evaluate(config, workdir: str, command: str = "") -> dict:
   guard = DivergenceGuard(spike_factor=t.get("guard_spike_factor", 0.0)) if t.get("guard_max_rollbacks", 3) else None
   rollbacks = 0
   step = int(state["step"])
-  bar = _progress(config.train.steps, step)
+  bar = report.progress(config.train.steps, step)
   window = _new_window(step)
   last = {}
   # wall_time_s counts across restarts: it goes on from the last one logged at or before the restored step.
@@ -284,11 +280,11 @@ def train_and_evaluate(config, workdir: str, command: str = "") -> dict:
         window["start"] += time.perf_counter() - eval_start  # throughput counts training time only
         writer.write(step, val)
         last |= val | {"val_step": step}
-        if is_main:
-          bar.write(f"step {step}: " + " ".join(f"{k}={v:.4g}" for k, v in val.items()))
+        report.say(bar, f"step {step}: " + " ".join(f"{k}={v:.4g}" for k, v in val.items()))
       if "checkpoint" in due or stopping:
         val_loss = last.get("val_loss") if last.get("val_step") == step else None
         ckpts.save(step, state, data_state, run_identity, val_loss=val_loss)
+        report.say(bar, f"step {step}: checkpoint saving to {ckpts.directory / str(step)}")
       if stopping:
         ckpts.wait()
         if is_main:
@@ -391,9 +387,5 @@ def _log(step, window, writer, bar, peak, start_time) -> dict:
       "wall_time_s": time.perf_counter() - start_time,
   }
   writer.write(step, values)
-  bar.set_postfix(loss=f"{values['loss']:.3f}", tok_s=f"{values['target_tokens_per_s']:.0f}")
-  if bar.disable and jax.process_index() == 0:
-    print(f"step {step}: loss {values['loss']:.4f} acc {values['accuracy']:.3f} ppl {values['perplexity']:.2f} "
-          f"lr {values['learning_rate']:.3g} gnorm {values['grad_norm']:.3g} "
-          f"tok/s {values['target_tokens_per_s']:.0f} mfu {values['mfu']:.1%}", flush=True)
+  report.log_line(bar, step, values)
   return values | {"step": step}

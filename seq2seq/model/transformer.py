@@ -9,7 +9,7 @@ API used by training and decoding:
 The decoder input starts with `cfg.bos_id` (the eos id, as in fairseq). Segment ids
 (0 = padding) default to `tokens != pad_id`; packed batches pass their own segment ids
 and positions. `packed=False` promises every row is one sentence then padding, which lets
-the GPU use cuDNN attention given sequence lengths (seq2seq/attention.py); by default rows
+the GPU use cuDNN attention given sequence lengths (seq2seq/model/attention.py); by default rows
 count as packed when segment ids are passed. `dropout_rng=None` means evaluation (no dropout).
 """
 
@@ -21,10 +21,20 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from seq2seq.attention import MultiHeadAttention, SegmentMask
-from seq2seq.config import ModelConfig
-from seq2seq.layers import (Embed, FeedForward, LearnedPositions, Norm, dense, dropout, fold, param, sinusoidal,
-                            weight)
+from seq2seq.model.attention import MultiHeadAttention, SegmentMask
+from seq2seq.model.config import ModelConfig
+from seq2seq.model.layers import (
+  Embed,
+  FeedForward,
+  LearnedPositions,
+  Norm,
+  dense,
+  dropout,
+  fold,
+  param,
+  sinusoidal,
+  weight,
+)
 from seq2seq.sharding import constrain
 
 Cache = dict[str, Any]

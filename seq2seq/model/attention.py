@@ -43,7 +43,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from seq2seq.layers import dense, dropout, param, rope, weight, xavier
+from seq2seq.model.layers import dense, dropout, param, rope, weight, xavier
 from seq2seq.sharding import activation_spec, constrain, current_mesh
 
 try:  # experimental API; absent or moved in other JAX versions: TPU then takes XLA

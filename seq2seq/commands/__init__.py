@@ -1,0 +1,11 @@
+"""The command-line programs, each defining its absl flags and a `run()` entry point:
+
+  seq2seq-train      (python train.py)       commands/train.py
+  seq2seq-eval       (python eval.py)        commands/eval.py
+  seq2seq-translate  (stdin to stdout)       commands/translate.py
+
+The smaller tools keep a `main()` beside their code: `python -m seq2seq.data`,
+`seq2seq.average`, `seq2seq.plot`, `seq2seq.results`, `seq2seq.export`. All share
+`seq2seq.cli`: `--config=NAME` for a shipped config, quiet logs unless `--log_level`, and
+`error: ...` lines for bad input.
+"""

@@ -1,0 +1,117 @@
+"""BLEU evaluation of a trained run: load a checkpoint (latest, a step, the best by validation
+loss, or an average of the last K) on the config's mesh, translate the test sets or given
+files, score with sacreBLEU, and write hypotheses and a JSON result into DIR/eval/
+(NAME.CHECKPOINT.SEARCH.{hyp,json}, e.g. test_2016_flickr.step20000.beam4-alpha0.6.json).
+
+  python eval.py --workdir=DIR                                   # the config's test sets
+  python eval.py --workdir=DIR --source=in.en --reference=ref.de
+  python eval.py --workdir=DIR --source=- < in.en > out.de       # translate stdin
+  python eval.py --workdir=DIR --ensemble=DIR2 --ensemble=DIR3    # the runs' ensemble
+
+Many hosts (a model too large for one): the same command on every host, plus
+--coordinator_address=auto or --coordinator_address=HOST:PORT --num_processes=N --process_id=I;
+process 0 writes the files and prints the scores.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import pathlib
+import sys
+import time
+
+import jax
+
+from seq2seq.data.sources import read_lines
+from seq2seq.files import write_atomic
+from seq2seq.inference.score import score
+from seq2seq.inference.translate import Translator
+
+
+def read_text(path: str) -> list[str]:
+  """Lines of a plain, gzipped or SGML file (one segment per line)."""
+  try:
+    return list(read_lines(path))
+  except OSError as e:
+    raise ValueError(f"cannot read {path}: {e}") from None
+
+
+def hardware() -> str:
+  """What the run is on, for result tables: devices and, on a CPU, the host's processor."""
+  devices = f"{jax.device_count()} x {jax.devices()[0].device_kind}"
+  if jax.devices()[0].platform != "cpu":
+    return devices
+  model = next((line.split(":", 1)[1].strip() for line in _cpuinfo() if line.startswith("model name")), "CPU")
+  return f"{os.cpu_count()}-core {model}"
+
+
+def _cpuinfo() -> list[str]:
+  try:
+    return pathlib.Path("/proc/cpuinfo").read_text().splitlines()
+  except OSError:
+    return []
+
+
+def search_name(settings: dict) -> str:
+  """The SEARCH part of result file names: greedy or beamK-alphaA, plus the length limits
+  where they differ from Translator's defaults (so differently decoded runs do not
+  overwrite each other)."""
+  name = "greedy" if settings["beam_size"] == 1 else f"beam{settings['beam_size']}-alpha{settings['alpha']:g}"
+  defaults = {k: v.default for k, v in inspect.signature(Translator).parameters.items()}
+  a, b, m = settings["max_len_a"], settings["max_len_b"], settings["min_len"]
+  if (a, b) != (defaults["max_len_a"], defaults["max_len_b"]):
+    name += f"-len{a:g}x+{b}"
+  return name + (f"-min{m}" if m != defaults["min_len"] else "")
+
+
+def evaluate(translator: Translator, params, sources: list[str], references: list[str], *, name: str, label: str,
+             outdir: pathlib.Path, output: str = "", tokenize: str = "13a", lowercase: bool = False,
+             extra: dict | None = None) -> dict:
+  """Translates, scores and writes DIR/eval/NAME.CHECKPOINT.SEARCH.{hyp,json}; returns the result."""
+  start = time.perf_counter()
+  hypotheses = translator(params, sources, progress=True)
+  seconds = time.perf_counter() - start
+  result = score(hypotheses, references, tokenize=tokenize, lowercase=lowercase) | {
+      "name": name, "checkpoint": label, "sentences": len(sources), "seconds": seconds,
+      "sentences_per_s": len(sources) / max(seconds, 1e-9), "decode": translator.settings,
+      "truncated_sources": translator.truncated, "hardware": hardware()} | (extra or {})
+  if jax.process_index() == 0:
+    outdir.mkdir(parents=True, exist_ok=True)
+    stem = f"{name}.{label}.{search_name(translator.settings)}"  # one file per checkpoint and search
+    hyp_path = outdir / f"{stem}.hyp"
+    text = "".join(h + "\n" for h in hypotheses)
+    for path in [hyp_path] + ([pathlib.Path(output)] if output else []):
+      write_atomic(path, text.encode("utf-8"))
+    result["hypotheses"] = str(hyp_path)
+    write_atomic(outdir / f"{stem}.json", (json.dumps(result, indent=1) + "\n").encode("utf-8"))
+  return result
+
+
+def decoded_lines(stream):
+  """Text lines of a byte or text stream. An invalid UTF-8 byte becomes U+FFFD with a warning
+  naming the line, so every input line still gets its output line."""
+  raw = getattr(stream, "buffer", stream)
+  for number, line in enumerate(raw, 1):
+    if isinstance(line, str):
+      yield line.rstrip("\r\n")
+      continue
+    try:
+      text = line.decode("utf-8")
+    except UnicodeDecodeError as err:
+      print(f"warning: stdin line {number}: invalid UTF-8 at byte {err.start}, replaced by U+FFFD", file=sys.stderr)
+      text = line.decode("utf-8", errors="replace")
+    yield text.rstrip("\r\n")
+
+
+def translate_stream(translator: Translator, params, lines, out) -> None:
+  """Stdin to stdout: line by line at a terminal, in batches when piped; one output line each."""
+  if hasattr(lines, "isatty") and lines.isatty():
+    for line in decoded_lines(lines):
+      out.write(translator(params, [line])[0] + "\n")
+      out.flush()
+    return
+  for hyp in translator(params, list(decoded_lines(lines))):
+    out.write(hyp + "\n")
+  out.flush()

@@ -1,0 +1,2 @@
+"""The model: layers (norms, feed-forward, embeddings, positions) -> attention -> the
+encoder-decoder Transformer, configured by a frozen `ModelConfig`."""
