@@ -28,11 +28,25 @@ def session_cache(tmp_path_factory) -> pathlib.Path:
   return tmp_path_factory.mktemp("cache")
 
 
-def make_config(name: str, data_dir, cache_dir, **data_overrides):
-  """A config from configs/NAME.py pointed at the given data and cache folders."""
-  import importlib
+@pytest.fixture(scope="session")
+def tiny_run(data_dir, session_cache, tmp_path_factory) -> pathlib.Path:
+  """A tiny model trained 60 steps with validation (loss and greedy BLEU on 24 sentences) and a
+  checkpoint every 20. Tests that change the run work on a copy."""
+  from seq2seq.training.train import train_and_evaluate
 
-  config = importlib.import_module(f"configs.{name}").get_config()
+  workdir = tmp_path_factory.mktemp("tiny_run")
+  config = make_config("tiny", data_dir, session_cache)
+  config.train.update(steps=60, log_every=20, eval_every=20, checkpoint_every=20, keep_checkpoints=3)
+  config.eval.update(val_bleu_sentences=24, val_beam_size=1, batch_size=16)
+  train_and_evaluate(config, str(workdir))
+  return workdir
+
+
+def make_config(name: str, data_dir, cache_dir, **data_overrides):
+  """A shipped config (configs/NAME.py) pointed at the given data and cache folders."""
+  from seq2seq import configs
+
+  config = configs.get(name)
   config.data.dir = str(data_dir)
   config.data.cache_dir = str(cache_dir)
   config.data.update(data_overrides)
@@ -57,3 +71,22 @@ def communicate_all(procs, timeout: float = 300) -> list[tuple]:
     for p in procs:
       if p.poll() is None:
         p.kill()
+
+
+def tensorboard_scalars(workdir) -> dict[str, list[tuple[int, float]]]:
+  """{tag: [(step, value), ...]} of every TensorBoard event file in `workdir` (TFRecord
+  framing: length, its crc, the Event proto, its crc)."""
+  import struct
+
+  from tensorboardX.proto import event_pb2
+
+  scalars: dict[str, list[tuple[int, float]]] = {}
+  for path in sorted(pathlib.Path(workdir).glob("events.out.tfevents.*")):
+    raw, offset = path.read_bytes(), 0
+    while offset + 12 <= len(raw):
+      (length,) = struct.unpack("<Q", raw[offset:offset + 8])
+      event = event_pb2.Event.FromString(raw[offset + 12:offset + 12 + length])
+      offset += 12 + length + 4
+      for value in event.summary.value:
+        scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
+  return scalars

@@ -10,7 +10,7 @@ import sys
 import jax
 import numpy as np
 import pytest
-from conftest import REPO, communicate_all, free_port, make_config
+from conftest import REPO, communicate_all, free_port, make_config, tensorboard_scalars
 
 from seq2seq import metrics, sharding
 from seq2seq.inference import evaluate, load
@@ -21,14 +21,9 @@ VAL_SENTENCES = 24
 
 
 @pytest.fixture(scope="module")
-def run(data_dir, session_cache, tmp_path_factory):
-  """A tiny model trained 60 steps with validation (loss and greedy BLEU) every 20."""
-  workdir = tmp_path_factory.mktemp("eval_run")
-  config = make_config("tiny", data_dir, session_cache)
-  config.train.update(steps=60, log_every=20, eval_every=20, checkpoint_every=20, keep_checkpoints=3)
-  config.eval.update(val_bleu_sentences=VAL_SENTENCES, val_beam_size=1, batch_size=16)
-  train_and_evaluate(config, str(workdir))
-  return workdir
+def run(tiny_run):
+  """A tiny model trained 60 steps with validation (loss and greedy BLEU on 24 sentences) every 20."""
+  return tiny_run
 
 
 @pytest.fixture(scope="module")
@@ -82,6 +77,13 @@ def test_eval_bleu_equals_sacrebleu_cli_and_validation_bleu(run, val_files):
   assert [r["step"] for r in logged] == [20, 40, 60]
   assert logged[-1]["val_bleu"] == pytest.approx(result["bleu"], abs=1e-9)
   assert logged[-1]["val_chrf"] == pytest.approx(result["chrf"], abs=1e-9)
+  # TensorBoard: train and validation curves share charts; eval.py's scores land at the checkpoint's step.
+  scalars = tensorboard_scalars(run)
+  assert [s for s, _ in scalars["train/loss"]] == [20, 40, 60] and [s for s, _ in scalars["val/loss"]] == [20, 40, 60]
+  assert scalars["val/bleu"][-1] == (60, pytest.approx(logged[-1]["val_bleu"], abs=1e-4))
+  assert scalars["eval/src.en/bleu"] == [(60, pytest.approx(result["bleu"], abs=1e-4))]
+  assert scalars["eval/src.en/chrf"] == [(60, pytest.approx(result["chrf"], abs=1e-4))]
+  assert not [tag for tag in scalars if "/" not in tag]
 
 
 def test_sgml_input_average_and_output_file(run, val_files, tmp_path):

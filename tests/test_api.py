@@ -1,0 +1,197 @@
+"""The public Python API: `from seq2seq import Translator`, loading a run or an exported model,
+scores that are the model's own, the export folder, and a layout without import cycles."""
+
+import ast
+import json
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import REPO
+from flax import nnx
+
+import seq2seq
+from seq2seq import Translator, data, export, metrics, sharding
+from seq2seq.inference import decode, evaluate, load
+
+SENTENCES = ["A man is riding a bike.", "", "Two dogs play in the snow near a red house.", "Hello."]
+SMALL = dict(beam_size=2, max_len_b=8, batch_size=4)
+
+
+def test_the_top_level_names_are_the_library_objects():
+  from seq2seq.inference.translate import Translator as library_translator
+  from seq2seq.training.train import train_and_evaluate
+
+  assert Translator is library_translator and seq2seq.train_and_evaluate is train_and_evaluate
+  assert all(getattr(seq2seq, name) is not None for name in seq2seq.__all__)
+  assert seq2seq.get_config("multi30k").model.d_model == 256
+  with pytest.raises(AttributeError):
+    seq2seq.no_such_name  # noqa: B018
+
+
+def test_from_workdir_translates_as_the_library_path(tiny_run):
+  config = load.run_config(tiny_run)
+  mesh = sharding.make_mesh(config.mesh)
+  model_cfg, graphdef, params, tok, label = load.load_params(tiny_run, config, mesh)
+  by_hand = Translator(model_cfg, graphdef, tok, mesh, alpha=config.eval.alpha, max_len_a=1.0, **SMALL)
+  translator = Translator.from_workdir(tiny_run, **SMALL)
+  assert translator.translate(SENTENCES) == by_hand(params, SENTENCES)
+  assert translator.translate(SENTENCES[0]) == by_hand(params, SENTENCES[:1])[0]  # one string in, one out
+  assert translator.checkpoint == label == "step60"
+  defaults = Translator.from_workdir(tiny_run)  # search settings from the run's config.eval
+  assert {k: defaults.settings[k] for k in ("beam_size", "alpha")} == {"beam_size": config.eval.beam_size,
+                                                                       "alpha": config.eval.alpha}
+
+
+def test_from_workdir_chooses_the_checkpoint(tiny_run):
+  best = min((r for r in metrics.read(tiny_run) if "val_loss" in r), key=lambda r: r["val_loss"])["step"]
+  assert Translator.from_workdir(tiny_run, "best", **SMALL).checkpoint == f"best{best}"
+  assert Translator.from_workdir(tiny_run, 40, **SMALL).checkpoint == "step40"
+  with pytest.raises(ValueError, match="has no checkpoint 7; it has steps"):
+    Translator.from_workdir(tiny_run, 7)
+  with pytest.raises(ValueError, match="checkpoint must be None, 'best' or a step"):
+    Translator.from_workdir(tiny_run, "latest")
+  with pytest.raises(ValueError, match="unknown search setting"):
+    Translator.from_workdir(tiny_run, beam=3)
+  config = load.run_config(tiny_run)
+  mesh = sharding.make_mesh(config.mesh)
+  model_cfg, graphdef, _, tok, _ = load.load_params(tiny_run, config, mesh)
+  with pytest.raises(ValueError, match="holds no parameters"):
+    Translator(model_cfg, graphdef, tok, mesh).translate(["x"])
+
+
+@pytest.mark.parametrize("beam", [pytest.param(1, marks=pytest.mark.slow), 3])
+def test_scores_are_the_models_log_probability_of_the_translation(tiny_run, beam):
+  translator = Translator.from_workdir(tiny_run, beam_size=beam, alpha=0.6, max_len_b=8, batch_size=4)
+  sources = [s for s in SENTENCES if s]
+  ids = translator.tok.encode(sources)
+  hyps, scores = translator._translate_ids(translator.params, ids, False)
+  model = nnx.merge(translator.graphdefs[0], translator.params)
+  for src, hyp, score in zip(ids, hyps, scores):
+    target = hyp + [1]  # the search's output ends with eos (id 1), which is scored too
+    logits_btv = model(jnp.asarray([src]), jnp.asarray([[1] + target[:-1]]))
+    logp = float(jnp.sum(jnp.take_along_axis(jax.nn.log_softmax(logits_btv[0]), jnp.asarray(target)[:, None], 1)))
+    expected = logp if beam == 1 else logp / float(decode.length_penalty(len(target), 0.6))
+    assert score == pytest.approx(expected, abs=1e-4)
+  text, text_scores = translator.translate(sources, return_scores=True)
+  assert text_scores == scores and text == [translator.tok.decode(h) for h in hyps]
+
+
+@pytest.fixture(scope="module")
+def exported(tiny_run, tmp_path_factory):
+  """A copy of the tiny run, evaluated on 24 validation sentences, exported."""
+  root = tmp_path_factory.mktemp("export")
+  run = shutil.copytree(tiny_run, root / "run")
+  config = load.run_config(run)
+  pairs = data.eval_pairs(config, config.data.validation_split)[:24]
+  translator = Translator.from_workdir(run, **SMALL)
+  evaluate.evaluate(translator, translator.params, [s for s, _ in pairs], [t for _, t in pairs], name="val24",
+                    label=translator.checkpoint, outdir=run / "eval")
+  return run, export.export(run, root / "model")
+
+
+def test_an_exported_model_translates_exactly_as_its_run(exported):
+  run, model_dir = exported
+  assert sorted(p.name for p in model_dir.iterdir()) == ["README.md", "config.json", "model.safetensors", "spm.model"]
+  sources = SENTENCES + [s for s, _ in data.eval_pairs(load.run_config(run), "val")[:20]]
+  a = Translator.from_workdir(run, **SMALL).translate(sources, return_scores=True)
+  b = Translator.from_pretrained(model_dir, **SMALL)
+  assert b.translate(sources, return_scores=True) == a and b.checkpoint == "step60"
+  from safetensors.numpy import load_file
+
+  tensors = load_file(str(model_dir / "model.safetensors"))
+  params = Translator.from_workdir(run).params
+  flat = export.flatten(params)
+  assert sorted(tensors) == sorted(flat) and all(np.array_equal(tensors[k], flat[k]) for k in flat)
+  card = (model_dir / "README.md").read_text()
+  result = json.loads(next((run / "eval").glob("val24.step60.*.json")).read_text())
+  assert result["bleu_signature"] in card and result["chrf_signature"] in card
+  assert f"| val24 | {result['bleu']:.1f} | {result['chrf']:.1f} |" in card
+
+
+@pytest.mark.slow
+def test_an_exported_model_loads_without_orbax(exported):
+  _, model_dir = exported
+  code = ("import sys; sys.modules['orbax'] = sys.modules['orbax.checkpoint'] = None\n"
+          "from seq2seq import Translator\n"
+          f"print(Translator.from_pretrained({str(model_dir)!r}, beam_size=2, max_len_b=8).translate(['Hello.'])[0])\n"
+          "assert not [m for m in sys.modules if m.startswith('orbax') and sys.modules[m] is not None]\n")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO)
+  assert out.returncode == 0, out.stderr
+  assert out.stdout.strip() == Translator.from_pretrained(model_dir, beam_size=2, max_len_b=8).translate(["Hello."])[0]
+
+
+@pytest.mark.slow
+def test_export_keeps_what_is_there_and_names_bad_files(exported, tmp_path):
+  run, model_dir = exported
+  before = (model_dir / "model.safetensors").read_bytes()
+  with pytest.raises(ValueError, match="exists and is not empty.*--overwrite"):
+    export.export(run, model_dir)
+  assert (model_dir / "model.safetensors").read_bytes() == before
+  export.export(run, model_dir, 40, overwrite=True)
+  assert Translator.from_pretrained(model_dir).checkpoint == "step40"
+  export.export(run, model_dir, overwrite=True)
+  broken = shutil.copytree(model_dir, tmp_path / "broken")
+  (broken / "spm.model").unlink()
+  with pytest.raises(ValueError, match=r"broken/spm.model not found"):
+    Translator.from_pretrained(broken)
+  from safetensors.numpy import load_file, save_file
+
+  tensors = load_file(str(model_dir / "model.safetensors"))
+  name = sorted(tensors)[0]
+  tensors[name] = tensors[name][..., :1]
+  shutil.copy(model_dir / "spm.model", broken / "spm.model")
+  save_file(tensors, str(broken / "model.safetensors"))
+  with pytest.raises(ValueError, match=f"{name} is float32"):
+    Translator.from_pretrained(broken)
+
+
+def _imports(path: pathlib.Path, modules, top_level_only: bool = False) -> set[str]:
+  """The seq2seq modules `path` imports (`from seq2seq.data import corpus` names the module
+  seq2seq.data.corpus, not its package)."""
+  tree = ast.parse(path.read_text())
+  names = set()
+  for node in tree.body if top_level_only else ast.walk(tree):
+    if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("seq2seq"):
+      for a in node.names:
+        names.add(f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module)
+    elif isinstance(node, ast.Import):
+      names |= {a.name for a in node.names if a.name.startswith("seq2seq")}
+  return names
+
+
+def test_the_layout_flows_one_way_without_import_cycles():
+  """Data never imports the model or later stages, the model never imports data or later
+  stages, and no chain of module-level imports leads back to where it started."""
+  package = REPO / "seq2seq"
+  modules = {".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__"): p
+             for p in package.rglob("*.py")}
+  modules["seq2seq.configs"] = REPO / "configs" / "__init__.py"
+  graph = {m: {n for n in _imports(p, modules) if n in modules and n != m} for m, p in modules.items()}
+  for m, deps in graph.items():
+    if m.startswith("seq2seq.data"):
+      assert not {d for d in deps if d.startswith(("seq2seq.model", "seq2seq.training", "seq2seq.inference"))}, m
+    if m.startswith("seq2seq.model"):
+      assert not {d for d in deps if d.startswith(("seq2seq.data", "seq2seq.training", "seq2seq.inference"))}, m
+  # Module-level imports only: a function's lazy import (for a command or a cycle-free
+  # `from_workdir`) runs when called, after every module has loaded.
+  top = {m: {n for n in _imports(p, modules, True) if n in modules and n != m} for m, p in modules.items()}
+  state = {}
+
+  def visit(m, chain):
+    state[m] = "open"
+    for d in top[m]:
+      assert state.get(d) != "open", f"import cycle: {' -> '.join(chain + [d])}"
+      if d not in state:
+        visit(d, chain + [d])
+    state[m] = "done"
+
+  for m in top:
+    if m not in state:
+      visit(m, [m])
+  assert max(len(p.read_text().splitlines()) for p in modules.values()) <= 420
