@@ -125,9 +125,10 @@ def run(main, module: str | None = None, argv=None) -> None:
     flags.DEFINE_enum("log_level", "WARNING", list(LOG_LEVELS), "Library log messages shown (absl, orbax, JAX); "
                       "the run's own lines always are. INFO shows the libraries' progress messages.")
   program = (argv or sys.argv)[0]
-  for name in [*flags.FLAGS.flags_by_module_dict().get(module, []), flags.FLAGS["log_level"],
-               flags.FLAGS["verbosity"]]:
-    flags.FLAGS.register_key_flag_for_module(program, name)  # listed by --help, not only --helpfull
+  shared = [flags.FLAGS[name] for name in ("coordinator_address", "num_processes", "process_id", "log_level",
+                                           "verbosity") if name in flags.FLAGS]
+  for flag in [*flags.FLAGS.flags_by_module_dict().get(module, []), *shared]:
+    flags.FLAGS.register_key_flag_for_module(program, flag)  # listed by --help, not only --helpfull
 
   def guarded(args):
     try:
