@@ -8,9 +8,9 @@
 
 29,000 training pairs overfit the d_model 256 model; this one (d_model 128, d_ff 256, 4+4
 layers, dropout 0.3) runs about 1.9x the tokens/s on the 2-core CPU, so 7000 steps (about
-30 epochs) take 94 minutes, less than the d_model 256 model needs for 4000. The README's
-`m30k_tiny` rows were trained with the same settings written as overrides of multi30k.py
-(tests/test_configs.py checks that the two are the same config).
+30 epochs) take 94 minutes, less than the d_model 256 model needs for 4000. The
+`m30k_tiny` rows of docs/results.md were trained with the same settings written as
+overrides of multi30k.py (tests/test_configs.py checks that the two are the same config).
 """
 
 from seq2seq.configs import multi30k

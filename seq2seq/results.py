@@ -1,12 +1,13 @@
-"""The README's results table, generated from runs' files (no hand-typed numbers):
+"""The results table (docs/results.md), generated from runs' files (no hand-typed numbers):
 DIR/commands.txt (how it was trained), DIR/metrics.jsonl (steps, wall time, tokens/s) and
 DIR/eval/*.json (eval.py's scores, signatures, settings and hardware).
 
-  python -m seq2seq.results DIR [DIR ...]                    # prints the markdown table
-  python -m seq2seq.results DIR [DIR ...] --readme=README.md # updates the table there
+  python -m seq2seq.results DIR [DIR ...]                            # prints the markdown table
+  python -m seq2seq.results DIR [DIR ...] --update=docs/results.md   # updates the table there
 
-Updating a README replaces the rows of the runs given and keeps the other runs' rows (made
-earlier, from their own files), so adding a run does not need every old workdir on disk.
+Updating a file's table (between its results markers) replaces the rows of the runs given
+and keeps the other runs' rows (made earlier, from their own files), so adding a run does
+not need every old workdir on disk.
 """
 
 from __future__ import annotations
@@ -84,9 +85,9 @@ def merge(old: str, new: str) -> str:
   return _format(lines, (old_signatures if kept_old else set()) | new_signatures)
 
 
-def update_readme(readme: str | pathlib.Path, text: str) -> str:
-  """Merges table `text` into the table between the markers of `readme`; returns the result."""
-  path = pathlib.Path(readme)
+def update_file(path: str | pathlib.Path, text: str) -> str:
+  """Merges table `text` into the table between the markers of file `path`; returns the result."""
+  path = pathlib.Path(path)
   content = path.read_text()
   if START not in content or END not in content:
     raise ValueError(f"{path} has no {START} ... {END} markers")
@@ -101,15 +102,15 @@ def main(argv: list[str] | None = None) -> None:
 
   from seq2seq import cli
 
-  readme = flags.DEFINE_string("readme", "", "Update the table between the results markers of this file (other "
-                               "runs' rows stay).")
+  update = flags.DEFINE_string("update", "", "Update the table between the results markers of this file, e.g. "
+                               "docs/results.md (other runs' rows stay).")
 
   def run(args):
     if len(args) < 2:
-      raise app.UsageError("give one or more WORKDIRs: python -m seq2seq.results WORKDIR... [--readme=FILE]")
+      raise app.UsageError("give one or more WORKDIRs: python -m seq2seq.results WORKDIR... [--update=FILE]")
     text = table(args[1:])
-    if readme.value:
-      text = update_readme(readme.value, text)
+    if update.value:
+      text = update_file(update.value, text)
     print(text, end="")
 
   cli.run(run, __name__, argv)

@@ -53,7 +53,7 @@ def test_wmt14_configs_are_vaswani_base_and_big():
 
 
 def test_multi30k_6k_is_the_run_reported_as_m30k_d02():
-  """The README's m30k_d02 run used these overrides of multi30k_long.py; the config must match them."""
+  """The m30k_d02 run (docs/results.md) used these overrides of multi30k_long.py; the config must match them."""
   reported = load("multi30k_long")
   reported.model.dropout_rate = 0.2
   reported.train.update(steps=6000, checkpoint_every=500, eval_every=1000)
@@ -61,7 +61,7 @@ def test_multi30k_6k_is_the_run_reported_as_m30k_d02():
 
 
 def test_multi30k_d128_is_the_run_reported_as_m30k_tiny():
-  """The README's m30k_tiny run used these overrides of multi30k.py; the config must match them."""
+  """The m30k_tiny run (docs/results.md) used these overrides of multi30k.py; the config must match them."""
   reported = load("multi30k")
   reported.model.update(d_model=128, d_ff=256, num_encoder_layers=4, num_decoder_layers=4, dropout_rate=0.3)
   reported.train.update(learning_rate=0.005, warmup_steps=800, steps=7000, checkpoint_every=500,

@@ -1,15 +1,178 @@
-"""The README's Python examples run as written."""
+"""The README and docs/ as written: their Python blocks run (the README's against a trained
+tiny model), the quick-start commands run (slow suite), the README's results table agrees
+with docs/results.md and with the configs' "Expected:" lines, and relative links resolve."""
 
+import ast
+import os
 import pathlib
 import re
+import shlex
+import subprocess
 
-README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+import pytest
+from conftest import REPO
+
+README = REPO / "README.md"
+DOCS = REPO / "docs"
+SOURCE = "A man is riding a bike."
 
 
-def test_readme_python_blocks_run():
-  blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
-  assert blocks
-  for block in blocks:
-    namespace = {}
-    exec(compile(block, str(README), "exec"), namespace)
-    assert namespace["logits_bv"].shape == (1, 8000)
+def code_blocks(path: pathlib.Path, language: str) -> list[str]:
+  return re.findall(rf"^```{language}\n(.*?)^```", path.read_text(encoding="utf-8"), flags=re.S | re.M)
+
+
+def replace_paths(text: str, paths: dict[str, pathlib.Path]) -> str:
+  """`text` with each example path (longest first, so /tmp/tiny-model before /tmp/tiny) replaced."""
+  for example in sorted(paths, key=len, reverse=True):
+    text = text.replace(example, str(paths[example]))
+  return text
+
+
+def run_block(block: str, where: pathlib.Path) -> dict:
+  namespace = {"__name__": "__readme__"}
+  exec(compile(block, str(where), "exec"), namespace)
+  return namespace
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tiny_run, tmp_path_factory) -> pathlib.Path:
+  """The tiny run exported as `python -m seq2seq.export` does."""
+  from seq2seq import export
+
+  return export.export(tiny_run, tmp_path_factory.mktemp("tiny_model") / "model")
+
+
+def test_readme_python_block_translates_with_a_trained_model(tiny_run, tiny_model, capsys):
+  (block,) = code_blocks(README, "python")
+  loaded = 'Translator.from_workdir("/tmp/tiny")'
+  assert loaded in block and 'Translator.from_pretrained("/tmp/tiny-model")' in block
+  # As written (a training run), and with the alternative its comment gives (an exported model).
+  for variant in (block, block.replace(loaded, 'Translator.from_pretrained("/tmp/tiny-model")', 1)):
+    run_block(replace_paths(variant, {"/tmp/tiny": tiny_run, "/tmp/tiny-model": tiny_model}), README)
+    printed = capsys.readouterr().out.strip().splitlines()
+    translations = ast.literal_eval(printed[-1])
+    assert isinstance(translations, list) and len(translations) == 1
+    assert isinstance(translations[0], str) and translations[0].strip() and translations[0] != SOURCE
+
+
+def test_evaluation_doc_python_block_runs(tiny_run, tiny_model):
+  (block,) = code_blocks(DOCS / "evaluation.md", "python")
+  names = run_block(replace_paths(block, {"/tmp/m30k": tiny_run, "/tmp/m30k-model": tiny_model}),
+                    DOCS / "evaluation.md")
+  assert len(names["hypotheses"]) == len(names["sentences"]) == len(names["scores"]) == 2
+  assert all(isinstance(h, str) and h.strip() for h in names["hypotheses"])
+  assert all(isinstance(s, float) for s in names["scores"])
+  assert isinstance(names["one"], str) and names["one"].strip()
+  assert names["greedy"].settings["beam_size"] == 1 and names["greedy"].checkpoint.startswith("best")
+  assert names["exported"].translate(names["sentences"]) == names["hypotheses"]
+
+
+def test_model_doc_python_block_runs():
+  (block,) = code_blocks(DOCS / "model.md", "python")
+  names = run_block(block, DOCS / "model.md")
+  assert names["logits_btv"].shape == (1, 3, 8000)
+  assert names["logits_bv"].shape == (1, 8000)
+
+
+def test_only_tested_docs_have_python_blocks():
+  """A ```python block in docs/ must be run by a test above (else write it as ```text)."""
+  tested = {"evaluation.md", "model.md"}
+  assert {p.name for p in DOCS.glob("*.md") if code_blocks(p, "python")} == tested
+
+
+# --- the results table ----------------------------------------------------------------
+
+
+def table_rows(text: str) -> list[list[str]]:
+  """The cells of each body row of the first markdown table in `text`."""
+  rows, started = [], False
+  for line in text.splitlines():
+    if line.startswith("|"):
+      started = True
+      cells = [c.strip() for c in line.strip().strip("|").split("|")]
+      if not set("".join(cells)) <= set("-: "):
+        rows.append(cells)
+    elif started:
+      break
+  return rows[1:]  # without the header
+
+
+def section(text: str, heading: str) -> str:
+  return text.split(heading + "\n", 1)[1]
+
+
+def test_readme_results_table_matches_docs_results_and_configs():
+  results_md = (DOCS / "results.md").read_text(encoding="utf-8")
+  compact = table_rows(section(README.read_text(encoding="utf-8"), "## Results"))
+  run_of = {config.strip("`"): run.strip("`")
+            for config, run, _ in table_rows(section(results_md, "## Which run is which config"))}
+  full = table_rows(results_md.split("<!-- results:start -->", 1)[1].split("<!-- results:end -->", 1)[0])
+  assert compact and run_of and full
+  seen = set()
+  for link, test_set, bleu, chrf, steps, minutes, hardware in compact:
+    config, target = re.fullmatch(r"\[(\w+)\]\(docs/results\.md#(\w+)\)", link).groups()
+    assert target == config and f"\n## {config}\n" in results_md, link
+    assert (config, test_set) not in seen, f"two rows for {config} on {test_set}"
+    seen.add((config, test_set))
+    # The run's single-model row (not an ensemble) on that test set in the generated table.
+    matches = [r for r in full if r[0] == f"`{run_of[config]}`" and r[1] == test_set and not r[4].startswith("ensemble")]
+    assert len(matches) == 1, (config, test_set, matches)
+    row = matches[0]
+    assert (bleu, chrf) == (row[2].strip("*"), row[3]), (config, test_set)
+    assert (steps, minutes) == (row[7], row[8]), (config, test_set)
+    assert all(word in row[10] for word in hardware.split()), (hardware, row[10])
+    # The config's header states the same score, to one decimal.
+    header = " ".join(line.lstrip("# ") for line in (REPO / "configs" / f"{config}.py").read_text().splitlines()
+                      if line.startswith("#"))
+    expected = re.search(r"Expected: ([\d.]+) sacreBLEU.*? on test_2016_flickr and ([\d.]+) on test_2017_flickr",
+                         header).groups()
+    stated = float(expected[0 if test_set == "test_2016_flickr" else 1])
+    assert abs(stated - float(bleu)) <= 0.05 + 1e-9, (config, test_set, stated, bleu)
+  assert {config for config, _ in seen} == set(run_of)
+
+
+# --- links ------------------------------------------------------------------------------
+
+
+def slug(heading: str) -> str:
+  """GitHub's anchor for a heading."""
+  return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_relative_links_resolve():
+  for page in [README, *sorted(DOCS.glob("*.md"))]:
+    text = re.sub(r"^```.*?^```", "", page.read_text(encoding="utf-8"), flags=re.S | re.M)  # not in code
+    for target in re.findall(r"\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)", text):
+      if re.match(r"[a-z]+://", target):
+        continue
+      path, _, anchor = target.partition("#")
+      file = (page.parent / path).resolve() if path else page
+      assert file.exists(), f"{page.name}: {target}"
+      if anchor:
+        body = re.sub(r"^```.*?^```", "", file.read_text(encoding="utf-8"), flags=re.S | re.M)
+        anchors = {slug(h) for h in re.findall(r"^#+ (.*)$", body, flags=re.M)}
+        assert anchor in anchors, f"{page.name}: {target}"
+
+
+# --- the quick start, as commands -------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_readme_quick_start_commands_run(data_dir, session_cache, tmp_path):
+  (block,) = [b for b in code_blocks(README, "bash") if "seq2seq-train" in b]
+  workdir, model_dir, cwd = tmp_path / "tiny", tmp_path / "tiny-model", tmp_path / "elsewhere"
+  cwd.mkdir()  # not the repository: the commands and --config=NAME work from anywhere
+  env = os.environ | {"SEQ2SEQ_DATA_DIR": str(data_dir), "SEQ2SEQ_CACHE": str(session_cache)}
+  lines = [line for line in replace_paths(block, {"/tmp/tiny": workdir, "/tmp/tiny-model": model_dir}).splitlines()
+           if line.strip()]
+  assert len(lines) == 5
+  for line in lines:
+    out = subprocess.run(["bash", "-c", line], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, f"{line}\n{out.stderr[-3000:]}"
+    command = shlex.split(line.split("|")[-1].split("#")[0])[0]
+    if command == "seq2seq-translate":
+      printed = out.stdout.splitlines()
+      assert len(printed) == 1 and printed[0].strip() and printed[0] != SOURCE, out.stdout
+    elif command == "seq2seq-eval":
+      assert "BLEU = " in out.stdout and "chrF2 = " in out.stdout, out.stdout
+  assert (workdir / "checkpoints").is_dir() and (model_dir / "model.safetensors").is_file()

@@ -1,8 +1,11 @@
-"""Plots and the README results table are generated from a run's files."""
+"""Plots and the results table (docs/results.md) are generated from a run's files."""
 
 import json
+import subprocess
+import sys
 
 import pytest
+from conftest import REPO
 
 from seq2seq import plot, results
 
@@ -35,32 +38,43 @@ def test_results_table_comes_from_the_run_files(tmp_path):
                "python train.py --config=configs/multi30k.py", "python eval.py --workdir=/tmp/m30k --average_last=5"):
     assert cell in row, cell
   assert NEW_SIG in text
-  readme = tmp_path / "README.md"
-  readme.write_text(f"# Title\n\n{results.START}\nold table\n{results.END}\n\nafter\n")
-  results.update_readme(readme, text)
-  assert readme.read_text() == f"# Title\n\n{results.START}\n{text}{results.END}\n\nafter\n"
+  doc = tmp_path / "results.md"
+  doc.write_text(f"# Title\n\n{results.START}\nold table\n{results.END}\n\nafter\n")
+  results.update_file(doc, text)
+  assert doc.read_text() == f"# Title\n\n{results.START}\n{text}{results.END}\n\nafter\n"
   (tmp_path / "plain.md").write_text("no markers\n")
   with pytest.raises(ValueError, match="markers"):
-    results.update_readme(tmp_path / "plain.md", text)
+    results.update_file(tmp_path / "plain.md", text)
   with pytest.raises(ValueError, match="no eval results"):
     results.rows(tmp_path)
 
 
-def test_updating_the_readme_replaces_the_given_runs_rows_and_keeps_the_others(tmp_path):
+def test_the_command_updates_the_table_of_the_file_it_is_given(tmp_path):
+  run = fake_run(tmp_path)
+  doc = tmp_path / "results.md"
+  doc.write_text(f"# Results\n\n{results.START}\nold table\n{results.END}\n\nnotes\n")
+  out = subprocess.run([sys.executable, "-m", "seq2seq.results", str(run), f"--update={doc}"], cwd=REPO,
+                       capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr
+  assert out.stdout == results.table([str(run)])
+  assert doc.read_text() == f"# Results\n\n{results.START}\n{out.stdout}{results.END}\n\nnotes\n"
+
+
+def test_updating_the_table_replaces_the_given_runs_rows_and_keeps_the_others(tmp_path):
   run = fake_run(tmp_path)
   new_row = results.rows(run)[0]
   before = ["| `first` | test_2016_flickr | **30.00** |", "| `first` | test_2017_flickr | **20.00** |",
             "| `m30k` | test_2016_flickr | **1.00** |", "| `last` | test_2016_flickr | **35.00** |"]
-  readme = tmp_path / "README.md"
-  readme.write_text(f"# T\n{results.START}\n{results._format(before, {OLD_SIG})}{results.END}\ntail\n")
-  merged = results.update_readme(readme, results.table([str(run)]))
+  doc = tmp_path / "results.md"
+  doc.write_text(f"# T\n{results.START}\n{results._format(before, {OLD_SIG})}{results.END}\ntail\n")
+  merged = results.update_file(doc, results.table([str(run)]))
   assert merged == results._format(before[:2] + [new_row] + before[3:], {OLD_SIG, NEW_SIG})
-  assert readme.read_text() == f"# T\n{results.START}\n{merged}{results.END}\ntail\n"
+  assert doc.read_text() == f"# T\n{results.START}\n{merged}{results.END}\ntail\n"
   # A run the table does not have yet is appended; running the update again changes nothing.
   other = fake_run(tmp_path / "b").rename(tmp_path / "b" / "newrun")
-  merged = results.update_readme(readme, results.table([str(other)]))
+  merged = results.update_file(doc, results.table([str(other)]))
   assert merged.splitlines()[2:7] == before[:2] + [new_row] + before[3:] + [new_row.replace("`m30k`", "`newrun`")]
-  assert results.update_readme(readme, results.table([str(other)])) == merged
+  assert results.update_file(doc, results.table([str(other)])) == merged
 
 
 def test_signatures_of_replaced_rows_leave_the_table(tmp_path):
