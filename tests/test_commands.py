@@ -127,3 +127,14 @@ def test_a_non_editable_install_runs_from_any_directory(data_dir, session_cache,
   for script in ("seq2seq-train", "seq2seq-eval", "seq2seq-translate"):
     helped = run([sys.executable, str(target / "bin" / script), "--help"], elsewhere, env=env)
     assert "--log_level" in helped.stdout and "--workdir" in helped.stdout, (script, helped.stderr)
+
+
+def test_the_license_file_is_the_one_pyproject_names():
+  import tomllib
+
+  license_text = (REPO / "LICENSE").read_text()
+  assert license_text.lstrip().startswith("Apache License") and "Version 2.0, January 2004" in license_text
+  project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+  assert project["license"] == {"text": "Apache-2.0"}
+  assert project["scripts"] == {"seq2seq-train": "seq2seq.commands.train:run", "seq2seq-eval": "seq2seq.commands.eval:run",
+                                "seq2seq-translate": "seq2seq.commands.translate:run"}

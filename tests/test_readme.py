@@ -67,6 +67,7 @@ def test_evaluation_doc_python_block_runs(tiny_run, tiny_model):
   assert names["exported"].translate(names["sentences"]) == names["hypotheses"]
 
 
+@pytest.mark.slow
 def test_model_doc_python_block_runs():
   (block,) = code_blocks(DOCS / "model.md", "python")
   names = run_block(block, DOCS / "model.md")

@@ -86,6 +86,7 @@ def _steps(accum_steps):
   return Steps(config, graphdef, shardings, mesh, tx, lr), state, mesh
 
 
+@pytest.mark.slow  # 12 s; the fast suite keeps its 6-minute budget
 def test_accumulating_k_micro_batches_equals_one_k_times_batch():
   big = batches(1, rows=16)[0]
   halves = [{k: v[:8] for k, v in big.items()}, {k: v[8:] for k, v in big.items()}]
@@ -233,7 +234,8 @@ def test_two_processes_train_like_one():
   np.testing.assert_allclose(two["losses"], single["losses"], atol=1e-5)
 
 
-@pytest.mark.parametrize("read_every_step", [False, pytest.param(True, marks=pytest.mark.slow)])
+@pytest.mark.slow  # 2 fake devices in a subprocess, 11 s per case
+@pytest.mark.parametrize("read_every_step", [False, True])
 def test_steps_that_do_not_log_evaluate_or_checkpoint_read_nothing_from_the_devices(
     read_every_step, data_dir, session_cache, tmp_path):
   """Log every 5, evaluate every 7, checkpoint every 10 of 14 steps, under an emulated
