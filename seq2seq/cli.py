@@ -37,9 +37,9 @@ def resolve_config(argv: list[str]) -> list[str]:
   return [f"--config={configs.resolve(a.split('=', 1)[1])}" if a.startswith("--config=") else a for a in argv]
 
 
-def command_line(console_name: str, script: str) -> str:
+def command_line(console_name: str) -> str:
   """This process's command line as a user would retype it: `seq2seq-train ...` when run as
-  the console command, else `python train.py ...`."""
+  the console command `console_name`, else `python train.py ...` (sys.argv as it is)."""
   program = console_name if os.path.basename(sys.argv[0]) == console_name else None
   return shlex.join([program] + sys.argv[1:] if program else ["python", *sys.argv])
 
@@ -112,10 +112,9 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 
 def _set_log_level() -> None:
-  """Library logs at WARNING unless --log_level or --verbosity (-v) was given."""
-  level = flags.FLAGS["log_level"].value if "log_level" in flags.FLAGS else "WARNING"
-  if "log_level" in flags.FLAGS and flags.FLAGS["log_level"].present or not flags.FLAGS["verbosity"].present:
-    flags.FLAGS.verbosity = LOG_LEVELS[level]  # absl applies it to Python's logging (orbax, JAX) too
+  """Library logs at --log_level (default WARNING) unless only absl's --verbosity (-v) was given."""
+  if flags.FLAGS["log_level"].present or not flags.FLAGS["verbosity"].present:
+    flags.FLAGS.verbosity = LOG_LEVELS[flags.FLAGS.log_level]  # absl applies it to Python's logging (orbax, JAX)
 
 
 def run(main, module: str | None = None, argv=None) -> None:

@@ -77,7 +77,7 @@ def main(argv) -> None:
   todo = jobs(config)
   mesh = sharding.make_mesh(config.mesh)
   choice = dict(step=_STEP.value, best=_BEST.value, average_last=_AVERAGE_LAST.value)
-  extra = {"command": cli.command_line("seq2seq-eval", "eval.py")}
+  extra = {"command": cli.command_line("seq2seq-eval")}
   if _ENSEMBLE.value:
     model_cfg, graphdef, params, tok, label, members = load.load_ensemble([workdir, *_ENSEMBLE.value], config, mesh,
                                                                           **choice)

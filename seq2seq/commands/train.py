@@ -47,7 +47,7 @@ def main(argv):
   from seq2seq.training.train import train_and_evaluate
 
   _JOIN_HOSTS()
-  train_and_evaluate(_CONFIG.value, _WORKDIR.value, command=cli.command_line("seq2seq-train", "train.py"))
+  train_and_evaluate(_CONFIG.value, _WORKDIR.value, command=cli.command_line("seq2seq-train"))
 
 
 def run() -> None:

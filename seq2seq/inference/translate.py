@@ -57,7 +57,7 @@ class Translator:
       raise ValueError(f"an ensemble needs one graphdef per model config and one vocabulary, got {len(cfgs)} "
                        f"configs (vocabularies {sorted({c.vocab_size for c in cfgs})}) and {len(graphdefs)} graphdefs")
     self.graphdefs, self.tok, self.mesh, self.params = graphdefs, tok, mesh, params
-    self.checkpoint = ""  # which parameters from_workdir / from_pretrained loaded
+    self.checkpoint, self.config = "", None  # set by from_workdir / from_pretrained: what they loaded
     # Sources and outputs must fit every learned position table (None: no limit).
     self.position_limit = min((c.max_len for c in cfgs if c.positions == "learned"), default=None)
     self.settings = dict(beam_size=beam_size, alpha=alpha, max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len)
@@ -97,10 +97,8 @@ class Translator:
     mesh = sharding.make_mesh(config.mesh) if mesh is None else mesh
     model_cfg, graphdef, params, tok, label = load.load_params(
         workdir, config, mesh, best=checkpoint == "best", step=checkpoint if isinstance(checkpoint, int) else None)
-    translator = cls(model_cfg, graphdef, tok, mesh, params=params,
-                     **search_settings(config.eval, beam_size=beam_size, alpha=alpha, **settings))
-    translator.checkpoint = label
-    return translator
+    return cls._holding(config, model_cfg, graphdef, tok, mesh, params, label,
+                        **search_settings(config.eval, beam_size=beam_size, alpha=alpha, **settings))
 
   @classmethod
   def from_pretrained(cls, model_dir, *, beam_size: int | None = None, alpha: float | None = None, mesh=None,
@@ -112,9 +110,14 @@ class Translator:
     config, model_cfg, tok, label = export.read_model_dir(model_dir)
     mesh = sharding.make_mesh(config.mesh) if mesh is None else mesh
     graphdef, params = export.load_params(model_dir, model_cfg, mesh)
-    translator = cls(model_cfg, graphdef, tok, mesh, params=params,
-                     **search_settings(config.eval, beam_size=beam_size, alpha=alpha, **settings))
-    translator.checkpoint = label
+    return cls._holding(config, model_cfg, graphdef, tok, mesh, params, label,
+                        **search_settings(config.eval, beam_size=beam_size, alpha=alpha, **settings))
+
+  @classmethod
+  def _holding(cls, config, model_cfg, graphdef, tok, mesh, params, label: str, **settings) -> Translator:
+    """A Translator that holds `params` (loaded from checkpoint `label`) and the run's config."""
+    translator = cls(model_cfg, graphdef, tok, mesh, params=params, **settings)
+    translator.checkpoint, translator.config = label, config
     return translator
 
   def translate(self, sentences: list[str] | str, *, return_scores: bool = False, progress: bool = False):
