@@ -225,3 +225,62 @@ def test_ensemble_cached_equals_uncached():
     kwargs = dict(beam_size=beam, alpha=0.6, max_len=14)
     np.testing.assert_array_equal(search_models(models, src_bs, limits, **kwargs),
                                   search_models(models, src_bs, limits, use_cache=False, **kwargs))
+
+
+def counting(m, max_len, rows_seen, use_cache=True):
+  """The model's stepper, recording the batch size (rows) of every step it runs."""
+  inner = (decode.cached if use_cache else decode.uncached)(m, max_len)
+
+  def step(tokens_b, st):
+    rows = tokens_b.shape[0]
+    jax.debug.callback(lambda: rows_seen.append(rows))
+    return inner.step(tokens_b, st)
+
+  return decode.Stepper(inner.init, step)
+
+
+@pytest.mark.parametrize("beam, use_cache", [(1, True), (3, True), (3, False)])
+def test_early_stopping_and_compaction_change_no_hypothesis(beam, use_cache):
+  """`search` stops a sentence once its best hypothesis is certain (not its whole k-best list)
+  and moves the unfinished sentences into a batch of 4, 2 or 1 once they fit: the outputs equal
+  a search of the whole batch to the end of every k-best list, with fewer rows computed."""
+  model = make_model(40)
+  graphdef, state = nnx.split(model)
+  src_bs, _ = sources(40, seed=12, batch=8)
+  limits = np.array([1, 3, 16, 5, 9, 11, 2, 7])  # sentences finish at very different steps
+  results, seen = {}, {}
+  for name, compact, final in (("reference", (), beam), ("fast", (4, 2, 1), 1)):
+    seen[name] = []
+
+    def go(s, compact=compact, final=final, name=name):
+      stepper = counting(nnx.merge(graphdef, s), 16, seen[name], use_cache)
+      if beam == 1:
+        return decode.greedy(stepper, src_bs, jnp.asarray(limits), max_len=16, compact=compact)
+      tokens_bkl, scores_bk = decode.beam_search(stepper, src_bs, jnp.asarray(limits), beam_size=beam, alpha=0.6,
+                                                 max_len=16, final=final, compact=compact)
+      return tokens_bkl[:, 0], scores_bk[:, 0]
+
+    results[name] = jax.device_get(jax.block_until_ready(jax.jit(go)(state)))
+  np.testing.assert_array_equal(results["fast"][0], results["reference"][0])
+  np.testing.assert_allclose(results["fast"][1], results["reference"][1], rtol=1e-5)
+  assert set(seen["reference"]) == {8 * beam}
+  assert set(seen["fast"]) - {8 * beam} <= {4 * beam, 2 * beam, beam} and min(seen["fast"]) < 8 * beam  # they ran
+  row_steps = {name: sum(rows) for name, rows in seen.items()}
+  assert row_steps["fast"] < row_steps["reference"], row_steps
+
+
+def test_search_compacts_and_keeps_the_order():
+  """decode.search with compaction returns each sentence's output in its own row (a batch
+  where the longest sentences sit at the end)."""
+  model = make_model(40)
+  graphdef, state = nnx.split(model)
+  src_bs, _ = sources(40, seed=13, batch=6)
+  limits = np.array([2, 2, 3, 3, 14, 14])
+  run = lambda compact: np.asarray(jax.jit(lambda s: decode.search(
+      nnx.merge(graphdef, s), src_bs, limits, beam_size=2, alpha=0.6, max_len=14, compact=compact)[0])(state))
+  compacted = run((2, 1))
+  np.testing.assert_array_equal(compacted, run(()))
+  for s in (1, 4):  # a row equals its sentence searched alone
+    alone = np.asarray(jax.jit(lambda st: decode.search(nnx.merge(graphdef, st), src_bs[s:s + 1], limits[s:s + 1],
+                                                        beam_size=2, alpha=0.6, max_len=14)[0])(state))
+    np.testing.assert_array_equal(compacted[s], alone[0])

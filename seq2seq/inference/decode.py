@@ -103,28 +103,55 @@ def _log_probs(logits_xv, t, limits_x, min_len: int, pad_id: int, eos_id: int):
 
 
 def greedy(stepper: Stepper, src_bs, limits_b, *, max_len: int, min_len: int = 0, bos_id: int = 1,
-           eos_id: int = 1, pad_id: int = 0):
-  """Most likely token at each step. Returns (tokens [b, max_len], log-probabilities [b])."""
+           eos_id: int = 1, pad_id: int = 0, compact: Sequence[int] = ()):
+  """Most likely token at each step. Returns (tokens [b, max_len], log-probabilities [b]).
+  `compact`: see `beam_search`."""
   b = src_bs.shape[0]
   tokens_bl = jnp.full((b, max_len + 1), pad_id, jnp.int32).at[:, 0].set(bos_id)
 
-  def cond(carry):
-    t, _, done_b, _, _ = carry
-    return (t < max_len) & ~jnp.all(done_b)
+  def active(carry, limits_b):
+    return ~carry[1][1]
 
-  def body(carry):
-    t, tokens_bl, done_b, logp_b, state = carry
+  def body(carry, limits_b):
+    t, (tokens_bl, done_b, logp_b), state = carry
     logits_bv, state = stepper.step(tokens_bl[:, t], state)
     logp_bv = _log_probs(logits_bv, t, limits_b, min_len, pad_id, eos_id)
     next_b = jnp.argmax(logp_bv, axis=-1).astype(jnp.int32)
     logp_b = logp_b + jnp.where(done_b, 0.0, jnp.max(logp_bv, axis=-1))
     next_b = jnp.where(done_b, pad_id, next_b)  # finished rows are never extended
     tokens_bl = tokens_bl.at[:, t + 1].set(next_b)
-    return t + 1, tokens_bl, done_b | (next_b == eos_id), logp_b, state
+    return t + 1, (tokens_bl, done_b | (next_b == eos_id), logp_b), state
 
-  carry = (jnp.int32(0), tokens_bl, jnp.zeros((b,), bool), jnp.zeros((b,), jnp.float32), stepper.init(src_bs))
-  _, tokens_bl, _, logp_b, _ = jax.lax.while_loop(cond, body, carry)
+  search_b = (tokens_bl, jnp.zeros((b,), bool), jnp.zeros((b,), jnp.float32))
+  carry = (jnp.int32(0), search_b, stepper.init(src_bs))
+  _, (tokens_bl, _, logp_b), _ = _loop(carry, limits_b, active, body, max_len, tuple(compact), beams=1)
   return tokens_bl[:, 1:], logp_b
+
+
+def _loop(carry, limits_b, active, body, max_len: int, compact: tuple[int, ...], *, beams: int):
+  """`while t < max_len and a sentence is active: carry = body(carry)` on a carry
+  (t, search arrays [b, ...], stepper state). With `compact` = (n, ...), once at most n
+  sentences are active they move into a batch of n (the state is gathered: rows of beams,
+  one "cross" entry per sentence) and the loop goes on there, so finished sentences cost
+  nothing; their search arrays are written back. Each sentence's steps are unchanged."""
+  limits_b = jnp.asarray(limits_b)
+  b = limits_b.shape[0]
+  n = next((n for n in compact if n < b), 0)
+  cond = lambda c: (c[0] < max_len) & (jnp.sum(active(c, limits_b)) > n)
+  carry = jax.lax.while_loop(cond, lambda c: body(c, limits_b), carry)
+  if not n:
+    return carry
+  t, search_b, state = carry
+  pick_n = jnp.argsort(~active(carry, limits_b), stable=True)[:n]  # the active sentences first
+  rows = (pick_n[:, None] * beams + jnp.arange(beams)).reshape(-1)
+
+  def take(path, x):
+    return x if jnp.ndim(x) == 0 else jnp.take(x, pick_n if _shared(path) else rows, axis=0)
+
+  sub = (t, jax.tree.map(lambda x: x[pick_n], search_b), jax.tree_util.tree_map_with_path(take, state))
+  t, sub_search, _ = _loop(sub, limits_b[pick_n], active, body, max_len, tuple(c for c in compact if c < n),
+                           beams=beams)
+  return t, jax.tree.map(lambda full, part: full.at[pick_n].set(part), search_b, sub_search), state
 
 
 def gather_beams(tree, origin_bk):
@@ -164,38 +191,44 @@ def _take(x_bk, idx_bj):
 
 
 def beam_search(stepper: Stepper, src_bs, limits_b, *, beam_size: int, alpha: float, max_len: int,
-                min_len: int = 0, bos_id: int = 1, eos_id: int = 1, pad_id: int = 0):
+                min_len: int = 0, bos_id: int = 1, eos_id: int = 1, pad_id: int = 0, final: int | None = None,
+                compact: Sequence[int] = ()):
   """Beam search with the GNMT length penalty.
 
   Keeps `beam_size` alive hypotheses and the `beam_size` best finished ones per sentence; a
   hypothesis that emits eos among the k best candidates is finished and never extended.
-  Stops when, for every sentence, no alive hypothesis is left or none can still enter its k
-  finished ones (log-probabilities only fall as tokens are added and the penalty is largest
-  at the length limit, so the bound is exact for alpha >= 0): the k-best list is then
-  final, not just its first entry.
+  A sentence is done when no alive hypothesis is left or none can still enter its `final`
+  best finished ones (default: all k). Log-probabilities only fall as tokens are added and
+  the penalty is largest at the length limit, so this bound is exact for alpha >= 0: those
+  `final` hypotheses are the ones a search to the limit would return. `final=1` (what
+  `search` uses) stops as soon as the best one is certain.
+  `compact` = (n, ...): once at most n sentences are not done, they go on in a batch of n.
   Returns (tokens [b, k, max_len], scores [b, k]) of the finished hypotheses, best first.
   """
   if alpha < 0:
     raise ValueError(f"alpha must be >= 0, got {alpha}")
   b, k = src_bs.shape[0], beam_size
+  final = k if final is None else final
+  if not 1 <= final <= k:
+    raise ValueError(f"final must be in [1, beam_size={k}], got {final}")
   # Encode each sentence once; its decoder state is copied to its k beams, the cross entries shared.
   state = jax.tree_util.tree_map_with_path(
       lambda path, x: x if jnp.ndim(x) == 0 or _shared(path) else jnp.repeat(x, k, axis=0), stepper.init(src_bs))
   seqs_bkl = jnp.full((b, k, max_len + 1), pad_id, jnp.int32).at[:, :, 0].set(bos_id)
   alive_bk = jnp.full((b, k), NEG_INF).at[:, 0].set(0.0)  # one live start per sentence
   finished = (jnp.full((b, k, max_len + 1), pad_id, jnp.int32), jnp.full((b, k), NEG_INF))
-  limits_bk = jnp.repeat(limits_b, k)
 
-  def cond(carry):
-    t, _, alive_bk, (_, fin_scores_bk), _ = carry
+  def active(carry, limits_b):
+    _, (_, alive_bk, _, fin_scores_bk), _ = carry
     best_alive_b = jnp.max(alive_bk, axis=1)
-    improvable_b = best_alive_b / length_penalty(limits_b, alpha) >= jnp.min(fin_scores_bk, axis=1)
-    return (t < max_len) & jnp.any(improvable_b & (best_alive_b > NEG_INF / 2))  # a row past its limit is done
+    improvable_b = best_alive_b / length_penalty(limits_b, alpha) >= fin_scores_bk[:, final - 1]  # sorted
+    return improvable_b & (best_alive_b > NEG_INF / 2)  # a row past its limit is done
 
-  def body(carry):
-    t, seqs_bkl, alive_bk, (fin_seqs_bkl, fin_scores_bk), state = carry
+  def body(carry, limits_b):
+    t, (seqs_bkl, alive_bk, fin_seqs_bkl, fin_scores_bk), state = carry
+    b = limits_b.shape[0]
     logits_xv, state = stepper.step(seqs_bkl[:, :, t].reshape(-1), state)
-    logp_bkv = _log_probs(logits_xv, t, limits_bk, min_len, pad_id, eos_id).reshape(b, k, -1)
+    logp_bkv = _log_probs(logits_xv, t, jnp.repeat(limits_b, k), min_len, pad_id, eos_id).reshape(b, k, -1)
     vocab = logp_bkv.shape[-1]
     # 2k candidates always include the k best that do not end in eos.
     cand_logp_bc, flat_bc = top_k((alive_bk[:, :, None] + logp_bkv).reshape(b, k * vocab), 2 * k)
@@ -211,15 +244,15 @@ def beam_search(stepper: Stepper, src_bs, limits_b, *, beam_size: int, alpha: fl
     new_scores_bc = jnp.where(real_bc, cand_logp_bc / length_penalty(t + 1, alpha), NEG_INF)
     fin_scores_bk, pick_bk = jax.lax.top_k(jnp.concatenate([fin_scores_bk, new_scores_bc], axis=1), k)
     fin_seqs_bkl = _take(jnp.concatenate([fin_seqs_bkl, cand_seqs_bcl], axis=1), pick_bk)
-    return t + 1, seqs_bkl, alive_bk, (fin_seqs_bkl, fin_scores_bk), state
+    return t + 1, (seqs_bkl, alive_bk, fin_seqs_bkl, fin_scores_bk), state
 
-  carry = (jnp.int32(0), seqs_bkl, alive_bk, finished, state)
-  _, _, _, (fin_seqs_bkl, fin_scores_bk), _ = jax.lax.while_loop(cond, body, carry)
+  carry = (jnp.int32(0), (seqs_bkl, alive_bk) + finished, state)
+  _, (_, _, fin_seqs_bkl, fin_scores_bk), _ = _loop(carry, limits_b, active, body, max_len, tuple(compact), beams=k)
   return fin_seqs_bkl[:, :, 1:], fin_scores_bk
 
 
 def search(model, src_bs, limits_b, *, beam_size: int, alpha: float, max_len: int, min_len: int = 0,
-           use_cache: bool = True):
+           use_cache: bool = True, compact: Sequence[int] = ()):
   """(tokens [b, max_len], scores [b]) of the best output per sentence: its tokens end with eos,
   then padding; its score is the sum of its log-probabilities, divided by the GNMT length
   penalty for beam > 1. Beam 1 is greedy. `model` may be a list of models sharing the
@@ -228,7 +261,7 @@ def search(model, src_bs, limits_b, *, beam_size: int, alpha: float, max_len: in
   stepper = ensemble([(cached if use_cache else uncached)(m, max_len) for m in models])
   ids = dict(bos_id=1, eos_id=1, pad_id=models[0].cfg.pad_id)
   if beam_size == 1:
-    return greedy(stepper, src_bs, limits_b, max_len=max_len, min_len=min_len, **ids)
+    return greedy(stepper, src_bs, limits_b, max_len=max_len, min_len=min_len, compact=compact, **ids)
   tokens_bkl, scores_bk = beam_search(stepper, src_bs, limits_b, beam_size=beam_size, alpha=alpha, max_len=max_len,
-                              min_len=min_len, **ids)
+                                      min_len=min_len, final=1, compact=compact, **ids)
   return tokens_bkl[:, 0], scores_bk[:, 0]

@@ -48,7 +48,8 @@ class Translator:
 
   def __init__(self, model_cfg: ModelConfig | list[ModelConfig], graphdef, tok: Tokenizer, mesh, *,
                beam_size: int = 4, alpha: float = 0.6, max_len_a: float = 1.0, max_len_b: int = 50,
-               batch_size: int = 64, min_len: int = 0, use_cache: bool = True, params=None):
+               batch_size: int = 64, min_len: int = 0, use_cache: bool = True, compact: tuple[int, ...] | None = None,
+               params=None):
     if beam_size < 1 or batch_size < 1:
       raise ValueError(f"beam_size and batch_size must be >= 1, got {beam_size} and {batch_size}")
     self.ensemble = isinstance(model_cfg, list)
@@ -64,6 +65,9 @@ class Translator:
     dp = sharding.data_parallel_size(mesh)
     self.batch_size = dp * math.ceil(batch_size / dp)  # rows are split over the data-parallel devices
     self.use_cache = use_cache
+    # Once few sentences of a batch are unfinished they go on in a smaller batch (same results).
+    self.compact = tuple(n for n in (self.batch_size // 4, self.batch_size // 16) if n >= dp) if compact is None \
+        else tuple(compact)
     self.truncated = 0  # sources of the last call cut to the model's position table (learned positions)
     self._batch_sharding = sharding.batch_sharding(mesh)
     self._search = jax.jit(self._search_fn, static_argnames=("max_len",),
@@ -73,7 +77,7 @@ class Translator:
     models = [nnx.merge(g, p) for g, p in zip(self.graphdefs, params if self.ensemble else [params])]
     s = self.settings
     return decode.search(models, src_bs, limits_b, beam_size=s["beam_size"], alpha=s["alpha"], max_len=max_len,
-                         min_len=s["min_len"], use_cache=self.use_cache)
+                         min_len=s["min_len"], use_cache=self.use_cache, compact=self.compact)
 
   def _max_output(self, src_len: int) -> int:
     out = int(self.settings["max_len_a"] * src_len) + self.settings["max_len_b"]
@@ -190,7 +194,8 @@ def search_settings(eval_cfg, **overrides) -> dict:
   """Translator keyword arguments from a config's `eval` section, with overrides (None: keep)."""
   settings = {key: eval_cfg[key] for key in ("beam_size", "alpha", "max_len_a", "max_len_b", "batch_size")
               if key in eval_cfg}
-  unknown = sorted(set(overrides) - set(settings) - {"min_len", "use_cache"})
+  extra = ["min_len", "use_cache", "compact"]
+  unknown = sorted(set(overrides) - set(settings) - set(extra))
   if unknown:
-    raise ValueError(f"unknown search setting(s) {unknown}; known: {sorted(settings) + ['min_len', 'use_cache']}")
+    raise ValueError(f"unknown search setting(s) {unknown}; known: {sorted(settings) + extra}")
   return settings | {k: v for k, v in overrides.items() if v is not None}
