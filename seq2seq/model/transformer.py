@@ -114,8 +114,8 @@ class DecoderLayer(nnx.Module):
     new_cache = dict(layer_cache)
 
     def self_attn(h_b1d):
-      q_bnh = self.self_attn.query(h_b1d, positions_b1)[:, 0]
-      k_b1nh, v_b1nh = self.self_attn.key_value(h_b1d, positions_b1)
+      q_b1nh, k_b1nh, v_b1nh = self.self_attn.query_key_value(h_b1d, positions_b1)
+      q_bnh = q_b1nh[:, 0]
       for name, x_b1nh in (("k", k_b1nh), ("v", v_b1nh)):
         x_bn1h = jnp.swapaxes(x_b1nh, 1, 2).astype(layer_cache[name].dtype)
         new_cache[name] = jax.lax.dynamic_update_slice(layer_cache[name], x_bn1h, (0, 0, index, 0))
