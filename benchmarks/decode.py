@@ -138,7 +138,7 @@ def main() -> None:
     translator = Translator.from_workdir(args.workdir, batch_size=args.batch_size)
     sources = [s for s, _ in data.eval_pairs(translator.config, args.split)][:args.sentences]
     results |= {"model": f"{args.workdir} ({translator.checkpoint})", "decode": translator.settings,
-                "compact": list(translator.compact)}
+                "compact": list(getattr(translator, "compact", ()))}
     for mode in ("cold", "warm"):
       start = time.perf_counter()
       hypotheses = translator.translate(sources)
