@@ -8,7 +8,7 @@ Two workloads:
   without it (the whole prefix rerun at every step), and with --flax the Flax WMT example's
   cached beam-4 search on the same-shaped model, timed in the same run:
 
-    git --git-dir=$(fetch google/flax) archive HEAD examples/wmt | tar -x -C /tmp/flax   # outside this repo
+    git clone --depth=1 https://github.com/google/flax /tmp/flax   # outside this repo
     SEQ2SEQ_DATA_DIR=../shared/data python benchmarks/decode.py --flax=/tmp/flax --modes=beam4,greedy \
         --rounds=2 --out=benchmarks/results/decode_cpu2.json
 
@@ -127,7 +127,7 @@ def main() -> None:
   from flax import nnx
 
   from seq2seq import data, sharding
-  from seq2seq.inference import evaluate, load
+  from seq2seq.inference import evaluate
   from seq2seq.inference.translate import Translator, source_bucket
   from seq2seq.model.config import ModelConfig
   from seq2seq.model.transformer import Transformer

@@ -138,3 +138,24 @@ def test_the_license_file_is_the_one_pyproject_names():
   assert project["license"] == {"text": "Apache-2.0"}
   assert project["scripts"] == {"seq2seq-train": "seq2seq.commands.train:run", "seq2seq-eval": "seq2seq.commands.eval:run",
                                 "seq2seq-translate": "seq2seq.commands.translate:run"}
+
+
+def test_a_second_run_loads_its_compiled_programs_from_the_cache(tiny_run, tmp_path):
+  """--compilation_cache keeps compiled programs between runs: the second translation loads
+  the search program instead of compiling it; an empty value turns the cache off."""
+  cache = tmp_path / "xla"
+  env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+  hit = "Persistent compilation cache hit for 'jit__search_fn'"
+  outs = []
+  for flag in (f"--compilation_cache={cache}", f"--compilation_cache={cache}", "--compilation_cache="):
+    out = subprocess.run(command("seq2seq-translate") + [f"--workdir={tiny_run}", flag, "--log_level=DEBUG"],
+                         cwd=tmp_path, capture_output=True, text=True, input="A man is riding a bike.\n", timeout=600,
+                         env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    outs.append(out)
+    if len(outs) == 1:
+      entries = sorted(p.name for p in cache.iterdir())
+      assert any("_search_fn" in name for name in entries), entries
+  assert hit not in outs[0].stderr and hit in outs[1].stderr and hit not in outs[2].stderr
+  assert outs[0].stdout == outs[1].stdout == outs[2].stdout
+  assert sorted(p.name for p in cache.iterdir()) == entries  # nothing new compiled
