@@ -140,6 +140,7 @@ def test_the_license_file_is_the_one_pyproject_names():
                                 "seq2seq-translate": "seq2seq.commands.translate:run"}
 
 
+@pytest.mark.slow
 def test_a_second_run_loads_its_compiled_programs_from_the_cache(tiny_run, tmp_path):
   """--compilation_cache keeps compiled programs between runs: the second translation loads
   the search program instead of compiling it; an empty value turns the cache off."""

@@ -269,6 +269,7 @@ def test_early_stopping_and_compaction_change_no_hypothesis(beam, use_cache):
   assert row_steps["fast"] < row_steps["reference"], row_steps
 
 
+@pytest.mark.slow
 def test_search_compacts_and_keeps_the_order():
   """decode.search with compaction returns each sentence's output in its own row (a batch
   where the longest sentences sit at the end)."""

@@ -165,6 +165,21 @@ def test_output_order_equals_input_order(translator, val_files):
   assert len(set(reference)) > 1
 
 
+
+def test_compacted_batches_translate_as_whole_ones(run, val_files):
+  """A 32-sentence batch compacts to 8 once that many are unfinished (the default): the same
+  translations, in the same order, as batches searched whole (compact=())."""
+  sources = (val_files / "src.en").read_text().splitlines()[:24]
+  sources = (sources + [s[:len(s) // 2] for s in sources])[:40]  # lengths spread: sentences finish apart
+  compacted = Translator.from_workdir(run, batch_size=32, beam_size=2)
+  assert compacted.compact == (8,)
+  whole = Translator.from_workdir(run, batch_size=32, beam_size=2, compact=())
+  hyps, scores = compacted.translate(sources, return_scores=True)
+  whole_hyps, whole_scores = whole.translate(sources, return_scores=True)
+  assert hyps == whole_hyps and len(set(hyps)) > 1
+  np.testing.assert_allclose(scores, whole_scores, rtol=1e-5)  # batch shapes change float rounding slightly
+
+
 @pytest.mark.slow
 def test_sharded_mesh_gives_the_same_translations(run, val_files, tmp_path):
   """The checkpoint is loaded onto the config's mesh: (2,2,2) on 8 devices equals 1 device."""

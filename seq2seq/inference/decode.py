@@ -12,7 +12,10 @@ beams and never gathers them.
   tokens_bl = search(model, src_bs, limits_b, beam_size=4, alpha=0.6, max_len=L)
   tokens_bl = search([model_a, model_b], ...)  # an ensemble
 
-Output rows hold the generated tokens: eos ends a hypothesis, padding follows it.
+Output rows hold the generated tokens: eos ends a hypothesis, padding follows it. A
+sentence stops as soon as its result is certain, and `compact=(n, ...)` moves a batch's
+unfinished sentences into a batch of n once they fit, so finished ones cost nothing
+(`_loop`); neither changes an output.
 """
 
 from __future__ import annotations
@@ -256,7 +259,8 @@ def search(model, src_bs, limits_b, *, beam_size: int, alpha: float, max_len: in
   """(tokens [b, max_len], scores [b]) of the best output per sentence: its tokens end with eos,
   then padding; its score is the sum of its log-probabilities, divided by the GNMT length
   penalty for beam > 1. Beam 1 is greedy. `model` may be a list of models sharing the
-  vocabulary: their ensemble is searched."""
+  vocabulary: their ensemble is searched. A sentence stops once its best output is certain;
+  `compact` (see `beam_search`) moves the unfinished ones into smaller batches."""
   models = list(model) if isinstance(model, (list, tuple)) else [model]
   stepper = ensemble([(cached if use_cache else uncached)(m, max_len) for m in models])
   ids = dict(bos_id=1, eos_id=1, pad_id=models[0].cfg.pad_id)

@@ -66,9 +66,11 @@ class Translator:
     self.batch_size = dp * math.ceil(batch_size / dp)  # rows are split over the data-parallel devices
     self.use_cache = use_cache
     # Once a quarter of a batch's sentences are unfinished they go on in a batch of that size
-    # (same results). Each smaller batch compiles one more loop (~1.3 s on the 2-core CPU);
-    # a second one, batch/16, made the Multi30k test sets no faster.
-    self.compact = tuple(n for n in (self.batch_size // 4,) if n >= dp) if compact is None else tuple(compact)
+    # (same results). Each smaller batch compiles one more loop (~1.3 s on the 2-core CPU), so
+    # batches under 32 sentences are not compacted; a second level, batch/16, made the
+    # Multi30k test sets no faster.
+    self.compact = tuple(n for n in (self.batch_size // 4,) if n >= max(dp, 8)) if compact is None \
+        else tuple(compact)
     self.truncated = 0  # sources of the last call cut to the model's position table (learned positions)
     self._batch_sharding = sharding.batch_sharding(mesh)
     self._search = jax.jit(self._search_fn, static_argnames=("max_len",),
