@@ -9,7 +9,7 @@
   a ValueError from our code (DataError and CheckpointError are ValueErrors). Anything else
   is a bug and keeps its traceback.
 - Compiled programs are kept on disk (`--compilation_cache`, default
-  ~/.cache/seq2seq/xla/PLATFORM-HOST_CPU): a second evaluation, a translation or a resumed
+  ~/.cache/seq2seq/xla/host-HASH, one folder per host instruction set): a second evaluation, a translation or a resumed
   run loads them instead of compiling again. `--compilation_cache=` turns it off;
   JAX_COMPILATION_CACHE_DIR, when set, wins.
 """
