@@ -166,14 +166,15 @@ def test_output_order_equals_input_order(translator, val_files):
 
 
 
-def test_compacted_batches_translate_as_whole_ones(run, val_files):
-  """A 32-sentence batch compacts to 8 once that many are unfinished (the default): the same
-  translations, in the same order, as batches searched whole (compact=())."""
+def test_compacted_concurrent_batches_translate_as_whole_ones_in_turn(run, val_files):
+  """A 32-sentence batch compacts to 8 once that many are unfinished, and on one CPU process two
+  batches are decoded at once (the defaults): the same translations, in the same order, as
+  batches searched whole (compact=()) one after another (workers=1)."""
   sources = (val_files / "src.en").read_text().splitlines()[:24]
   sources = (sources + [s[:len(s) // 2] for s in sources])[:40]  # lengths spread: sentences finish apart
   compacted = Translator.from_workdir(run, batch_size=32, beam_size=2)
-  assert compacted.compact == (8,)
-  whole = Translator.from_workdir(run, batch_size=32, beam_size=2, compact=())
+  assert compacted.compact == (8,) and compacted.workers == 2
+  whole = Translator.from_workdir(run, batch_size=32, beam_size=2, compact=(), workers=1)
   hyps, scores = compacted.translate(sources, return_scores=True)
   whole_hyps, whole_scores = whole.translate(sources, return_scores=True)
   assert hyps == whole_hyps and len(set(hyps)) > 1
