@@ -24,7 +24,7 @@ def get_config() -> ml_collections.ConfigDict:
       num_encoder_layers=6,
       num_decoder_layers=6,
       d_ff=2048,
-      activation="relu",  # relu | gelu | swiglu | geglu
+      activation="relu",  # relu | gelu | swish (plain) | glu | reglu | geglu | swiglu (gated)
       norm="layernorm",  # layernorm | rmsnorm | adanorm
       norm_position="post",  # post (Vaswani et al.) | pre
       norm_eps=1e-6,

@@ -117,19 +117,21 @@ def test_rope_is_relative_and_norm_preserving():
                              rtol=1e-5)
 
 
-@pytest.mark.parametrize("activation", ["relu", "gelu", "swiglu", "geglu"])
+@pytest.mark.parametrize("activation", ["relu", "gelu", "swish", "glu", "reglu", "geglu", "swiglu"])
 def test_feed_forward_matches_formula(activation):
   ffn = FeedForward(8, 16, activation, use_bias=True, hidden_dropout=0.0, rngs=nnx.Rngs(0))
   ffn.bi_f[...] = jnp.linspace(-1, 1, 16)
   x = np.asarray(_x(), np.float64)
   wi, wo, bi = (np.asarray(w[...], np.float64) for w in (ffn.wi_df, ffn.wo_fd, ffn.bi_f))
   h = x @ wi + bi
-  if activation in ("swiglu", "geglu"):
-    g = x @ np.asarray(ffn.wg_df[...], np.float64)
-    act = jax.nn.silu if activation == "swiglu" else jax.nn.gelu
-    h = np.asarray(act(g)) * h
+  # Written out in float64, apart from gelu's tanh approximation (jax.nn.gelu's default).
+  sigmoid = lambda z: 1 / (1 + np.exp(-z))
+  act = dict(relu=lambda z: np.maximum(z, 0), gelu=lambda z: np.asarray(jax.nn.gelu(z)), swish=lambda z: z * sigmoid(z))
+  gate = dict(glu=sigmoid, reglu=act["relu"], geglu=act["gelu"], swiglu=act["swish"])
+  if activation in gate:
+    h = gate[activation](x @ np.asarray(ffn.wg_df[...], np.float64)) * h
   else:
-    h = np.maximum(h, 0) if activation == "relu" else np.asarray(jax.nn.gelu(h))
+    h = act[activation](h)
   np.testing.assert_allclose(ffn(_x(), None), h @ wo, rtol=1e-4, atol=1e-5)
 
 

@@ -90,11 +90,19 @@ def test_variant_causal_padding_invariant_and_trainable(positions, norm, norm_po
     assert np.any(g != 0), f"no gradient reaches {jax.tree_util.keystr(path)}"
 
 
-@pytest.mark.parametrize("positions, norm, norm_position",
-                         split_grid(list(itertools.product(CHOICES["positions"], CHOICES["norm"],
-                                                           CHOICES["norm_position"]))))
-def test_cached_decoding_reproduces_full_forward(positions, norm, norm_position):
-  cfg = small_config(positions=positions, norm=norm, norm_position=norm_position, activation="swiglu")
+def cache_grid():
+  """positions x norm x norm_position (fast: a pairwise-covering subset), each with one
+  activation in turn, so the fast cases alone try every activation."""
+  grid = list(itertools.product(CHOICES["positions"], CHOICES["norm"], CHOICES["norm_position"]))
+  fast = pairwise(grid)
+  ordered = fast + [c for c in grid if c not in fast]
+  activation = {c: CHOICES["activation"][i % len(CHOICES["activation"])] for i, c in enumerate(ordered)}
+  return [(*c, activation[c]) if c in fast else pytest.param(*c, activation[c], marks=pytest.mark.slow) for c in grid]
+
+
+@pytest.mark.parametrize("positions, norm, norm_position, activation", cache_grid())
+def test_cached_decoding_reproduces_full_forward(positions, norm, norm_position, activation):
+  cfg = small_config(positions=positions, norm=norm, norm_position=norm_position, activation=activation)
   model = Transformer(cfg, rngs=nnx.Rngs(0))
   tgt_bt = np.array([[1, 20, 21, 22, 23, 24, 25], [1, 26, 27, 28, 29, 30, 31]])
   full_btv = nnx.jit(lambda m: m(SRC_BS, tgt_bt))(model)

@@ -11,7 +11,7 @@ CHOICES = {
     "positions": ("sinusoidal", "learned", "rope"),
     "norm": ("layernorm", "rmsnorm", "adanorm"),
     "norm_position": ("pre", "post"),
-    "activation": ("relu", "gelu", "swiglu", "geglu"),
+    "activation": ("relu", "gelu", "swish", "glu", "reglu", "geglu", "swiglu"),  # see model/layers.py
     "dtype": ("float32", "bfloat16"),
     "attention_impl": ("auto", "xla", "explicit", "cudnn", "splash"),  # see seq2seq/model/attention.py
 }

@@ -13,7 +13,7 @@ from seq2seq.model.config import ModelConfig
 def forward_flops(cfg: ModelConfig, batch: int, src_len: int, tgt_len: int) -> float:
   """Matmul FLOPs (2 per multiply-add) of one forward pass on a padded [batch, len] batch."""
   d, hd, f, v = cfg.d_model, cfg.num_heads * cfg.head_size, cfg.d_ff, cfg.vocab_size
-  ffn_mats = 3 if cfg.activation in ("swiglu", "geglu") else 2
+  ffn_mats = 3 if cfg.activation in ("glu", "reglu", "geglu", "swiglu") else 2  # gated: three matrices
   s, t = batch * src_len, batch * tgt_len
   proj = lambda tokens, n_mats: 2 * tokens * d * hd * n_mats
   scores = lambda q_len, k_len: 2 * 2 * batch * q_len * k_len * hd  # q k^T and weights v

@@ -1,0 +1,323 @@
+"""The tables and plots of an architecture sweep (`python -m seq2seq.sweep`), from the runs'
+own files: DIR/sweep.json (which runs), each run's config.json, metrics.jsonl and eval/*.json.
+
+- The modifications table (Narang et al. 2021): per variant at the base size, parameters,
+  training FLOPs per target token, steps/s, early loss (validation NLL at 25% of the
+  steps), final validation NLL and BLEU on each test set; mean ± std over seeds and the
+  difference to vanilla, marked * when it exceeds twice its standard error.
+- Transformer vs Transformer++ (Gu & Dao 2023): validation NLL against training FLOPs at each
+  size, and the compute multiplier: the FLOPs vanilla needs to reach Transformer++'s final
+  NLL (interpolated on vanilla's best-so-far frontier over all its sizes) over the FLOPs
+  Transformer++ spent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import pathlib
+import statistics
+
+from seq2seq import metrics
+
+# (Result field, heading, format, scale); params and FLOPs are exact, so differences carry no mark.
+COLUMNS = (("params", "Params", "{:.2f}M", 1e-6), ("flops", "FLOPs / token", "{:.2f}M", 1e-6),
+           ("steps_per_s", "Steps/s", "{:.2f}", 1), ("early_nll", "Early loss", "{:.3f}", 1),
+           ("final_nll", "Final loss", "{:.3f}", 1))
+EXACT = ("params", "flops")
+
+
+@dataclasses.dataclass
+class Result:
+  name: str
+  variant: str
+  size: str
+  seed: int
+  params: float
+  flops: float  # training (forward + backward) matmul FLOPs per target token
+  steps_per_s: float
+  early_nll: float  # validation NLL at the evaluation nearest 25% of the steps
+  final_nll: float
+  bleu: dict[str, float]  # test set -> BLEU at the last step
+  curve: list[tuple[float, float]]  # (training FLOPs so far, validation NLL) at each evaluation
+  command: str = ""
+  hardware: str = ""
+
+
+def read_run(workdir: pathlib.Path, entry: dict) -> Result | None:
+  """A finished run's figures (None while it has no test-set result at its last step)."""
+  from seq2seq.model import flops, transformer
+  from seq2seq.model.config import ModelConfig
+
+  config_path = workdir / "config.json"
+  if not config_path.is_file():
+    return None
+  config = json.loads(config_path.read_text())
+  steps = config["train"]["steps"]
+  bleu, hardware = {}, ""
+  for split in config["data"]["test_splits"]:
+    stem = split.replace("/", "_").replace(":", "_")
+    found = sorted((workdir / "eval").glob(f"{stem}.step{steps}.*.json"))
+    if not found:
+      return None
+    scored = json.loads(found[0].read_text())
+    bleu[stem], hardware = scored["bleu"], scored.get("hardware", "")
+  cfg = ModelConfig.from_config(config["model"], config["data"]["vocab_size"])
+  data = config["data"]
+  length = data.get("pack_length") or data["max_len"]  # FLOPs of rows of this length, per position
+  per_token = flops.train_step_flops(cfg, 1, length, length) / length
+  records = metrics.read(workdir)
+  train = [r for r in records if "loss" in r]
+  val = [r for r in records if "val_nll" in r]
+  if not train or not val:
+    raise ValueError(f"{workdir / 'metrics.jsonl'}: no training or validation records for a finished run")
+  rates = [(b["step"] - a["step"]) / (b["wall_time_s"] - a["wall_time_s"]) for a, b in zip(train, train[1:])
+           if b["step"] > a["step"] and b.get("wall_time_s", 0) > a.get("wall_time_s", 0)]
+  tokens, done, curve = 0.0, 0, []
+  for r in sorted(val, key=lambda r: r["step"]):
+    tokens += sum(t.get("tokens", 0.0) for t in train if done < t["step"] <= r["step"])
+    done = r["step"]
+    curve.append((tokens * per_token, r["val_nll"]))
+  early = min(val, key=lambda r: abs(r["step"] - steps / 4))
+  return Result(entry["name"], entry["variant"], entry["size"], entry["seed"], float(transformer.count_params(cfg)),
+                per_token, statistics.median(rates) if rates else math.nan, early["val_nll"],
+                max(val, key=lambda r: r["step"])["val_nll"], bleu, curve, entry.get("command", ""), hardware)
+
+
+def collect(root: pathlib.Path) -> tuple[list[Result], list[str], list[str]]:
+  """(finished runs, names of the unfinished ones, the sweep commands) of the sweeps in `root`."""
+  manifest = root / "sweep.json"
+  if not manifest.is_file():
+    raise ValueError(f"{manifest} does not exist: run `python -m seq2seq.sweep --config=... --workdir={root}` first")
+  results, missing = [], []
+  listed = json.loads(manifest.read_text())
+  for entry in listed["runs"]:
+    result = read_run(root / entry["name"], entry)
+    (results.append(result) if result else missing.append(entry["name"]))
+  return results, missing, listed.get("sweeps", [])
+
+
+def summary(values: list[float]) -> tuple[float, float, int]:
+  """(mean, sample standard deviation (nan for one value), count)."""
+  values = [v for v in values if not math.isnan(v)]
+  if not values:
+    return math.nan, math.nan, 0
+  return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else math.nan, len(values)
+
+
+def difference(values: list[float], baseline: list[float]) -> tuple[float, float, bool]:
+  """(mean difference, its standard error, whether |difference| > 2 standard errors). The
+  standard error is sqrt(s_a^2 / n_a + s_b^2 / n_b): nan, and nothing marked, with one seed."""
+  (ma, sa, na), (mb, sb, nb) = summary(values), summary(baseline)
+  se = math.sqrt(sa**2 / na + sb**2 / nb) if na > 1 and nb > 1 else math.nan
+  diff = ma - mb
+  return diff, se, bool(se > 0 and abs(diff) > 2 * se)
+
+
+def _cell(values: list[float], baseline: list[float] | None, fmt: str, scale: float, exact: bool = False) -> str:
+  """mean ± std, then the difference to the baseline: in percent for exact columns (params,
+  FLOPs), else in the column's unit and marked * beyond two standard errors."""
+  mean, std, n = summary([v * scale for v in values])
+  if n == 0:
+    return "–"
+  text = fmt.format(mean) + (f" ± {fmt.format(std).rstrip('M')}" if n > 1 and std > 0 else "")
+  if baseline is None:
+    return text
+  diff, _, marked = difference([v * scale for v in values], [v * scale for v in baseline])
+  if exact:
+    base = summary([v * scale for v in baseline])[0]
+    return text + (f" ({diff / base:+.1%})".replace("-", "−") if diff and base else "")
+  shown = fmt.format(abs(diff)).rstrip("M")
+  if float(shown) == 0:
+    return text
+  return text + f" ({'+' if diff > 0 else '−'}{shown}{'*' if marked else ''})"
+
+
+def modifications_table(results: list[Result], size: str = "base") -> str:
+  """Markdown: one row per variant at `size` (vanilla first), columns as in Narang et al."""
+  rows = [r for r in results if r.size == size]
+  variants = sorted({r.variant for r in rows}, key=lambda v: (v != "vanilla", v == "transformer++", _order(v)))
+  splits = sorted({s for r in rows for s in r.bleu})
+  by = {v: [r for r in rows if r.variant == v] for v in variants}
+  base = by.get("vanilla")
+  head = ["Variant", "Seeds"] + [c[1] for c in COLUMNS] + [f"BLEU {s}" for s in splits]
+  lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  for v in variants:
+    cells = [f"`{v}`", str(len(by[v]))]
+    for key, _, fmt, scale in COLUMNS:
+      ref = None if base is None or v == "vanilla" else [getattr(r, key) for r in base]
+      cells.append(_cell([getattr(r, key) for r in by[v]], ref, fmt, scale, key in EXACT))
+    for s in splits:
+      ref = None if base is None or v == "vanilla" else [r.bleu.get(s, math.nan) for r in base]
+      cells.append(_cell([r.bleu.get(s, math.nan) for r in by[v]], ref, "{:.2f}", 1))
+    lines.append("| " + " | ".join(cells) + " |")
+  return "\n".join(lines) + "\n"
+
+
+def _order(variant: str) -> int:
+  from seq2seq import variants
+
+  names = list(variants.VARIANTS)
+  return names.index(variant) if variant in names else len(names)
+
+
+def frontier(curves: list[list[tuple[float, float]]]) -> list[tuple[float, float]]:
+  """The best NLL reached with at most each amount of FLOPs, over all the curves' points."""
+  best, out = math.inf, []
+  for f, nll in sorted(p for curve in curves for p in curve):
+    if nll < best:
+      best = nll
+      out.append((f, nll))
+  return out
+
+
+def flops_to_reach(front: list[tuple[float, float]], target: float) -> float:
+  """FLOPs at which the frontier reaches `target` NLL, interpolated linearly in (log FLOPs,
+  NLL) between its neighbouring points; inf if it never does."""
+  for (f0, n0), (f1, n1) in zip([(math.nan, math.inf)] + front, front):
+    if n1 <= target:
+      if math.isnan(f0):
+        return f1  # reached at the first point: no smaller amount was measured
+      return math.exp(math.log(f0) + (n0 - target) / (n0 - n1) * (math.log(f1) - math.log(f0)))
+  return math.inf
+
+
+def multipliers(results: list[Result], strong: str = "transformer++", weak: str = "vanilla") -> list[dict]:
+  """Per size of `strong`: its final NLL and FLOPs (means over seeds), and the FLOPs `weak`
+  needs to reach that NLL, from weak's frontier over every size it ran."""
+  front = frontier([r.curve for r in results if r.variant == weak])
+  out = []
+  for size in sorted({r.size for r in results if r.variant == strong}, key=_size_order):
+    runs = [r for r in results if r.variant == strong and r.size == size]
+    nll = statistics.fmean(r.final_nll for r in runs)
+    spent = statistics.fmean(r.curve[-1][0] for r in runs)
+    needed = flops_to_reach(front, nll)
+    out.append({"size": size, "params": runs[0].params, "nll": nll, "flops": spent, "weak_flops": needed,
+                "multiplier": needed / spent, "weak_max": max((f for f, _ in front), default=math.nan) / spent})
+  return out
+
+
+def _size_order(size: str) -> int:
+  from seq2seq import variants
+
+  return list(variants.SIZES).index(size) if size in variants.SIZES else len(variants.SIZES)
+
+
+def plot_scaling(results: list[Result], path: pathlib.Path, variants=("vanilla", "transformer++")) -> bool:
+  """Validation NLL against training FLOPs, one line per run of `variants`; False if none."""
+  runs = [r for r in results if r.variant in variants]
+  if not runs:
+    return False
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
+  colours = dict(zip(variants, ("tab:blue", "tab:red", "tab:green")))
+  markers = {"small": "v", "base": "o", "large": "^"}
+  for r in sorted(runs, key=lambda r: (r.variant, _size_order(r.size), r.seed)):
+    f, nll = zip(*r.curve)
+    ax.plot(f, nll, color=colours.get(r.variant), marker=markers.get(r.size, "s"), markersize=4, alpha=0.8,
+            label=f"{r.variant} {r.size}" if r.seed == min(q.seed for q in runs if q.variant == r.variant
+                                                             and q.size == r.size) else None)
+  ax.set(xscale="log", xlabel="training FLOPs (matmuls, forward + backward)", ylabel="validation NLL (nats / token)",
+         title="Transformer vs Transformer++: validation loss against compute")
+  ax.grid(alpha=0.3, which="both")
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path)
+  plt.close(fig)
+  return True
+
+
+def plot_modifications(results: list[Result], path: pathlib.Path, size: str = "base") -> bool:
+  """Final validation NLL per variant (mean, with each seed as a dot); False if no runs."""
+  rows = [r for r in results if r.size == size]
+  if not rows:
+    return False
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  names = sorted({r.variant for r in rows}, key=lambda v: (v != "vanilla", v == "transformer++", _order(v)))
+  fig, ax = plt.subplots(figsize=(7, 0.35 * len(names) + 1.2), dpi=100)
+  for y, name in enumerate(names):
+    values = [r.final_nll for r in rows if r.variant == name]
+    ax.barh(y, statistics.fmean(values), color="tab:red" if name == "vanilla" else "tab:blue", alpha=0.5)
+    ax.plot(values, [y] * len(values), "k.", markersize=5)
+  ax.set_yticks(range(len(names)), names)
+  ax.invert_yaxis()
+  lows = [r.final_nll for r in rows]
+  ax.set_xlim(min(lows) - 0.05, max(lows) + 0.05)
+  ax.set(xlabel="final validation NLL (lower is better; dots: seeds)", title="Modifications")
+  ax.grid(alpha=0.3, axis="x")
+  fig.tight_layout()
+  fig.savefig(path)
+  plt.close(fig)
+  return True
+
+
+def markdown(results: list[Result], missing: list[str], plots: dict[str, str], command: str,
+             sweeps: list[str]) -> str:
+  """The whole report: what was run, the modifications table, the scaling comparison."""
+  from seq2seq import variants
+
+  hardware = sorted({r.hardware for r in results if r.hardware})
+  out = ["# Architecture ablations", "",
+         f"Generated by `{command}` from {len(results)} finished runs"
+         + (f" on {', '.join(hardware)}" if hardware else "") + ". Do not edit: rerun the command.", ""]
+  if sweeps:
+    out += ["The runs were made by:", "", "```bash", *sweeps, "```", ""]
+  vanilla = next((r for r in results if r.variant == "vanilla" and r.size == "base"), None)
+  if vanilla and vanilla.command:
+    out += ["One of them (vanilla, first seed), as the sweep ran it:", "", f"```bash\n{vanilla.command}\n```", ""]
+  out += ["## Modifications (Narang et al. 2021)", "",
+          "Mean ± standard deviation over seeds; in brackets the difference to vanilla, marked * when it "
+          "exceeds twice its standard error (sqrt(s²/n + s_vanilla²/n_vanilla)). Early loss: validation NLL "
+          "at 25% of the steps. FLOPs: matmul FLOPs of a training step (forward and backward) per target "
+          "position. Gated feed-forwards have 2/3 of the width (equal parameters).", "",
+          modifications_table(results)]
+  if "modifications" in plots:
+    out += [f"![final validation NLL per variant]({plots['modifications']})", ""]
+  out += ["Variants:", ""] + [f"- `{name}`: {what}" for name, (what, _) in variants.VARIANTS.items()
+                              if any(r.variant == name for r in results)] + [""]
+  rows = multipliers(results)
+  if rows:
+    out += ["## Transformer vs Transformer++ (Gu & Dao 2023)", "",
+            "Validation NLL against training FLOPs. The multiplier is the FLOPs vanilla needs to reach "
+            "Transformer++'s final NLL (interpolated on vanilla's best-so-far frontier over all its sizes) "
+            "divided by the FLOPs Transformer++ spent; `>` when vanilla never got there.", ""]
+    if "scaling" in plots:
+      out += [f"![validation NLL against training FLOPs]({plots['scaling']})", ""]
+    out += ["| size | Transformer++ params | its final NLL | its FLOPs | vanilla's FLOPs to match | multiplier |",
+            "|---|---|---|---|---|---|"]
+    for m in rows:
+      reached = math.isfinite(m["weak_flops"])
+      out.append(f"| {m['size']} | {m['params'] / 1e6:.2f}M | {m['nll']:.3f} | {m['flops']:.3g} | "
+                 + (f"{m['weak_flops']:.3g} | **{m['multiplier']:.2f}x** |" if reached
+                    else f"not reached | **> {m['weak_max']:.2f}x** |"))
+    out.append("")
+  if missing:
+    out += ["## Not finished yet", "", ", ".join(f"`{m}`" for m in missing), ""]
+  return "\n".join(out)
+
+
+def write(root: str | pathlib.Path, output: str | pathlib.Path, command: str = "") -> str:
+  """Writes the report to `output` and its PNGs beside it (NAME_scaling.png, ...); returns a
+  one-line account."""
+  root, output = pathlib.Path(root), pathlib.Path(output)
+  results, missing, sweeps = collect(root)
+  output.parent.mkdir(parents=True, exist_ok=True)
+  plots = {}
+  for kind, draw in (("modifications", plot_modifications), ("scaling", plot_scaling)):
+    path = output.with_name(f"{output.stem}_{kind}.png")
+    if draw(results, path):
+      plots[kind] = path.name
+  command = command or f"python -m seq2seq.sweep --workdir={root} --table --output={output}"
+  tmp = output.with_suffix(".tmp")
+  tmp.write_text(markdown(results, missing, plots, command, sweeps))
+  tmp.replace(output)
+  return f"{output}: {len(results)} finished runs, {len(missing)} unfinished"

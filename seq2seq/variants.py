@@ -1,0 +1,147 @@
+"""Named architecture variants for `python -m seq2seq.sweep`: bundles of config overrides,
+defined here and nowhere else.
+
+`vanilla` is Vaswani et al.'s Transformer: post-norm LayerNorm, ReLU, sinusoidal positions,
+biases, tied output embedding. Every other variant is vanilla plus one modification (as in
+Narang et al. 2021, "Do Transformer Modifications Transfer Across Implementations and
+Applications?"), except `transformer++`, the LLaMA-style bundle (pre-norm RMSNorm, SwiGLU,
+RoPE, no biases) that Gu & Dao 2023 compare against vanilla.
+
+Widths are set so that parameters stay comparable:
+- Gated feed-forwards (glu, reglu, geglu, swiglu) have three matrices instead of two, so
+  their hidden width is 2/3 of the base d_ff, rounded to a multiple of 8 (`glu_width`):
+  the feed-forward keeps the same parameters (Shazeer 2020).
+- `deep` doubles the layers and `wide` halves them (at least one); their d_ff is solved so
+  the layers hold the same parameters as vanilla's (`layer_params`). `deep` also takes
+  d_model x 3/4, since twice the layers' attention alone would outgrow vanilla's layers.
+
+Sizes scale d_model and d_ff of the base config (heads and layers stay): `small` x1/2,
+`base` x1, `large` x2, for the Transformer vs Transformer++ scaling comparison.
+
+  overrides("swiglu", config)  -> {"model.norm_position": "post", ..., "model.activation": "swiglu", "model.d_ff": 168}
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import jax
+from flax import nnx
+
+from seq2seq.model import transformer
+from seq2seq.model.config import ModelConfig
+
+# The settings every variant starts from; a variant's own overrides replace some of them.
+VANILLA = {"model.norm_position": "post", "model.norm": "layernorm", "model.activation": "relu",
+           "model.positions": "sinusoidal", "model.use_bias": True, "model.tie_output": True}
+
+SIZES = {"small": 0.5, "base": 1.0, "large": 2.0}
+
+
+def glu_width(d_ff: int) -> int:
+  """Hidden width of a gated feed-forward with the parameters of a plain one of width d_ff."""
+  return max(8, 8 * round(2 * d_ff / 3 / 8))
+
+
+def _gated(activation: str) -> Callable[[dict], dict]:
+  return lambda m: {"model.activation": activation, "model.d_ff": glu_width(m["d_ff"])}
+
+
+def layer_params(model: dict, vocab_size: int) -> int:
+  """Parameters of the encoder and decoder layers and final norms (embeddings, positions and
+  the output projection excluded), from the abstract shapes of one layer of each kind:
+  `model` is a config.model dict."""
+  return _layer_params(ModelConfig.from_config(model, vocab_size))
+
+
+@functools.lru_cache(maxsize=256)
+def _layer_params(cfg: ModelConfig) -> int:
+  def count(build) -> int:
+    return sum(int(v.size) for v in jax.tree.leaves(nnx.state(nnx.eval_shape(lambda: build(cfg, rngs=nnx.Rngs(0))),
+                                                            nnx.Param)))
+
+  final_norms = 2 * count(lambda c, rngs: transformer._norm(c, rngs)) if cfg.norm_position == "pre" else 0
+  return (cfg.num_encoder_layers * count(transformer.EncoderLayer) + cfg.num_decoder_layers *
+          count(transformer.DecoderLayer) + final_norms)
+
+
+def solve_d_ff(model: dict, vocab_size: int, target: int, **changes) -> int:
+  """The d_ff (a multiple of 8) that gives `model` with `changes` layers of `target`
+  parameters; layer parameters are linear in d_ff."""
+  at = lambda f: layer_params(model | changes | {"d_ff": f}, vocab_size)
+  slope = (at(16) - at(8)) / 8
+  d_ff = 8 * round((target - at(8)) / slope / 8 + 1)
+  if d_ff < 8:
+    raise ValueError(f"no d_ff gives layers of {target} parameters with {changes}: the attention alone is larger")
+  return d_ff
+
+
+def _depth(factor: float) -> Callable[[dict, int], dict]:
+  def bundle(m: dict, vocab_size: int) -> dict:
+    base = m | {k.split(".")[1]: v for k, v in VANILLA.items()}
+    layers = {k: max(1, round(m[k] * factor)) for k in ("num_encoder_layers", "num_decoder_layers")}
+    width = {} if factor <= 1 else {"d_model": _round_heads(m["d_model"] * 3 / 4, m["num_heads"])}
+    d_ff = solve_d_ff(base, vocab_size, layer_params(base, vocab_size), **layers, **width)
+    return {f"model.{k}": v for k, v in (layers | width | {"d_ff": d_ff}).items()}
+  return bundle
+
+
+def _round_heads(d_model: float, num_heads: int) -> int:
+  """d_model rounded to a multiple of 2 * num_heads (an even head dimension, for RoPE)."""
+  return 2 * num_heads * max(1, round(d_model / (2 * num_heads)))
+
+
+# name -> (what it changes, overrides from (config.model as a dict, vocabulary size)).
+VARIANTS: dict[str, tuple[str, Callable[[dict, int], dict]]] = {
+    "vanilla": ("post-norm LayerNorm, ReLU, sinusoidal positions, biases (Vaswani et al.)", lambda m, v: {}),
+    "gelu": ("GELU activation", lambda m, v: {"model.activation": "gelu"}),
+    "swish": ("Swish (SiLU) activation", lambda m, v: {"model.activation": "swish"}),
+    "glu": ("GLU feed-forward, 2/3 width", lambda m, v: _gated("glu")(m)),
+    "reglu": ("ReGLU feed-forward, 2/3 width", lambda m, v: _gated("reglu")(m)),
+    "geglu": ("GeGLU feed-forward, 2/3 width", lambda m, v: _gated("geglu")(m)),
+    "swiglu": ("SwiGLU feed-forward, 2/3 width", lambda m, v: _gated("swiglu")(m)),
+    "rmsnorm": ("RMSNorm instead of LayerNorm", lambda m, v: {"model.norm": "rmsnorm"}),
+    "prenorm": ("pre-norm residual blocks", lambda m, v: {"model.norm_position": "pre"}),
+    "adanorm": ("AdaNorm instead of LayerNorm", lambda m, v: {"model.norm": "adanorm"}),
+    "learned": ("learned position embeddings", lambda m, v: {"model.positions": "learned"}),
+    "rope": ("rotary position embeddings", lambda m, v: {"model.positions": "rope"}),
+    "untied": ("output projection untied from the target embedding", lambda m, v: {"model.tie_output": False}),
+    "nobias": ("no biases in attention and feed-forward", lambda m, v: {"model.use_bias": False}),
+    "deep": ("2x the layers, d_model x3/4, d_ff for equal layer parameters", _depth(2.0)),
+    "wide": ("1/2 the layers, d_ff for equal layer parameters", _depth(0.5)),
+    "transformer++": ("pre-norm RMSNorm, SwiGLU (2/3 width), RoPE, no biases (LLaMA-style)",
+                      lambda m, v: {"model.norm_position": "pre", "model.norm": "rmsnorm", "model.positions": "rope",
+                                    "model.use_bias": False} | _gated("swiglu")(m)),
+}
+
+# The default grid of `python -m seq2seq.sweep` (12 variants; the others are there to name).
+DEFAULT = ("vanilla", "gelu", "swish", "reglu", "geglu", "swiglu", "rmsnorm", "prenorm", "learned", "rope", "nobias",
+           "transformer++")
+
+
+def size_overrides(size: str, model: dict) -> dict:
+  """d_model and d_ff of config.model scaled by SIZES[size] (nothing for base)."""
+  if size not in SIZES:
+    raise ValueError(f"unknown size {size!r}; known: {sorted(SIZES)}")
+  if size == "base":
+    return {}
+  f = SIZES[size]
+  return {"model.d_model": _round_heads(model["d_model"] * f, model["num_heads"]),
+          "model.d_ff": 8 * max(1, round(model["d_ff"] * f / 8))}
+
+
+def overrides(name: str, model: dict, vocab_size: int, size: str = "base") -> dict:
+  """The flat {"model.KEY": value} overrides that turn `model` (config.model as a dict) into
+  variant `name` at `size`: the size first, then vanilla's settings, then the variant's."""
+  if name not in VARIANTS:
+    raise ValueError(f"unknown variant {name!r}; known: {', '.join(VARIANTS)}")
+  sized = size_overrides(size, model)
+  model = model | {k.split(".", 1)[1]: v for k, v in sized.items()}
+  return sized | VANILLA | VARIANTS[name][1](model, vocab_size)
+
+
+def flag(key: str, value) -> str:
+  """A command-line override: --config.model.d_ff=168."""
+  return f"--config.{key}={value}"
+

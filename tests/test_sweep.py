@@ -1,0 +1,224 @@
+"""Architecture sweeps: each variant's overrides build the intended model, the table
+arithmetic on synthetic results, the runs' commands, and resuming a killed sweep."""
+
+import dataclasses
+import json
+import math
+import re
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import pytest
+from flax import nnx
+
+from seq2seq import ablations, configs, sweep, variants
+from seq2seq.model.config import ModelConfig
+from seq2seq.model.transformer import abstract, count_params
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def model_of(name: str, size: str = "base", config_name: str = "multi30k_d128"):
+  config = configs.get(config_name)
+  model = config.model.to_dict()
+  changes = variants.overrides(name, model, config.data.vocab_size, size)
+  model |= {k.split(".", 1)[1]: v for k, v in changes.items()}
+  return ModelConfig.from_config(model, config.data.vocab_size)
+
+
+def param_paths(cfg: ModelConfig) -> list[str]:
+  state = nnx.state(abstract(cfg), nnx.Param)
+  return [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(state)]
+
+
+def test_vanilla_is_vaswani_whatever_the_base_config():
+  cfg = model_of("vanilla", config_name="multi30k")  # multi30k.py itself is pre-norm
+  assert (cfg.norm_position, cfg.norm, cfg.activation, cfg.positions, cfg.use_bias, cfg.tie_output) == (
+      "post", "layernorm", "relu", "sinusoidal", True, True)
+  assert cfg.d_model == 256 and cfg.d_ff == 1024  # sizes stay the config's
+
+
+@pytest.mark.parametrize("name, settings", [
+    ("gelu", dict(activation="gelu")), ("swish", dict(activation="swish")),
+    ("rmsnorm", dict(norm="rmsnorm")), ("prenorm", dict(norm_position="pre")), ("adanorm", dict(norm="adanorm")),
+    ("learned", dict(positions="learned")), ("rope", dict(positions="rope")), ("untied", dict(tie_output=False)),
+    ("nobias", dict(use_bias=False)),
+    ("glu", dict(activation="glu", d_ff=168)), ("reglu", dict(activation="reglu", d_ff=168)),
+    ("geglu", dict(activation="geglu", d_ff=168)), ("swiglu", dict(activation="swiglu", d_ff=168)),
+    ("transformer++", dict(norm_position="pre", norm="rmsnorm", activation="swiglu", positions="rope",
+                           use_bias=False, d_ff=168)),
+])
+def test_each_variant_changes_what_it_names_and_nothing_else(name, settings):
+  vanilla, cfg = model_of("vanilla"), model_of(name)
+  changed = {k: getattr(cfg, k) for k in vars(cfg) if getattr(cfg, k) != getattr(vanilla, k)}
+  assert changed == settings
+  paths = param_paths(cfg)
+  assert any("wg_df" in p for p in paths) == (settings.get("activation") in variants_gated())
+  assert any("positions" in p for p in paths) == (settings.get("positions") == "learned")
+  assert any("output_dv" in p for p in paths) == (settings.get("tie_output") is False)
+  dense_biases = [p for p in paths if re.search(r"'b[qkvoi]_\w+'\]", p)]  # bq_nh, bo_d, bi_f, ...
+  assert bool(dense_biases) == settings.get("use_bias", True)
+  # Gated feed-forwards at 2/3 width: the layers keep their parameters within 1% (the
+  # rounding of d_ff to a multiple of 8), against the same model with a plain one.
+  if cfg.activation in variants_gated():
+    plain = dataclasses.replace(cfg, activation="relu", d_ff=vanilla.d_ff)
+    assert abs(layer_params(cfg) / layer_params(plain) - 1) < 0.01
+
+
+def layer_params(cfg: ModelConfig) -> int:
+  return variants.layer_params({k: v for k, v in vars(cfg).items() if k != "vocab_size"}, cfg.vocab_size)
+
+
+def variants_gated():
+  return ("glu", "reglu", "geglu", "swiglu")
+
+
+def test_layer_params_are_the_models_without_embeddings():
+  for name in ("transformer++", "untied"):  # pre-norm final norms, no biases; an output matrix
+    cfg = model_of(name)
+    embeddings = sum(int(v.size) for path, v in jax.tree_util.tree_leaves_with_path(nnx.state(abstract(cfg), nnx.Param))
+                     if re.search("embed|positions|output_dv", jax.tree_util.keystr(path)))
+    assert layer_params(cfg) == count_params(cfg) - embeddings, name
+
+
+@pytest.mark.parametrize("name, layers", [("deep", 8), ("wide", 2)])
+def test_depth_against_width_at_equal_layer_parameters(name, layers):
+  vanilla, cfg = model_of("vanilla"), model_of(name)
+  assert cfg.num_encoder_layers == cfg.num_decoder_layers == layers
+  ratio = layer_params(cfg) / layer_params(vanilla)
+  assert abs(ratio - 1) < 0.01, ratio
+  assert (cfg.d_model < vanilla.d_model) == (name == "deep") and cfg.head_size % 2 == 0
+
+
+def test_sizes_scale_width_and_keep_the_variant():
+  small, base, large = (model_of("transformer++", size) for size in ("small", "base", "large"))
+  assert (small.d_model, base.d_model, large.d_model) == (64, 128, 256)
+  assert (small.d_ff, base.d_ff, large.d_ff) == (88, 168, 344)  # 2/3 of 128 / 256 / 512
+  assert count_params(small) < count_params(base) < count_params(large)
+  assert {c.activation for c in (small, large)} == {"swiglu"}
+
+
+def synthetic(variant, seed, final, bleu=30.0, size="base", curve=None):
+  return ablations.Result(f"{variant}-s{seed}", variant, size, seed, params=1e6, flops=2e6, steps_per_s=2.0,
+                          early_nll=final + 1, final_nll=final, bleu={"test": bleu},
+                          curve=curve or [(1e12, final + 1), (2e12, final)])
+
+
+def test_mean_std_and_the_two_standard_error_rule():
+  mean, std, n = ablations.summary([1.0, 2.0, 3.0])
+  assert (mean, std, n) == (2.0, 1.0, 3)
+  # se = sqrt(1/3 + 1/3); a difference of 2.0 is more than 2 se (1.633), 1.5 is not.
+  diff, se, marked = ablations.difference([3.0, 4.0, 5.0], [1.0, 2.0, 3.0])
+  assert diff == 2.0 and math.isclose(se, math.sqrt(2 / 3)) and marked
+  assert not ablations.difference([2.5, 3.5, 4.5], [1.0, 2.0, 3.0])[2]
+  assert not ablations.difference([5.0], [1.0])[2]  # one seed: no standard error, nothing marked
+  assert math.isnan(ablations.summary([5.0])[1])
+
+
+def test_modifications_table_rows_and_marks():
+  results = [synthetic("vanilla", 0, 2.00, 30.0), synthetic("vanilla", 1, 2.02, 31.0),
+             synthetic("swiglu", 0, 1.90, 30.4), synthetic("swiglu", 1, 1.91, 30.6),
+             synthetic("gelu", 0, 2.00, 30.0), synthetic("gelu", 1, 2.03, 31.2)]
+  table = ablations.modifications_table(results).splitlines()
+  assert table[0].startswith("| Variant | Seeds | Params | FLOPs / token | Steps/s | Early loss | Final loss")
+  rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in table[2:]}
+  assert list(rows) == ["`vanilla`", "`gelu`", "`swiglu`"]  # vanilla first, then the variants' order
+  final = {k: v[5] for k, v in rows.items()}
+  assert final["`vanilla`"] == "2.010 ± 0.014"
+  # swiglu: -0.105, se = sqrt(0.0002/2 + 0.00005/2) = 0.0112: marked. gelu: +0.005, not.
+  assert final["`swiglu`"] == "1.905 ± 0.007 (−0.105*)"
+  assert final["`gelu`"] == "2.015 ± 0.021 (+0.005)"
+  assert rows["`swiglu`"][-1] == "30.50 ± 0.14"  # the same mean BLEU as vanilla: no difference shown
+  assert rows["`swiglu`"][1] == "1.00M" and rows["`vanilla`"][3] == "2.00"  # params, steps/s
+
+
+def test_compute_multiplier_interpolates_on_vanillas_frontier():
+  # Vanilla reaches NLL 3, 2, 1 at 1e12, 1e13, 1e14 FLOPs (two sizes; the frontier keeps the best).
+  results = [synthetic("vanilla", 0, 2.0, size="small", curve=[(1e12, 3.0), (1e13, 2.0), (1e14, 2.5)]),
+             synthetic("vanilla", 0, 1.0, size="base", curve=[(1e13, 2.2), (1e14, 1.0)]),
+             synthetic("transformer++", 0, 1.5, size="base", curve=[(1e12, 2.0), (1e13, 1.5)]),
+             synthetic("transformer++", 0, 0.5, size="large", curve=[(1e13, 0.5)])]
+  assert ablations.frontier([r.curve for r in results[:2]]) == [(1e12, 3.0), (1e13, 2.0), (1e14, 1.0)]
+  rows = {m["size"]: m for m in ablations.multipliers(results)}
+  # NLL 1.5 lies halfway between 2.0 (1e13) and 1.0 (1e14) in log FLOPs: 10^13.5.
+  assert math.isclose(rows["base"]["weak_flops"], 10**13.5) and math.isclose(rows["base"]["multiplier"], 10**0.5)
+  assert math.isinf(rows["large"]["multiplier"]) and math.isclose(rows["large"]["weak_max"], 10.0)
+
+
+def test_runs_commands_carry_user_then_variant_overrides(tmp_path):
+  config = configs.get("tiny")
+  runs = sweep.plan(config, "configs/tiny.py", ["--config.train.steps=30", "--config.model.activation=gelu"],
+                    ["vanilla", "swiglu"], ["base", "small"], seeds=2)
+  assert [r.name for r in runs] == ["vanilla-s0", "swiglu-s0", "vanilla@small-s0", "swiglu@small-s0",
+                                    "vanilla-s1", "swiglu-s1", "vanilla@small-s1", "swiglu@small-s1"]
+  swiglu = runs[1].shell(tmp_path)
+  assert swiglu.startswith("seq2seq-train --config=configs/tiny.py --config.train.steps=30 ")
+  assert "--config.model.activation=gelu" not in swiglu  # the variant's own setting wins
+  assert {"--config.model.activation=swiglu", "--config.model.d_ff=88", "--config.seed=0"} <= set(swiglu.split())
+  assert swiglu.endswith(f"--workdir={tmp_path / 'swiglu-s0'} && seq2seq-eval --workdir={tmp_path / 'swiglu-s0'}")
+  with pytest.raises(ValueError, match="unknown variant 'nope'"):
+    sweep.plan(config, "tiny", [], ["nope"], ["base"], seeds=1)
+
+
+def test_a_rerun_skips_finished_runs_and_trains_only_the_rest(tmp_path, monkeypatch):
+  """With the runs faked: finished ones (a last checkpoint and every test set's result)
+  are skipped, a trained one is only evaluated, the others train then evaluate."""
+  config = configs.get("tiny")
+  runs = sweep.plan(config, "tiny", [], ["vanilla", "gelu", "rope"], ["base"], seeds=1)
+  last = config.train.steps
+  for run, evaluated in ((runs[0], True), (runs[1], False)):
+    (run.workdir(tmp_path) / "checkpoints" / str(last)).mkdir(parents=True)
+    if evaluated:
+      (run.workdir(tmp_path) / "eval").mkdir()
+      (run.workdir(tmp_path) / "eval" / f"test_2016_flickr.step{last}.beam2-alpha0.6.json").write_text("{}")
+  calls = []
+  monkeypatch.setattr(sweep.subprocess, "run", lambda argv, **kw: calls.append(argv[2:4]) or
+                      subprocess.CompletedProcess(argv, 0))
+  for run in runs:
+    if not run.finished(tmp_path):
+      assert sweep.execute(run, tmp_path) == 0
+  assert calls == [["seq2seq.commands.eval", f"--workdir={tmp_path / 'gelu-s0'}"],
+                   ["seq2seq.commands.train", "--config=tiny"],
+                   ["seq2seq.commands.eval", f"--workdir={tmp_path / 'rope-s0'}"]]
+
+
+def sweep_command(workdir, *extra):
+  return [sys.executable, "-m", "seq2seq.sweep", "--config=tiny", f"--workdir={workdir}", "--variants=vanilla,rmsnorm",
+          "--seeds=1", "--config.train.steps=20", "--config.train.checkpoint_every=10", "--config.train.eval_every=5",
+          "--config.train.log_every=5", "--config.data.test_splits=('val',)", "--config.eval.batch_size=64",
+          "--compilation_cache=", *extra]
+
+
+@pytest.mark.slow
+def test_a_killed_sweep_reruns_only_what_is_missing(tmp_path, data_dir, session_cache):
+  """Kill -9 the sweep once the second run has its first checkpoint: the rerun leaves the
+  first run alone, resumes the second from its checkpoint, and writes the tables."""
+  env = os.environ | {"SEQ2SEQ_DATA_DIR": str(data_dir), "SEQ2SEQ_CACHE": str(session_cache)}
+  first = subprocess.Popen(sweep_command(tmp_path), env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+  checkpoint = tmp_path / "rmsnorm-s0" / "checkpoints" / "10"
+  deadline = time.monotonic() + 600
+  while not checkpoint.is_dir() and first.poll() is None and time.monotonic() < deadline:
+    time.sleep(0.2)  # polling for the event, not waiting a fixed time
+  assert checkpoint.is_dir(), first.communicate()[0].decode()[-3000:]
+  first.send_signal(signal.SIGKILL)
+  first.wait()
+  vanilla_metrics = (tmp_path / "vanilla-s0" / "metrics.jsonl").read_bytes()
+  rerun = subprocess.run(sweep_command(tmp_path), env=env, cwd=REPO, capture_output=True, text=True, timeout=900)
+  assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+  assert "[1/2] vanilla-s0: finished already" in rerun.stdout
+  assert (tmp_path / "vanilla-s0" / "metrics.jsonl").read_bytes() == vanilla_metrics
+  commands = (tmp_path / "rmsnorm-s0" / "commands.txt").read_text().splitlines()
+  assert len(commands) == 2 and commands[0] == commands[1]  # trained twice with the same command: resumed
+  report = (tmp_path / "ablations.md").read_text()
+  assert "| `vanilla` | 1 |" in report and "| `rmsnorm` | 1 |" in report and "Not finished" not in report
+  listed = subprocess.run(sweep_command(tmp_path, "--list"), env=env, cwd=REPO, capture_output=True, text=True)
+  assert listed.stdout.splitlines() == json_commands(tmp_path)
+
+
+def json_commands(root):
+  return [r["command"] for r in json.loads((root / "sweep.json").read_text())["runs"]]
