@@ -50,6 +50,15 @@ def command_line(console_name: str) -> str:
   return shlex.join([program] + sys.argv[1:] if program else ["python", *sys.argv])
 
 
+def checkpoint_choice(value: str | None) -> None | str | int:
+  """A --checkpoint flag's value: None (the newest intact checkpoint), "best" or a step."""
+  if value is None or value == "best":
+    return value
+  if value.isdigit():
+    return int(value)
+  raise ValueError(f"--checkpoint must be 'best' or a step number, got {value!r}")
+
+
 def define_distributed_flags():
   """The multi-host flags of train and eval; returns a function that joins the run with them."""
   from seq2seq import sharding

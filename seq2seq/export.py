@@ -175,12 +175,7 @@ def main(argv=None) -> None:
   overwrite = flags.DEFINE_bool("overwrite", False, "Replace an earlier export in --out.")
 
   def run(_):
-    choice = checkpoint.value
-    if choice is not None and choice != "best":
-      if not choice.isdigit():
-        raise ValueError(f"--checkpoint must be 'best' or a step number, got {choice!r}")
-      choice = int(choice)
-    path = export(workdir.value, out.value, choice, overwrite=overwrite.value)
+    path = export(workdir.value, out.value, cli.checkpoint_choice(checkpoint.value), overwrite=overwrite.value)
     if jax.process_index() == 0:
       print(f"exported {workdir.value} to {path}: {', '.join(sorted(p.name for p in path.iterdir()))}")
 

@@ -62,3 +62,12 @@ def test_a_restart_with_other_data_settings_is_refused_unless_allowed(caplog):
   checkpoint.check_identity(saved, current, "ckpt", allow_data_change=True)
   assert "resuming with changed data settings" in caplog.text
   checkpoint.check_identity({k: v for k, v in saved.items() if k != "data"}, current, "old checkpoint")
+
+
+def test_checkpoint_flag_values():
+  """--checkpoint of seq2seq-translate and seq2seq.export: newest, best or a step; else an error."""
+  from seq2seq import cli
+
+  assert [cli.checkpoint_choice(v) for v in (None, "best", "300")] == [None, "best", 300]
+  with pytest.raises(ValueError, match="--checkpoint must be 'best' or a step number, got 'last'"):
+    cli.checkpoint_choice("last")

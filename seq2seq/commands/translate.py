@@ -23,14 +23,6 @@ _ALPHA = flags.DEFINE_float("alpha", None, "Length penalty exponent (default: th
 _SCORES = flags.DEFINE_bool("scores", False, "Write SCORE<TAB>TRANSLATION lines (the search's score).")
 
 
-def checkpoint_choice(value: str | None):
-  if value is None or value == "best":
-    return value
-  if value.isdigit():
-    return int(value)
-  raise ValueError(f"--checkpoint must be 'best' or a step number, got {value!r}")
-
-
 def main(argv) -> None:
   if (_WORKDIR.value is None) == (_MODEL.value is None):
     raise ValueError("give one of --workdir=DIR (a training run) and --model=MODEL_DIR (an exported model)")
@@ -40,7 +32,7 @@ def main(argv) -> None:
       raise ValueError("--checkpoint chooses within a --workdir; an exported --model has one")
     translator = Translator.from_pretrained(_MODEL.value, **settings)
   else:
-    translator = Translator.from_workdir(_WORKDIR.value, checkpoint_choice(_CHECKPOINT.value), **settings)
+    translator = Translator.from_workdir(_WORKDIR.value, cli.checkpoint_choice(_CHECKPOINT.value), **settings)
   lines = sys.stdin
   if not _SCORES.value:
     evaluate.translate_stream(translator, translator.params, lines, sys.stdout)
