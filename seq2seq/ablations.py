@@ -58,10 +58,12 @@ def read_run(workdir: pathlib.Path, entry: dict) -> Result | None:
   bleu, hardware = {}, ""
   for split in config["data"]["test_splits"]:
     stem = split.replace("/", "_").replace(":", "_")
-    found = sorted((workdir / "eval").glob(f"{stem}.step{steps}.*.json"))
+    found = [json.loads(p.read_text()) for p in sorted((workdir / "eval").glob(f"{stem}.step{steps}.*.json"))]
     if not found:
       return None
-    scored = json.loads(found[0].read_text())
+    # The config's own decoding first (a later seq2seq-eval with other settings adds files).
+    own = {k: config["eval"][k] for k in ("beam_size", "alpha")}
+    scored = next((r for r in found if {k: r["decode"][k] for k in own} == own), found[0])
     bleu[stem], hardware = scored["bleu"], scored.get("hardware", "")
   cfg = ModelConfig.from_config(config["model"], config["data"]["vocab_size"])
   data = config["data"]
@@ -127,7 +129,7 @@ def _cell(values: list[float], baseline: list[float] | None, fmt: str, scale: fl
   diff, _, marked = difference([v * scale for v in values], [v * scale for v in baseline])
   if exact:
     base = summary([v * scale for v in baseline])[0]
-    return text + (f" ({diff / base:+.1%})".replace("-", "−") if diff and base else "")
+    return text + (f" ({diff / base:+.2%})".replace("-", "−") if diff and base else "")
   shown = fmt.format(abs(diff)).rstrip("M")
   if float(shown) == 0:
     return text
