@@ -47,6 +47,7 @@ class Result:
 
 def read_run(workdir: pathlib.Path, entry: dict) -> Result | None:
   """A finished run's figures (None while it has no test-set result at its last step)."""
+  from seq2seq.inference import evaluate
   from seq2seq.model import flops, transformer
   from seq2seq.model.config import ModelConfig
 
@@ -57,8 +58,8 @@ def read_run(workdir: pathlib.Path, entry: dict) -> Result | None:
   steps = config["train"]["steps"]
   bleu, hardware = {}, ""
   for split in config["data"]["test_splits"]:
-    stem = split.replace("/", "_").replace(":", "_")
-    found = [json.loads(p.read_text()) for p in sorted((workdir / "eval").glob(f"{stem}.step{steps}.*.json"))]
+    stem = evaluate.result_name(split)
+    found = evaluate.saved_results(workdir / "eval", stem, f"step{steps}")
     if not found:
       return None
     # The config's own decoding first (a later seq2seq-eval with other settings adds files).

@@ -31,6 +31,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from seq2seq import cli, variants
+from seq2seq.inference import evaluate
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "The base config (a shipped name or a file); "
                                           "--config.KEY=VALUE overrides apply to every run.", lock_config=True)
@@ -71,13 +72,14 @@ class Run:
   def finished(self, root: pathlib.Path) -> bool:
     """Trained and evaluated at the last step on every test set."""
     evaluated = self.workdir(root) / "eval"
-    return self.trained(root) and all(any(evaluated.glob(f"{split}.step{self.steps}.*.json")) for split in self.splits)
+    return self.trained(root) and all(evaluate.saved_results(evaluated, split, f"step{self.steps}")
+                                      for split in self.splits)
 
 
 def user_overrides(argv: list[str]) -> list[str]:
   """The --config.KEY=VALUE flags of the command line, in order."""
   out = []
-  for i, arg in enumerate(argv):
+  for arg in argv:
     if arg.startswith("--config."):
       if "=" not in arg:
         raise ValueError(f"write {arg} as {arg}=VALUE: the sweep passes overrides on to each run")
@@ -94,7 +96,7 @@ def plan(config, config_arg: str, overrides: list[str], names: list[str], sizes:
     if name not in variants.VARIANTS:
       raise ValueError(f"unknown variant {name!r} in --variants; known: {', '.join(variants.VARIANTS)}")
   model = config.model.to_dict()
-  splits = tuple(s.replace("/", "_").replace(":", "_") for s in config.data.test_splits)
+  splits = tuple(evaluate.result_name(s) for s in config.data.test_splits)
   runs = []
   for i in range(seeds):
     seed = config.seed + i

@@ -67,7 +67,7 @@ def test_eval_bleu_equals_sacrebleu_cli_and_validation_bleu(run, val_files):
   assert "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp" in lines[-1]
   result = json.loads((run / "eval" / "src.en.step60.greedy-len1x+10.json").read_text())
   assert result["checkpoint"] == "step60" and result["sentences"] == VAL_SENTENCES
-  assert result["decode"]["beam_size"] == 1 and result["sentences_per_s"] > 0
+  assert result["decode"]["beam_size"] == 1 and result["sentences_per_s"] > 0 and result["workers"] == 2
   hyps = (run / "eval" / "src.en.step60.greedy-len1x+10.hyp").read_text().splitlines()
   assert len(hyps) == VAL_SENTENCES and any(hyps)
   assert result["bleu"] == pytest.approx(sacrebleu_cli(val_files / "ref.de", run / "eval" / "src.en.step60.greedy-len1x+10.hyp"),
@@ -88,9 +88,10 @@ def test_eval_bleu_equals_sacrebleu_cli_and_validation_bleu(run, val_files):
 
 def test_sgml_input_average_and_output_file(run, val_files, tmp_path):
   out = eval_py(f"--workdir={run}", f"--source={val_files / 'src.en.sgm'}", f"--reference={val_files / 'ref.de.sgm'}",
-                "--average_last=2", "--beam_size=2", f"--output={tmp_path / 'out.de'}")
+                "--average_last=2", "--beam_size=2", f"--output={tmp_path / 'out.de'}", "--workers=1")
   assert out.returncode == 0, out.stderr
   result = json.loads((run / "eval" / "src.en.sgm.average2-60.beam2-alpha0.6-len1x+10.json").read_text())
+  assert result["workers"] == 1
   assert (run / "average" / "last2").is_dir()
   assert (tmp_path / "out.de").read_text() == (run / "eval" / "src.en.sgm.average2-60.beam2-alpha0.6-len1x+10.hyp").read_text()
   assert result["bleu"] == pytest.approx(sacrebleu_cli(val_files / "ref.de", tmp_path / "out.de"), abs=1e-6)

@@ -39,6 +39,8 @@ _ALPHA = flags.DEFINE_float("alpha", None, "Length penalty exponent (default: co
 _MAX_LEN_A = flags.DEFINE_float("max_len_a", None, "Max output length = a * source length + b.")
 _MAX_LEN_B = flags.DEFINE_integer("max_len_b", None, "Max output length = a * source length + b.")
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", None, "Sentences per batch (default: config.eval.batch_size).")
+_WORKERS = flags.DEFINE_integer("workers", None, "Batches decoded at once (default: 2 on a one-process CPU run, "
+                                 "where one search keeps the cores partly idle; 1 elsewhere).")
 _TOKENIZE = flags.DEFINE_string("tokenize", "13a", "sacreBLEU tokenizer (13a, intl, zh, char, none, ...).")
 _LOWERCASE = flags.DEFINE_bool("lowercase", False, "Case-insensitive BLEU and chrF.")
 _JOIN_HOSTS = cli.define_distributed_flags()
@@ -62,7 +64,7 @@ def jobs(config) -> list[tuple[str, list[str], list[str]]]:
   out = []
   for split in _SPLITS.value or list(config.data.test_splits):
     pairs = data.eval_pairs(config, split)
-    out.append((split.replace("/", "_").replace(":", "_"), [s for s, _ in pairs], [t for _, t in pairs]))
+    out.append((evaluate.result_name(split), [s for s, _ in pairs], [t for _, t in pairs]))
   return out
 
 
@@ -86,7 +88,7 @@ def main(argv) -> None:
     model_cfg, graphdef, params, tok, label = load.load_params(workdir, config, mesh, **choice)
   translator = Translator(model_cfg, graphdef, tok, mesh, **search_settings(
       config.eval, beam_size=_BEAM_SIZE.value, alpha=_ALPHA.value, max_len_a=_MAX_LEN_A.value,
-      max_len_b=_MAX_LEN_B.value, batch_size=_BATCH_SIZE.value))
+      max_len_b=_MAX_LEN_B.value, batch_size=_BATCH_SIZE.value, workers=_WORKERS.value))
   if _SOURCE.value == "-":
     evaluate.translate_stream(translator, params, sys.stdin, sys.stdout)
     return

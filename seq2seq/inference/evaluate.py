@@ -54,6 +54,16 @@ def _cpuinfo() -> list[str]:
     return []
 
 
+def result_name(split: str) -> str:
+  """The NAME part of a test set's result files (a split such as `hf:wmt14/de-en` made a file name)."""
+  return split.replace("/", "_").replace(":", "_")
+
+
+def saved_results(outdir: pathlib.Path, name: str, label: str) -> list[dict]:
+  """The JSON results written by `evaluate` for NAME at checkpoint LABEL, every search, by file name."""
+  return [json.loads(p.read_text()) for p in sorted(outdir.glob(f"{name}.{label}.*.json"))]
+
+
 def search_name(settings: dict) -> str:
   """The SEARCH part of result file names: greedy or beamK-alphaA, plus the length limits
   where they differ from Translator's defaults (so differently decoded runs do not
@@ -76,6 +86,7 @@ def evaluate(translator: Translator, params, sources: list[str], references: lis
   result = score(hypotheses, references, tokenize=tokenize, lowercase=lowercase) | {
       "name": name, "checkpoint": label, "sentences": len(sources), "seconds": seconds,
       "sentences_per_s": len(sources) / max(seconds, 1e-9), "decode": translator.settings,
+      "workers": translator.workers,
       "truncated_sources": translator.truncated, "hardware": hardware()} | (extra or {})
   if jax.process_index() == 0:
     outdir.mkdir(parents=True, exist_ok=True)
