@@ -20,6 +20,7 @@ Two workloads:
   "warm" the second, compiled already.
 
     python benchmarks/decode.py --workdir=workdirs/m30k --out=benchmarks/results/eval_speed_cpu2.json
+    python benchmarks/decode.py --workdir=workdirs/m30k --max_len_b=17   # other output limits
 
 Rounds alternate the modes (ours, Flax, ours, Flax, ...), so a busy machine slows both alike;
 the ratio is taken within each round. Forced runs exclude compilation (one warm-up call per
@@ -111,6 +112,8 @@ def batches(ids: list[list[int]], batch_size: int):
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--workdir", default="", help="a training run: time its test-set translation (real stopping)")
+  parser.add_argument("--max_len_b", type=int, default=None,
+                      help="with --workdir: output limit source + this (default: the run's eval.max_len_b)")
   parser.add_argument("--split", default="test_2016_flickr")
   parser.add_argument("--sentences", type=int, default=1000)
   parser.add_argument("--uncached_sentences", type=int, default=0,
@@ -135,7 +138,7 @@ def main() -> None:
   results = {"split": args.split, "batch_size": args.batch_size, "devices": jax.device_count(),
              "device_kind": jax.devices()[0].device_kind, "hardware": evaluate.hardware(), "modes": {}}
   if args.workdir:
-    translator = Translator.from_workdir(args.workdir, batch_size=args.batch_size)
+    translator = Translator.from_workdir(args.workdir, batch_size=args.batch_size, max_len_b=args.max_len_b)
     sources = [s for s, _ in data.eval_pairs(translator.config, args.split)][:args.sentences]
     results |= {"model": f"{args.workdir} ({translator.checkpoint})", "decode": translator.settings,
                 "compact": list(getattr(translator, "compact", ()))}

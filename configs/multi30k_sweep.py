@@ -29,5 +29,7 @@ def get_config():
   config.data.update(vocab_size=4000)
   config.train.update(steps=800, warmup_steps=200, learning_rate=0.003, log_every=25, eval_every=100,
                       checkpoint_every=200, keep_checkpoints=2)
-  config.eval.update(val_bleu_sentences=0)
+  # Output limits of source + 50 tokens, as every run of the default grid was decoded with
+  # (multi30k.py's tighter, data-derived limit came later).
+  config.eval.update(val_bleu_sentences=0, max_len_a=1.0, max_len_b=50)
   return config

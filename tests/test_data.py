@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from conftest import REPO, make_config
 
@@ -103,4 +104,22 @@ def test_json_statistics_match_the_text(data_dir, session_cache):
   assert f"kept={stats['pairs']}" in text and f"batches per epoch: {stats['batches']}" in text
   assert f"distinct batch shapes (B, S, T): {len(stats['batch_shapes'])}:" in text
   assert f"padding fraction: {stats['padding_fraction']:.2%}" in text
+  limit = stats["output_limit"]
+  assert (f"longest target: 1 x source + {limit['fitting_max_len_b']} tokens (eval.max_len_b that fits every "
+          f"training target; this config: {limit['max_len_b']})") in text
   assert 1 < len(stats["batch_shapes"]) <= 8 and all(rows * max(s, t) <= 1024 for rows, s, t in stats["batch_shapes"])
+
+
+def test_fitting_max_len_b_is_the_tightest_limit_that_fits_every_target():
+  """The b printed by `python -m seq2seq.data`: with decode.output_limits' own rounding, every
+  target fits in a * source + b, and one does not fit in a * source + b - 1."""
+  from seq2seq.data.pipeline import fitting_max_len_b
+  from seq2seq.inference.decode import output_limits
+
+  rng = np.random.default_rng(0)
+  src, tgt = rng.integers(1, 60, 500), rng.integers(1, 90, 500)
+  for a in (0.0, 1.0, 1.2, 1.5):
+    b = fitting_max_len_b(src, tgt, a)
+    fits = lambda b: np.all(tgt <= np.asarray(output_limits(src, a, b, 10_000)))
+    assert fits(b) and not fits(b - 1), a
+  assert fitting_max_len_b(np.array([10, 3]), np.array([12, 9]), 1.5) == 5  # 9 - floor(4.5)

@@ -140,6 +140,12 @@ def eval_pairs(config, split: str) -> list[tuple[str, str]]:
   return list(source(config, split))
 
 
+def fitting_max_len_b(src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_len_a: float) -> int:
+  """The smallest `eval.max_len_b` whose output limit, floor(a * source length) + b (eos
+  included, as in decode.output_limits), fits every target of these pairs."""
+  return int(np.max(tgt_lengths - np.floor(max_len_a * src_lengths.astype(np.float64)).astype(np.int64)))
+
+
 def statistics(config, tok) -> dict:
   """The training corpus in numbers: pairs kept and dropped, tokens, lengths, and the batches
   of its first epoch (count, distinct shapes, padding)."""
@@ -156,6 +162,9 @@ def statistics(config, tok) -> dict:
       "dropped": {k: v for k, v in stats["pairs"].items() if k not in ("read", "kept")},
       "tokens": stats["tokens"],
       "length_percentiles": {"src": pct(train.src_lengths), "tgt": pct(train.tgt_lengths)},
+      "output_limit": {"max_len_a": config.eval.max_len_a, "max_len_b": config.eval.max_len_b,
+                       "fitting_max_len_b": fitting_max_len_b(train.src_lengths, train.tgt_lengths,
+                                                              config.eval.max_len_a)},
       "batching": f"packing into {cfg.pack_length or cfg.max_len}" if cfg.packing else
                   f"{cfg.num_buckets} row lengths" + ("" if cfg.fill_rows else ", one pair per row"),
       "max_tokens": cfg.max_tokens, "batches": ps["batches"],
@@ -172,6 +181,9 @@ def describe(s: dict) -> str:
            f"tokens: source={s['tokens']['src']} target={s['tokens']['tgt']} (eos included)"]
   for side, name in (("src", "source"), ("tgt", "target")):
     lines.append(f"{name} length p50/p90/p95/p99/max: " + "/".join(map(str, s["length_percentiles"][side].values())))
+  limit = s["output_limit"]
+  lines.append(f"longest target: {limit['max_len_a']:g} x source + {limit['fitting_max_len_b']} tokens "
+               f"(eval.max_len_b that fits every training target; this config: {limit['max_len_b']})")
   lines += [f"batching: {s['batching']}, max_tokens={s['max_tokens']}",
             f"batches per epoch: {s['batches']}",
             f"padding fraction: {s['padding_fraction']:.2%}",
