@@ -142,12 +142,17 @@ def test_compute_multiplier_interpolates_on_vanillas_frontier():
   results = [synthetic("vanilla", 0, 2.0, size="small", curve=[(1e12, 3.0), (1e13, 2.0), (1e14, 2.5)]),
              synthetic("vanilla", 0, 1.0, size="base", curve=[(1e13, 2.2), (1e14, 1.0)]),
              synthetic("transformer++", 0, 1.5, size="base", curve=[(1e12, 2.0), (1e13, 1.5)]),
-             synthetic("transformer++", 0, 0.5, size="large", curve=[(1e13, 0.5)])]
+             synthetic("transformer++", 0, 0.5, size="large", curve=[(1e13, 0.5)]),
+             # a larger vanilla that trained badly: not on the frontier, but it bounds the multiplier
+             synthetic("vanilla", 0, 2.5, size="large", curve=[(1e15, 2.5)])]
   assert ablations.frontier([r.curve for r in results[:2]]) == [(1e12, 3.0), (1e13, 2.0), (1e14, 1.0)]
   rows = {m["size"]: m for m in ablations.multipliers(results)}
   # NLL 1.5 lies halfway between 2.0 (1e13) and 1.0 (1e14) in log FLOPs: 10^13.5.
   assert math.isclose(rows["base"]["weak_flops"], 10**13.5) and math.isclose(rows["base"]["multiplier"], 10**0.5)
-  assert math.isinf(rows["large"]["multiplier"]) and math.isclose(rows["large"]["weak_max"], 10.0)
+  assert ablations.frontier([r.curve for r in results if r.variant == "vanilla"]) == ablations.frontier(
+      [r.curve for r in results[:2]])
+  # Vanilla never reached 0.5, not even with 1e15 FLOPs: more than 100x transformer++ large's 1e13.
+  assert math.isinf(rows["large"]["multiplier"]) and math.isclose(rows["large"]["weak_max"], 100.0)
 
 
 def test_runs_commands_carry_user_then_variant_overrides(tmp_path):
