@@ -137,32 +137,42 @@ def _cell(values: list[float], baseline: list[float] | None, fmt: str, scale: fl
   return text + f" ({'+' if diff > 0 else '−'}{shown}{'*' if marked else ''})"
 
 
-def modifications_table(results: list[Result], size: str = "base") -> str:
-  """Markdown: one row per variant at `size` (vanilla first), columns as in Narang et al."""
+def modifications_table(results: list[Result], size: str = "base", baseline: str = "vanilla") -> str:
+  """Markdown: one row per variant at `size` (the baseline first), columns as in Narang et al.,
+  with differences to the baseline."""
   rows = [r for r in results if r.size == size]
-  variants = sorted({r.variant for r in rows}, key=lambda v: (v != "vanilla", v == "transformer++", _order(v)))
+  variants = _ordered({r.variant for r in rows}, baseline)
   splits = sorted({s for r in rows for s in r.bleu})
   by = {v: [r for r in rows if r.variant == v] for v in variants}
-  base = by.get("vanilla")
+  base = by.get(baseline)
   head = ["Variant", "Seeds"] + [c[1] for c in COLUMNS] + [f"BLEU {s}" for s in splits]
   lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
   for v in variants:
     cells = [f"`{v}`", str(len(by[v]))]
     for key, _, fmt, scale in COLUMNS:
-      ref = None if base is None or v == "vanilla" else [getattr(r, key) for r in base]
+      ref = None if base is None or v == baseline else [getattr(r, key) for r in base]
       cells.append(_cell([getattr(r, key) for r in by[v]], ref, fmt, scale, key in EXACT))
     for s in splits:
-      ref = None if base is None or v == "vanilla" else [r.bleu.get(s, math.nan) for r in base]
+      ref = None if base is None or v == baseline else [r.bleu.get(s, math.nan) for r in base]
       cells.append(_cell([r.bleu.get(s, math.nan) for r in by[v]], ref, "{:.2f}", 1))
     lines.append("| " + " | ".join(cells) + " |")
   return "\n".join(lines) + "\n"
 
 
-def _order(variant: str) -> int:
+def _ordered(names: set[str], baseline: str = "vanilla") -> list[str]:
+  """Variant names in table order: the baseline, the single modifications in the order
+  variants.py lists them (a combination after its first part), transformer++ last."""
   from seq2seq import variants
 
-  names = list(variants.VARIANTS)
-  return names.index(variant) if variant in names else len(names)
+  known = list(variants.VARIANTS)
+
+  def position(name: str) -> tuple:
+    try:
+      return tuple(known.index(p) for p in variants.parts(name))
+    except ValueError:  # a variant this version does not know: last
+      return (len(known),)
+
+  return sorted(names, key=lambda v: (v != baseline, v == "transformer++", position(v), v))
 
 
 def frontier(curves: list[list[tuple[float, float]]]) -> list[tuple[float, float]]:
@@ -239,7 +249,8 @@ def plot_scaling(results: list[Result], path: pathlib.Path, variants=("vanilla",
   return True
 
 
-def plot_modifications(results: list[Result], path: pathlib.Path, size: str = "base") -> bool:
+def plot_modifications(results: list[Result], path: pathlib.Path, size: str = "base",
+                       baseline: str = "vanilla") -> bool:
   """Final validation NLL per variant (mean, with each seed as a dot); False if no runs."""
   rows = [r for r in results if r.size == size]
   if not rows:
@@ -249,11 +260,11 @@ def plot_modifications(results: list[Result], path: pathlib.Path, size: str = "b
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  names = sorted({r.variant for r in rows}, key=lambda v: (v != "vanilla", v == "transformer++", _order(v)))
+  names = _ordered({r.variant for r in rows}, baseline)
   fig, ax = plt.subplots(figsize=(7, 0.35 * len(names) + 1.2), dpi=100)
   for y, name in enumerate(names):
     values = [r.final_nll for r in rows if r.variant == name]
-    ax.barh(y, statistics.fmean(values), color="tab:red" if name == "vanilla" else "tab:blue", alpha=0.5)
+    ax.barh(y, statistics.fmean(values), color="tab:red" if name == baseline else "tab:blue", alpha=0.5)
     ax.plot(values, [y] * len(values), "k.", markersize=5)
   ax.set_yticks(range(len(names)), names)
   ax.invert_yaxis()
@@ -268,7 +279,7 @@ def plot_modifications(results: list[Result], path: pathlib.Path, size: str = "b
 
 
 def markdown(results: list[Result], missing: list[str], plots: dict[str, str], command: str,
-             sweeps: list[str]) -> str:
+             sweeps: list[str], baseline: str = "vanilla") -> str:
   """The whole report: what was run, the modifications table, the scaling comparison."""
   from seq2seq import variants
 
@@ -279,21 +290,24 @@ def markdown(results: list[Result], missing: list[str], plots: dict[str, str], c
   if missing:
     out += [f"**Partial:** {len(missing)} of the {len(results) + len(missing)} runs named are not finished (listed at "
             "the end); rerunning the sweep command resumes them.", ""]
+  if results and not any(r.variant == baseline and r.size == "base" for r in results):
+    out += [f"**No finished `{baseline}` run:** the table shows no differences (`--baseline` names the variant "
+            "to compare with).", ""]
   if sweeps:
     out += ["The runs were made by:", "", "```bash", *sweeps, "```", ""]
-  vanilla = next((r for r in results if r.variant == "vanilla" and r.size == "base"), None)
-  if vanilla and vanilla.command:
-    out += ["One of them (vanilla, first seed), as the sweep ran it:", "", f"```bash\n{vanilla.command}\n```", ""]
+  first = next((r for r in results if r.variant == baseline and r.size == "base"), None)
+  if first and first.command:
+    out += [f"One of them ({baseline}, first seed), as the sweep ran it:", "", f"```bash\n{first.command}\n```", ""]
   out += ["## Modifications (Narang et al. 2021)", "",
-          "Mean ± standard deviation over seeds; in brackets the difference to vanilla, marked * when it "
-          "exceeds twice its standard error (sqrt(s²/n + s_vanilla²/n_vanilla)). Early loss: validation NLL "
+          f"Mean ± standard deviation over seeds; in brackets the difference to `{baseline}`, marked * when "
+          f"it exceeds twice its standard error (sqrt(s²/n + s_{baseline}²/n_{baseline})). Early loss: validation NLL "
           "at 25% of the steps. FLOPs: matmul FLOPs of a training step (forward and backward) per target "
           "position. Gated feed-forwards have 2/3 of the width (equal parameters).", "",
-          modifications_table(results)]
+          modifications_table(results, baseline=baseline)]
   if "modifications" in plots:
     out += [f"![final validation NLL per variant]({plots['modifications']})", ""]
-  out += ["Variants:", ""] + [f"- `{name}`: {what}" for name, (what, _) in variants.VARIANTS.items()
-                              if any(r.variant == name for r in results)] + [""]
+  out += ["Variants:", ""] + [f"- `{name}`: {variants.describe(name)}"
+                              for name in _ordered({r.variant for r in results}, baseline)] + [""]
   rows = multipliers(results)
   if rows:
     out += ["## Transformer vs Transformer++ (Gu & Dao 2023)", "",
@@ -318,19 +332,22 @@ def markdown(results: list[Result], missing: list[str], plots: dict[str, str], c
   return "\n".join(out)
 
 
-def write(root: str | pathlib.Path, output: str | pathlib.Path, command: str = "") -> str:
+def write(root: str | pathlib.Path, output: str | pathlib.Path, command: str = "", baseline: str = "vanilla") -> str:
   """Writes the report to `output` and its PNGs beside it (NAME_scaling.png, ...); returns a
   one-line account."""
   root, output = pathlib.Path(root), pathlib.Path(output)
   results, missing, sweeps = collect(root)
   output.parent.mkdir(parents=True, exist_ok=True)
   plots = {}
-  for kind, draw in (("modifications", plot_modifications), ("scaling", plot_scaling)):
+  draws = {"modifications": lambda path: plot_modifications(results, path, baseline=baseline),
+           "scaling": lambda path: plot_scaling(results, path)}
+  for kind, draw in draws.items():
     path = output.with_name(f"{output.stem}_{kind}.png")
-    if draw(results, path):
+    if draw(path):
       plots[kind] = path.name
-  command = command or f"python -m seq2seq.sweep --workdir={root} --table --output={output}"
+  command = command or (f"python -m seq2seq.sweep --workdir={root} --table --output={output}"
+                        + (f" --baseline={baseline}" if baseline != "vanilla" else ""))
   tmp = output.with_suffix(".tmp")
-  tmp.write_text(markdown(results, missing, plots, command, sweeps))
+  tmp.write_text(markdown(results, missing, plots, command, sweeps, baseline))
   tmp.replace(output)
   return f"{output}: {len(results)} finished runs, {len(missing)} unfinished"

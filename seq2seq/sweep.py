@@ -4,6 +4,7 @@ evaluated, then the tables and plots (seq2seq/ablations.py).
   python -m seq2seq.sweep --config=configs/multi30k_sweep.py --workdir=DIR            # the default grid
   python -m seq2seq.sweep --config=... --workdir=DIR --variants=vanilla,swiglu --seeds=3
   python -m seq2seq.sweep --config=... --workdir=DIR --variants=vanilla,transformer++ --sizes=small,base,large --seeds=1
+  python -m seq2seq.sweep --config=... --workdir=DIR --variants=prenorm,prenorm+rope --baseline=prenorm
   python -m seq2seq.sweep --config=... --workdir=DIR --list    # the runs as shell commands (an array job)
   python -m seq2seq.sweep --workdir=DIR --table [--output=docs/ablations.md]   # tables from the runs on disk
 
@@ -36,11 +37,13 @@ from seq2seq.inference import evaluate
 _CONFIG = config_flags.DEFINE_config_file("config", None, "The base config (a shipped name or a file); "
                                           "--config.KEY=VALUE overrides apply to every run.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "The sweep's directory: one sub-directory per run.", required=True)
-_VARIANTS = flags.DEFINE_list("variants", list(variants.DEFAULT), f"Variants to run: {', '.join(variants.VARIANTS)}.")
+_VARIANTS = flags.DEFINE_list("variants", list(variants.DEFAULT),
+                               f"Variants to run: {', '.join(variants.VARIANTS)}; a+b combines two.")
 _SIZES = flags.DEFINE_list("sizes", ["base"], f"Model sizes ({', '.join(variants.SIZES)}): d_model and d_ff scaled.")
 _SEEDS = flags.DEFINE_integer("seeds", 2, "Runs per variant and size, with config.seed, config.seed + 1, ...")
 _LIST = flags.DEFINE_bool("list", False, "Print each run's commands, one line per run, and run nothing.")
 _TABLE = flags.DEFINE_bool("table", False, "Only build the tables and plots from the runs in --workdir.")
+_BASELINE = flags.DEFINE_string("baseline", "vanilla", "The variant the modifications table compares every row with.")
 _OUTPUT = flags.DEFINE_string("output", "", "Where the markdown goes (plots beside it); default DIR/ablations.md.")
 
 MANIFEST = "sweep.json"
@@ -93,8 +96,10 @@ def plan(config, config_arg: str, overrides: list[str], names: list[str], sizes:
   if seeds < 1:
     raise ValueError(f"--seeds must be >= 1, got {seeds}")
   for name in names:
-    if name not in variants.VARIANTS:
-      raise ValueError(f"unknown variant {name!r} in --variants; known: {', '.join(variants.VARIANTS)}")
+    try:
+      variants.parts(name)
+    except ValueError as e:
+      raise ValueError(f"--variants: {e}") from None
   model = config.model.to_dict()
   splits = tuple(evaluate.result_name(s) for s in config.data.test_splits)
   runs = []
@@ -156,7 +161,7 @@ def main(argv) -> None:
 
   root = pathlib.Path(_WORKDIR.value)
   if _TABLE.value:
-    print(ablations.write(root, _OUTPUT.value or root / "ablations.md"))
+    print(ablations.write(root, _OUTPUT.value or root / "ablations.md", baseline=_BASELINE.value))
     return
   if _CONFIG.value is None:
     raise ValueError("--config is required (except with --table)")
@@ -175,7 +180,7 @@ def main(argv) -> None:
     print(f"[{i}/{len(runs)}] {run.name}: {run.shell(root)}", flush=True)
     if execute(run, root):
       failed.append(run.name)
-  print(ablations.write(root, _OUTPUT.value or root / "ablations.md"))
+  print(ablations.write(root, _OUTPUT.value or root / "ablations.md", baseline=_BASELINE.value))
   if failed:
     raise SystemExit(f"{len(failed)} run(s) failed: {', '.join(failed)}; rerun the sweep to retry them")
 

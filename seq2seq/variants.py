@@ -5,7 +5,9 @@ defined here and nowhere else.
 biases, tied output embedding. Every other variant is vanilla plus one modification (as in
 Narang et al. 2021, "Do Transformer Modifications Transfer Across Implementations and
 Applications?"), except `transformer++`, the LLaMA-style bundle (pre-norm RMSNorm, SwiGLU,
-RoPE, no biases) that Gu & Dao 2023 compare against vanilla.
+RoPE, no biases) that Gu & Dao 2023 compare against vanilla. Names joined by + combine
+variants in order ("prenorm+rope": vanilla, then pre-norm, then RoPE), to test a modification
+on another base (`python -m seq2seq.sweep --baseline=prenorm`).
 
 Widths are set so that parameters stay comparable:
 - Gated feed-forwards (glu, reglu, geglu, swiglu) have three matrices instead of two, so
@@ -132,14 +134,41 @@ def size_overrides(size: str, model: dict) -> dict:
           "model.d_ff": 8 * max(1, round(model["d_ff"] * f / 8))}
 
 
+def parts(name: str) -> list[str]:
+  """The variants a name combines, joined by +: "prenorm+rope" -> ["prenorm", "rope"];
+  "transformer++" is one variant, "transformer+++swish" two."""
+  if not name:
+    raise ValueError("an empty variant name: name one of " + ", ".join(VARIANTS))
+  out, rest = [], name
+  while rest:
+    match = max((v for v in VARIANTS if rest == v or rest.startswith(v + "+")), key=len, default=None)
+    if match is None or match in out:
+      raise ValueError(f"unknown variant {name!r}; known: {', '.join(VARIANTS)}, or several of them joined by + "
+                       "(prenorm+rope), each at most once")
+    out.append(match)
+    rest = rest[len(match):]
+    if rest == "+":
+      raise ValueError(f"variant {name!r} ends with +: name the variant to combine after it")
+    rest = rest[1:]
+  return out
+
+
+def describe(name: str) -> str:
+  """What variant `name` (possibly combined) changes from vanilla."""
+  return " + ".join(VARIANTS[p][0] for p in parts(name))
+
+
 def overrides(name: str, model: dict, vocab_size: int, size: str = "base") -> dict:
   """The flat {"model.KEY": value} overrides that turn `model` (config.model as a dict) into
-  variant `name` at `size`: the size first, then vanilla's settings, then the variant's."""
-  if name not in VARIANTS:
-    raise ValueError(f"unknown variant {name!r}; known: {', '.join(VARIANTS)}")
+  variant `name` at `size`: the size first, then vanilla's settings, then each combined
+  variant's in turn (a later one sees, and may replace, the earlier ones' settings)."""
+  names = parts(name)
   sized = size_overrides(size, model)
-  model = model | {k.split(".", 1)[1]: v for k, v in sized.items()}
-  return sized | VANILLA | VARIANTS[name][1](model, vocab_size)
+  changes = dict(VANILLA)
+  for part in names:
+    current = model | {k.split(".", 1)[1]: v for k, v in (sized | changes).items()}
+    changes |= VARIANTS[part][1](current, vocab_size)
+  return sized | changes
 
 
 def flag(key: str, value) -> str:

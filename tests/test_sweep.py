@@ -103,6 +103,22 @@ def test_sizes_scale_width_and_keep_the_variant():
   assert {c.activation for c in (small, large)} == {"swiglu"}
 
 
+def test_combined_variants_apply_in_order_on_vanilla():
+  assert variants.parts("prenorm+rope") == ["prenorm", "rope"]
+  assert variants.parts("transformer++") == ["transformer++"]
+  assert variants.parts("transformer+++swish") == ["transformer++", "swish"]
+  cfg, prenorm = model_of("prenorm+rope", config_name="multi30k"), model_of("prenorm", config_name="multi30k")
+  changed = {k: getattr(cfg, k) for k in vars(cfg) if getattr(cfg, k) != getattr(prenorm, k)}
+  assert changed == {"positions": "rope"} and prenorm.norm_position == "pre"
+  # A later part sees the earlier ones' settings: transformer++ then swish keeps the 2/3
+  # width, prenorm+swiglu takes 2/3 of the base width once.
+  assert model_of("transformer+++swish").activation == "swish" and model_of("transformer+++swish").d_ff == 168
+  assert model_of("prenorm+swiglu").d_ff == 168
+  for bad in ("prenorm+", "prenorm+nope", "rope+rope", "+rope", ""):
+    with pytest.raises(ValueError, match="variant"):
+      variants.parts(bad)
+
+
 def synthetic(variant, seed, final, bleu=30.0, size="base", curve=None):
   return ablations.Result(f"{variant}-s{seed}", variant, size, seed, params=1e6, flops=2e6, steps_per_s=2.0,
                           early_nll=final + 1, final_nll=final, bleu={"test": bleu},
@@ -135,6 +151,22 @@ def test_modifications_table_rows_and_marks():
   assert final["`gelu`"] == "2.015 ± 0.021 (+0.005)"
   assert rows["`swiglu`"][-1] == "30.50 ± 0.14"  # the same mean BLEU as vanilla: no difference shown
   assert rows["`swiglu`"][1] == "1.00M" and rows["`vanilla`"][3] == "2.00"  # params, steps/s
+
+
+def test_the_table_compares_with_the_baseline_it_is_given():
+  results = [synthetic("vanilla", 0, 2.40), synthetic("vanilla", 1, 2.42),
+             synthetic("prenorm", 0, 2.10), synthetic("prenorm", 1, 2.12),
+             synthetic("prenorm+rope", 0, 1.90), synthetic("prenorm+rope", 1, 1.91)]
+  table = ablations.modifications_table(results, baseline="prenorm").splitlines()
+  rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in table[2:]}
+  assert list(rows) == ["`prenorm`", "`vanilla`", "`prenorm+rope`"]  # the baseline first, a combination after its parts
+  final = {k: v[5] for k, v in rows.items()}
+  assert final == {"`prenorm`": "2.110 ± 0.014", "`vanilla`": "2.410 ± 0.014 (+0.300*)",
+                   "`prenorm+rope`": "1.905 ± 0.007 (−0.205*)"}
+  report = ablations.markdown(results, [], {}, "cmd", [], baseline="prenorm")
+  assert "difference to `prenorm`" in report and "- `prenorm+rope`: pre-norm residual blocks + rotary" in report
+  assert "No finished" not in report and "No finished `swiglu` run" in ablations.markdown(results, [], {}, "", [],
+                                                                                          baseline="swiglu")
 
 
 def test_compute_multiplier_interpolates_on_vanillas_frontier():
