@@ -155,6 +155,7 @@ def main() -> None:
     from seq2seq.configs import multi30k
 
     config = multi30k.get_config()
+    config.model.positions = "sinusoidal"  # as the Flax WMT example's model, which it is compared with
     mesh = sharding.make_mesh(config.mesh)
     tok = data.load_tokenizer(config)
     model_cfg = ModelConfig.from_config(config.model, vocab_size=tok.vocab_size)
