@@ -126,3 +126,6 @@ def test_fitting_max_len_b_is_the_tightest_limit_that_fits_every_target():
     fits = lambda b: np.all(tgt <= np.asarray(output_limits(src, a, b, 10_000)))
     assert fits(b) and not fits(b - 1), a
   assert fitting_max_len_b(np.array([10, 3]), np.array([12, 9]), 1.5) == 5  # 9 - floor(4.5)
+  # 1.4 x 45 is 62.99999999999999 in float64 but 63 in float32, decoding's precision.
+  assert fitting_max_len_b(np.array([45]), np.array([70]), 1.4) == 7
+  assert np.asarray(output_limits(np.array([45]), 1.4, 7, 10_000)).tolist() == [70]

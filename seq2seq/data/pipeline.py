@@ -142,8 +142,9 @@ def eval_pairs(config, split: str) -> list[tuple[str, str]]:
 
 def fitting_max_len_b(src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_len_a: float) -> int:
   """The smallest `eval.max_len_b` whose output limit, floor(a * source length) + b (eos
-  included, as in decode.output_limits), fits every target of these pairs."""
-  return int(np.max(tgt_lengths - np.floor(max_len_a * src_lengths.astype(np.float64)).astype(np.int64)))
+  included, as in decode.output_limits, in float32 like it), fits every target of these pairs."""
+  floor = np.floor(np.float32(max_len_a) * src_lengths.astype(np.float32)).astype(np.int64)
+  return int(np.max(tgt_lengths - floor))
 
 
 def statistics(config, tok) -> dict:
