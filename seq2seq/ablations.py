@@ -43,6 +43,7 @@ class Result:
   curve: list[tuple[float, float]]  # (training FLOPs so far, validation NLL) at each evaluation
   command: str = ""
   hardware: str = ""
+  learning_rate: float = math.nan  # the peak of the schedule
 
 
 def read_run(workdir: pathlib.Path, entry: dict) -> Result | None:
@@ -85,7 +86,8 @@ def read_run(workdir: pathlib.Path, entry: dict) -> Result | None:
   early = min(val, key=lambda r: abs(r["step"] - steps / 4))
   return Result(entry["name"], entry["variant"], entry["size"], entry["seed"], float(transformer.count_params(cfg)),
                 per_token, statistics.median(rates) if rates else math.nan, early["val_nll"],
-                max(val, key=lambda r: r["step"])["val_nll"], bleu, curve, entry.get("command", ""), hardware)
+                max(val, key=lambda r: r["step"])["val_nll"], bleu, curve, entry.get("command", ""), hardware,
+                config["train"]["learning_rate"])
 
 
 def collect(root: pathlib.Path) -> tuple[list[Result], list[str], list[str]]:
@@ -209,7 +211,8 @@ def multipliers(results: list[Result], strong: str = "transformer++", weak: str 
     spent = statistics.fmean(r.curve[-1][0] for r in runs)
     needed = flops_to_reach(front, nll)
     same = [r.final_nll for r in results if r.variant == weak and r.size == size]
-    out.append({"size": size, "params": runs[0].params, "nll": nll, "flops": spent, "weak_flops": needed,
+    out.append({"size": size, "params": runs[0].params, "learning_rate": runs[0].learning_rate, "nll": nll,
+                "flops": spent, "weak_flops": needed,
                 "multiplier": needed / spent, "weak_max": spent_max / spent,
                 "weak_nll": statistics.fmean(same) if same else math.nan})
   return out
@@ -314,16 +317,17 @@ def markdown(results: list[Result], missing: list[str], plots: dict[str, str], c
             "Validation NLL against training FLOPs. The multiplier is the FLOPs vanilla needs to reach "
             "Transformer++'s final NLL (interpolated on vanilla's best-so-far frontier over all its sizes) "
             "divided by the FLOPs Transformer++ spent; `> N` when vanilla never got there, N being the FLOPs "
-            "of vanilla's largest run over Transformer++'s. Both use the base config's learning-rate "
-            "schedule at every size.", ""]
+            "of vanilla's largest run over Transformer++'s. Both variants use the same peak learning rate at "
+            "each size (the sweep scales it with d_model^-0.5).", ""]
     if "scaling" in plots:
       out += [f"![validation NLL against training FLOPs]({plots['scaling']})", ""]
-    out += ["| size | Transformer++ params | its final NLL | vanilla's final NLL | its FLOPs | vanilla's FLOPs to match "
-            "| multiplier |", "|---|---|---|---|---|---|---|"]
+    out += ["| size | Transformer++ params | peak learning rate | its final NLL | vanilla's final NLL | its FLOPs "
+            "| vanilla's FLOPs to match | multiplier |", "|---|---|---|---|---|---|---|---|"]
     for m in rows:
       reached = math.isfinite(m["weak_flops"])
       weak = f"{m['weak_nll']:.3f}" if math.isfinite(m["weak_nll"]) else "not run"
-      out.append(f"| {m['size']} | {m['params'] / 1e6:.2f}M | {m['nll']:.3f} | {weak} | {m['flops']:.3g} | "
+      out.append(f"| {m['size']} | {m['params'] / 1e6:.2f}M | {m['learning_rate']:.4g} | {m['nll']:.3f} | {weak} | "
+                 f"{m['flops']:.3g} | "
                  + (f"{m['weak_flops']:.3g} | **{m['multiplier']:.2f}x** |" if reached
                     else f"not reached | **> {m['weak_max']:.2f}x** |"))
     out.append("")

@@ -18,7 +18,8 @@ Widths are set so that parameters stay comparable:
   d_model x 3/4, since twice the layers' attention alone would outgrow vanilla's layers.
 
 Sizes scale d_model and d_ff of the base config (heads and layers stay): `small` x1/2,
-`base` x1, `large` x2, for the Transformer vs Transformer++ scaling comparison.
+`base` x1, `large` x2, for the Transformer vs Transformer++ scaling comparison. The peak
+learning rate goes with d_model^-0.5, as in Vaswani et al.'s schedule (`size_learning_rate`).
 
   overrides("swiglu", config)  -> {"model.norm_position": "post", ..., "model.activation": "swiglu", "model.d_ff": 168}
 """
@@ -132,6 +133,15 @@ def size_overrides(size: str, model: dict) -> dict:
   f = SIZES[size]
   return {"model.d_model": _round_heads(model["d_model"] * f, model["num_heads"]),
           "model.d_ff": 8 * max(1, round(model["d_ff"] * f / 8))}
+
+
+def size_learning_rate(size: str, learning_rate: float) -> dict:
+  """The peak learning rate at `size`: x 1/sqrt(SIZES[size]), the d_model^-0.5 of Vaswani et
+  al.'s schedule (nothing for base). One rate for all sizes trains post-norm vanilla at twice
+  the width worse than at base (docs/sweeps.md)."""
+  if size not in SIZES:
+    raise ValueError(f"unknown size {size!r}; known: {sorted(SIZES)}")
+  return {} if size == "base" else {"train.learning_rate": float(f"{learning_rate / SIZES[size] ** 0.5:.4g}")}
 
 
 def parts(name: str) -> list[str]:

@@ -185,6 +185,12 @@ def test_compute_multiplier_interpolates_on_vanillas_frontier():
       [r.curve for r in results[:2]])
   # Vanilla never reached 0.5, not even with 1e15 FLOPs: more than 100x transformer++ large's 1e13.
   assert math.isinf(rows["large"]["multiplier"]) and math.isclose(rows["large"]["weak_max"], 100.0)
+  # The report's scaling table: a row per Transformer++ size with its peak learning rate.
+  results = [dataclasses.replace(r, learning_rate=0.003 / {"small": 0.5, "base": 1.0, "large": 2.0}[r.size] ** 0.5)
+             for r in results]
+  report = ablations.markdown(results, [], {}, "cmd", [])
+  assert "| base | 1.00M | 0.003 | 1.500 | 1.000 | 1e+13 | 3.16e+13 | **3.16x** |" in report
+  assert "| large | 1.00M | 0.002121 | 0.500 | 2.500 | 1e+13 | not reached | **> 100.00x** |" in report
 
 
 def test_runs_commands_carry_user_then_variant_overrides(tmp_path):
@@ -198,6 +204,11 @@ def test_runs_commands_carry_user_then_variant_overrides(tmp_path):
   assert "--config.model.activation=gelu" not in swiglu  # the variant's own setting wins
   assert {"--config.model.activation=swiglu", "--config.model.d_ff=88", "--config.seed=0"} <= set(swiglu.split())
   assert swiglu.endswith(f"--workdir={tmp_path / 'swiglu-s0'} && seq2seq-eval --workdir={tmp_path / 'swiglu-s0'}")
+  # Sizes scale the peak learning rate with d_model^-0.5: x sqrt(2) at half the width.
+  rate = config.train.learning_rate
+  assert f"--config.train.learning_rate={float(f'{rate * 2 ** 0.5:.4g}')}" in runs[2].shell(tmp_path).split()
+  assert "--config.train.learning_rate" not in runs[0].shell(tmp_path)
+  assert variants.size_learning_rate("large", 0.003) == {"train.learning_rate": 0.002121}
   with pytest.raises(ValueError, match="unknown variant 'nope'"):
     sweep.plan(config, "tiny", [], ["nope"], ["base"], seeds=1)
 
