@@ -21,6 +21,10 @@ Two workloads:
 
     python benchmarks/decode.py --workdir=workdirs/m30k --out=benchmarks/results/eval_speed_cpu2.json
     python benchmarks/decode.py --workdir=workdirs/m30k --max_len_b=17   # other output limits
+    python benchmarks/decode.py --workdir=workdirs/m30k --profile=/tmp/decode_trace   # where the time goes
+
+  --profile traces one more warm translation, one batch at a time, with XLA:CPU timing every
+  operation, and prints the operations that took longest (the trace opens in Perfetto).
 
 Rounds alternate the modes (ours, Flax, ours, Flax, ...), so a busy machine slows both alike;
 the ratio is taken within each round. Forced runs exclude compilation (one warm-up call per
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import statistics
 import sys
@@ -93,6 +98,35 @@ def _import_file(name: str, path: pathlib.Path):
   return module
 
 
+def profile(run, folder: str, top: int = 25) -> list[dict]:
+  """Runs `run` under `jax.profiler` into `folder` and prints the `top` operations by total
+  time (each with how many times it ran); returns them."""
+  import collections
+  import gzip
+
+  import jax
+
+  jax.profiler.start_trace(folder, create_perfetto_trace=True)
+  start = time.perf_counter()
+  run()
+  seconds = time.perf_counter() - start
+  jax.profiler.stop_trace()
+  trace = max(pathlib.Path(folder).rglob("*.trace.json.gz"), key=lambda f: f.stat().st_mtime)
+  events = json.load(gzip.open(trace))
+  total, count = collections.Counter(), collections.Counter()
+  for e in events["traceEvents"] if isinstance(events, dict) else events:
+    name = e.get("name", "")
+    # XLA operations only: not Python frames ($...), calls (np.asarray(...)) or the runtime's spans (A::B).
+    if e.get("ph") == "X" and not name.startswith("$") and "(" not in name and "::" not in name:
+      total[name] += e.get("dur", 0) / 1e6
+      count[name] += 1
+  print(f"profiled translation {seconds:.1f} s, operations {sum(total.values()):.1f} s; longest ({trace}):")
+  rows = [{"op": name, "seconds": t, "count": count[name]} for name, t in total.most_common(top)]
+  for r in rows:
+    print(f"  {r['seconds']:7.3f} s {r['count']:7d}x  {r['op']}")
+  return rows
+
+
 def batches(ids: list[list[int]], batch_size: int):
   """Padded [batch_size, bucket] arrays of the sentences, longest first, as Translator batches them."""
   import numpy as np
@@ -124,7 +158,10 @@ def main() -> None:
   parser.add_argument("--flax", default="", help="a checkout of google/flax: also time its WMT example's beam 4")
   parser.add_argument("--rounds", type=int, default=1, help="times each mode runs, alternating")
   parser.add_argument("--out", default="", help="write the results as JSON here")
+  parser.add_argument("--profile", default="", help="with --workdir: trace a warm translation into this folder")
   args = parser.parse_args()
+  if args.profile:  # XLA:CPU records each operation in the trace only when asked, before jax starts
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_enable_xprof_traceme=true").strip()
 
   import jax
   from flax import nnx
@@ -151,6 +188,9 @@ def main() -> None:
       print(f"{mode:6s} {len(sources):5d} sentences {seconds:7.1f} s  {len(sources) / seconds:7.1f} sentences/s",
             flush=True)
     results["output_tokens"] = sum(len(ids) + 1 for ids in translator.tok.encode(hypotheses))
+    if args.profile:
+      translator.workers = 1  # one loop at a time: operation times add up to the wall time
+      results["profile"] = profile(lambda: translator.translate(sources), args.profile)
   else:
     from seq2seq.configs import multi30k
 
