@@ -86,6 +86,42 @@ def test_eval_bleu_equals_sacrebleu_cli_and_validation_bleu(run, val_files):
   assert not [tag for tag in scalars if "/" not in tag]
 
 
+def test_validation_with_the_test_beam_compiles_the_programs_eval_runs(run):
+  """With val_beam_size = beam_size, in-training validation lowers to the very program eval.py
+  runs (same HLO text, so the same key in JAX's persistent compilation cache): the first
+  eval.py after training loads what validation compiled. A greedy validation does not."""
+  from seq2seq import data
+  from seq2seq.data.tokenizer import EOS_ID
+  from seq2seq.model.config import ModelConfig
+  from seq2seq.training import optimizer
+  from seq2seq.training.train import bleu_validator, init_state
+
+  evaluator = Translator.from_workdir(str(run))
+  config = load.run_config(run)
+  mesh = sharding.make_mesh(config.mesh)
+  tok = data.load_tokenizer(config, str(run))
+  model_cfg = ModelConfig.from_config(config.model, vocab_size=tok.vocab_size)
+  graphdef, state, _ = init_state(model_cfg, optimizer.make(config.train, d_model=model_cfg.d_model)[0], mesh,
+                                  config.seed)  # what training validates: its live parameters
+
+  def program(translator, params, width=16) -> str:
+    src_bs = np.zeros((translator.batch_size, width), np.int32)
+    src_bs[:, 0] = EOS_ID
+    limits_b = np.ones((translator.batch_size,), np.int32)
+    return translator._search.lower(params, translator._put(src_bs), translator._put(limits_b),
+                                    max_len=translator._max_output(width)).as_text()
+
+  texts = {}
+  for val_beam in (config.eval.beam_size, 1):
+    config.eval.val_beam_size = val_beam
+    validator = bleu_validator(config, model_cfg, graphdef, tok, mesh).translator
+    assert validator.settings["beam_size"] == val_beam
+    texts[val_beam] = program(validator, state["params"])
+  expected = program(evaluator, evaluator.params)
+  assert config.eval.beam_size > 1 and texts[config.eval.beam_size] == expected
+  assert texts[1] != expected
+
+
 def test_sgml_input_average_and_output_file(run, val_files, tmp_path):
   out = eval_py(f"--workdir={run}", f"--source={val_files / 'src.en.sgm'}", f"--reference={val_files / 'ref.de.sgm'}",
                 "--average_last=2", "--beam_size=2", f"--output={tmp_path / 'out.de'}", "--workers=1")

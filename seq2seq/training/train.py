@@ -21,7 +21,7 @@ from seq2seq.data.batching import BatchIterator, epoch_plan, make_batch
 from seq2seq.data.prefetch import Prefetch
 from seq2seq.files import write_atomic
 from seq2seq.inference.score import score
-from seq2seq.inference.translate import Translator
+from seq2seq.inference.translate import Translator, search_settings
 from seq2seq.model import flops, transformer
 from seq2seq.model.config import ModelConfig
 from seq2seq.training import checkpoint, optimizer, report
@@ -160,20 +160,22 @@ def evaluate(steps: Steps, params, batches: list[dict], mesh) -> dict[str, float
 def bleu_validator(config, model_cfg, graphdef, tok, mesh):
   """A function params -> {"bleu", "chrf", "bleu_seconds"} on the first `eval.val_bleu_sentences`
   validation pairs (the same decoding as eval.py), or None when that is 0. bleu_seconds is
-  the cost of translating and scoring them (the first call compiles)."""
+  the cost of translating and scoring them (the first call compiles). With `val_beam_size`
+  equal to `beam_size` its search programs are eval.py's, so the compilation cache they go
+  into spares eval.py compiling them (`validate.translator`)."""
   e = config.eval
   n = e.get("val_bleu_sentences", 0)
   if not n:
     return None
   pairs = data.eval_pairs(config, config.data.validation_split)[:n]
-  translator = Translator(model_cfg, graphdef, tok, mesh, beam_size=e.get("val_beam_size", 1), alpha=e.alpha,
-                          max_len_a=e.max_len_a, max_len_b=e.max_len_b, batch_size=e.batch_size)
+  translator = Translator(model_cfg, graphdef, tok, mesh, **search_settings(e, beam_size=e.get("val_beam_size", 1)))
 
   def validate(params) -> dict[str, float]:
     start = time.perf_counter()
     result = score(translator(params, [s for s, _ in pairs]), [t for _, t in pairs])
     return {"bleu": result["bleu"], "chrf": result["chrf"], "bleu_seconds": time.perf_counter() - start}
 
+  validate.translator = translator
   return validate
 
 
