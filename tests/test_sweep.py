@@ -16,7 +16,7 @@ import jax
 import pytest
 from flax import nnx
 
-from seq2seq import ablations, configs, sweep, variants
+from seq2seq import ablations, configs, metrics, sweep, variants
 from seq2seq.model.config import ModelConfig
 from seq2seq.model.transformer import abstract, count_params
 
@@ -193,6 +193,18 @@ def test_compute_multiplier_interpolates_on_vanillas_frontier():
   assert "| large | 1.00M | 0.002121 | 0.500 | 2.500 | 1e+13 | not reached | **> 100.00x** |" in report
 
 
+def test_the_report_sums_the_time_the_runs_took():
+  timed = lambda r, train, evaluation: dataclasses.replace(r, train_seconds=train, eval_seconds=evaluation)
+  results = [timed(synthetic("vanilla", 0, 2.0), 600.0, 33.0), timed(synthetic("vanilla", 1, 2.0), 300.0, 15.0),
+             timed(synthetic("vanilla", 0, 2.5, size="small"), 120.0, 6.0)]
+  report = ablations.markdown(results, [], {}, "cmd", [])
+  assert ("Time: 17.0 min of training and 0.9 min of test-set translation for 3 runs (15.0 and 0.8 min for the 2 "
+          "base-size runs) (wall time, summed:") in report
+  assert "Time: 15.0 min of training and 0.8 min of test-set translation for 2 runs (wall time" in ablations.markdown(
+      results[:2], [], {}, "cmd", [])
+  assert "Time:" not in ablations.markdown([synthetic("vanilla", 0, 2.0)], [], {}, "cmd", [])  # not recorded
+
+
 def test_runs_commands_carry_user_then_variant_overrides(tmp_path):
   config = configs.get("tiny")
   runs = sweep.plan(config, "configs/tiny.py", ["--config.train.steps=30", "--config.model.activation=gelu"],
@@ -264,6 +276,11 @@ def test_a_killed_sweep_reruns_only_what_is_missing(tmp_path, data_dir, session_
   assert len(commands) == 2 and commands[0] == commands[1]  # trained twice with the same command: resumed
   report = (tmp_path / "ablations.md").read_text()
   assert "| `vanilla` | 1 |" in report and "| `rmsnorm` | 1 |" in report and "Not finished" not in report
+  assert "min of test-set translation for 2 runs (wall time, summed:" in report
+  results, _, _ = ablations.collect(tmp_path)
+  last_wall = [r["wall_time_s"] for r in metrics.read(tmp_path / "rmsnorm-s0") if "wall_time_s" in r][-1]
+  assert {r.name: r.train_seconds for r in results}["rmsnorm-s0"] == last_wall > 0  # summed over its restart
+  assert all(r.eval_seconds > 0 for r in results)
   listed = subprocess.run(sweep_command(tmp_path, "--list"), env=env, cwd=REPO, capture_output=True, text=True)
   assert listed.stdout.splitlines() == json_commands(tmp_path)
 
