@@ -300,9 +300,9 @@ def markdown(results: list[Result], missing: list[str], plots: dict[str, str], c
     base = [r for r in timed if r.size == "base"]
     out += ["Time: {:.1f} min of training and {:.1f} min of test-set translation for {} runs".format(
         *minutes(timed), len(timed)) + ("" if len(base) == len(timed) else
-                                        " ({:.1f} and {:.1f} min for the {} base-size runs)".format(*minutes(base), len(base)))
-            + " (wall time, summed: training to each run's last logged step, decoding; starting processes and "
-            "loading checkpoints are not counted).", ""]
+                                        ", of which {:.1f} and {:.1f} for the {} base-size runs".format(*minutes(base), len(base)))
+            + ". Wall time, summed: training to each run's last logged step, and decoding; starting processes and "
+            "loading checkpoints are not counted.", ""]
   if missing:
     out += [f"**Partial:** {len(missing)} of the {len(results) + len(missing)} runs named are not finished (listed at "
             "the end); rerunning the sweep command resumes them.", ""]

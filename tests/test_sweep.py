@@ -198,9 +198,9 @@ def test_the_report_sums_the_time_the_runs_took():
   results = [timed(synthetic("vanilla", 0, 2.0), 600.0, 33.0), timed(synthetic("vanilla", 1, 2.0), 300.0, 15.0),
              timed(synthetic("vanilla", 0, 2.5, size="small"), 120.0, 6.0)]
   report = ablations.markdown(results, [], {}, "cmd", [])
-  assert ("Time: 17.0 min of training and 0.9 min of test-set translation for 3 runs (15.0 and 0.8 min for the 2 "
-          "base-size runs) (wall time, summed:") in report
-  assert "Time: 15.0 min of training and 0.8 min of test-set translation for 2 runs (wall time" in ablations.markdown(
+  assert ("Time: 17.0 min of training and 0.9 min of test-set translation for 3 runs, of which 15.0 and 0.8 for the 2 "
+          "base-size runs. Wall time, summed:") in report
+  assert "Time: 15.0 min of training and 0.8 min of test-set translation for 2 runs. Wall time" in ablations.markdown(
       results[:2], [], {}, "cmd", [])
   assert "Time:" not in ablations.markdown([synthetic("vanilla", 0, 2.0)], [], {}, "cmd", [])  # not recorded
 
@@ -276,7 +276,7 @@ def test_a_killed_sweep_reruns_only_what_is_missing(tmp_path, data_dir, session_
   assert len(commands) == 2 and commands[0] == commands[1]  # trained twice with the same command: resumed
   report = (tmp_path / "ablations.md").read_text()
   assert "| `vanilla` | 1 |" in report and "| `rmsnorm` | 1 |" in report and "Not finished" not in report
-  assert "min of test-set translation for 2 runs (wall time, summed:" in report
+  assert "min of test-set translation for 2 runs. Wall time, summed:" in report
   results, _, _ = ablations.collect(tmp_path)
   last_wall = [r["wall_time_s"] for r in metrics.read(tmp_path / "rmsnorm-s0") if "wall_time_s" in r][-1]
   assert {r.name: r.train_seconds for r in results}["rmsnorm-s0"] == last_wall > 0  # summed over its restart
