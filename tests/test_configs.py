@@ -60,10 +60,11 @@ def test_multi30k_6k_is_the_run_reported_as_m30k_d02():
   assert load("multi30k_6k").to_dict() == reported.to_dict()
 
 
-def test_multi30k_d128_is_the_run_reported_as_m30k_tiny():
-  """The m30k_tiny run (docs/results.md) used these overrides of multi30k.py; the config must match them."""
+def test_multi30k_d128_is_multi30k_with_the_m30k_tiny_overrides():
+  """The m30k_tiny runs (docs/results.md) used these overrides of multi30k.py when it had sinusoidal
+  positions; the config is the same overrides of today's multi30k.py (RoPE), run as m30k_d128_rope."""
   reported = load("multi30k")
-  reported.model.positions = "sinusoidal"  # multi30k.py's positions when the run was made
+  assert reported.model.positions == "rope"
   reported.model.update(d_model=128, d_ff=256, num_encoder_layers=4, num_decoder_layers=4, dropout_rate=0.3)
   reported.train.update(learning_rate=0.005, warmup_steps=800, steps=7000, checkpoint_every=500,
                         keep_checkpoints=10, eval_every=1000)
