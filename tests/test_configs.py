@@ -52,7 +52,7 @@ def test_wmt14_configs_are_vaswani_base_and_big():
   assert abs(count_params(base_cfg) / 65e6 - 1) < 0.05
 
 
-def test_multi30k_6k_is_multi30k_with_the_m30k_d02_overrides():
+def test_multi30k_6k_is_multi30k_long_with_the_m30k_d02_overrides():
   """The m30k_d02 run (docs/results.md) used these overrides of multi30k_long.py when multi30k.py had
   sinusoidal positions; the config is the same overrides of today's multi30k_long.py (RoPE), run as
   m30k_6k_rope."""
