@@ -1,25 +1,85 @@
-"""Test-wide settings: faster XLA compiles on the CPU (results stay exact per program)."""
+"""Test-wide settings and fixtures.
+
+- Data: tests read a synthetic corpus (tests/synthetic.py) written into a session folder laid
+  out as SEQ2SEQ_DATA_DIR is (`data_dir`), so `pytest` needs no data folder. Tests about the
+  real corpora take `real_data_dir` (the real folder: $SEQ2SEQ_DATA_DIR, else ../shared/data)
+  and carry `@pytest.mark.data`; they skip where it is missing. SEQ2SEQ_DATA_DIR itself is
+  removed from the environment, so that no test reads real data without saying so.
+- Compilation: faster XLA compiles on the CPU (results stay exact per program), and JAX's
+  persistent compilation cache shared by the session's processes (workers, and the commands
+  tests start): $JAX_COMPILATION_CACHE_DIR when set (.ci/run sets one for the whole run), else
+  a temporary folder removed at the end.
+- Order: tests marked `longest` start first, so a parallel run (pytest-xdist) does not end
+  waiting on one of them.
+"""
 
 import os
+import pathlib
+import shutil
+import tempfile
 
 # Tests compile many small programs; LLVM's expensive passes cost more than they save here.
-_FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FAST_COMPILE).strip()
-
-import pathlib
-
-import pytest
+# Long trainings in a subprocess (the notebook, the soak test) run without them: `optimized_env`.
+FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+OPTIMIZED_XLA_FLAGS = " ".join(os.environ.get("XLA_FLAGS", "").replace(FAST_COMPILE, "").split())  # as a worker inherits it
+os.environ["XLA_FLAGS"] = (OPTIMIZED_XLA_FLAGS + " " + FAST_COMPILE).strip()
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+# Moved to a variable of the tests' own (xdist workers inherit the environment the first process made).
+REAL_DATA = pathlib.Path(os.environ.setdefault(
+    "SEQ2SEQ_TESTS_REAL_DATA", os.environ.pop("SEQ2SEQ_DATA_DIR", "") or str(REPO.parent / "shared" / "data")))
+
+if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):  # the first process of the session (workers inherit it)
+  _OWN_CACHE = tempfile.mkdtemp(prefix="seq2seq-tests-xla-")
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = _OWN_CACHE
+else:
+  _OWN_CACHE = None
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")  # the tests' programs compile fast
+
+import pytest  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+  for item in items:
+    if "real_data_dir" in getattr(item, "fixturenames", ()) and not item.get_closest_marker("data"):
+      raise pytest.UsageError(f"{item.nodeid} reads the real corpora (real_data_dir): mark it @pytest.mark.data")
+  items.sort(key=lambda item: item.get_closest_marker("longest") is None)  # stable: otherwise as collected
+
+
+def pytest_unconfigure(config):
+  if _OWN_CACHE and not hasattr(config, "workerinput"):  # the controller (or a run without workers)
+    shutil.rmtree(_OWN_CACHE, ignore_errors=True)
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook
+def pytest_xdist_auto_num_workers(config):
+  """`-n auto`: one worker per core, at most 4 (each builds the session fixtures again)."""
+  return max(1, min(os.cpu_count() or 1, 4))
+
+
+def optimized_env(**extra) -> dict[str, str]:
+  """os.environ for a subprocess that trains long enough for compiled code speed to matter:
+  XLA's default optimization, not the tests' fast-compile flags."""
+  return {**os.environ, "XLA_FLAGS": OPTIMIZED_XLA_FLAGS, **extra}
 
 
 @pytest.fixture(scope="session")
-def data_dir() -> pathlib.Path:
-  """The real data folder: $SEQ2SEQ_DATA_DIR, else ../shared/data beside the repository."""
-  path = pathlib.Path(os.environ.get("SEQ2SEQ_DATA_DIR") or REPO.parent / "shared" / "data")
-  if not (path / "multi30k" / "train.en.gz").is_file():
-    pytest.skip(f"real data not found at {path} (set SEQ2SEQ_DATA_DIR)")
-  return path
+def data_dir(tmp_path_factory) -> pathlib.Path:
+  """A data folder with the synthetic corpus: multi30k/ (train 6000 pairs, val 300,
+  test_2016_flickr and test_2017_flickr 200, en and de) and wmt14/ (newstest2013 and 2014,
+  plain and SGML)."""
+  import synthetic
+
+  return synthetic.write(tmp_path_factory.mktemp("data"))
+
+
+@pytest.fixture(scope="session")
+def real_data_dir() -> pathlib.Path:
+  """The real data folder: $SEQ2SEQ_DATA_DIR, else ../shared/data beside the repository.
+  Only for tests marked `data`."""
+  if not (REAL_DATA / "multi30k" / "train.en.gz").is_file():
+    pytest.skip(f"real data not found at {REAL_DATA} (set SEQ2SEQ_DATA_DIR)")
+  return REAL_DATA
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,6 @@
-"""Batching on the real Multi30k training corpus: determinism, exact resume, every
-example once across processes, token budget, bounded shapes, padding, packing."""
+"""Batching on a Multi30k-like training corpus (the synthetic one), and on real WMT lengths:
+determinism, exact resume, every example once across processes, token budget, bounded shapes,
+padding, packing."""
 
 import json
 
@@ -15,7 +16,8 @@ from seq2seq.data.tokenizer import EOS_ID
 
 @pytest.fixture(scope="module")
 def setup(data_dir, session_cache):
-  config = make_config("multi30k", data_dir, session_cache, packing=False)  # these tests are about length buckets
+  # These tests are about length buckets; the synthetic corpus supports 1000 pieces, not 8000.
+  config = make_config("multi30k", data_dir, session_cache, packing=False, vocab_size=1000)
   tok = data.load_tokenizer(config)
   return config, data.load_corpus(config, config.data.train_split, tok)
 
@@ -98,8 +100,16 @@ def test_processes_together_cover_every_example_exactly_once(setup, packing):
   assert sorted(seen) == sorted(expected)
 
 
-def test_budget_bounded_shapes_and_padding(setup):
-  config, corpus = setup
+@pytest.fixture(scope="module")
+def real_setup(real_data_dir, session_cache):
+  """The multi30k config's length buckets over the real Multi30k training corpus."""
+  config = make_config("multi30k", real_data_dir, session_cache, packing=False)
+  return config, data.load_corpus(config, config.data.train_split, data.load_tokenizer(config))
+
+
+@pytest.mark.data
+def test_budget_bounded_shapes_and_padding(real_setup):
+  config, corpus = real_setup
   cfg = data.batching_config(config)
   plan = epoch_plan(corpus.src_lengths, corpus.tgt_lengths, cfg, config.seed, 0)
   stats = plan_stats(plan, corpus.src_lengths, corpus.tgt_lengths)
@@ -130,33 +140,40 @@ def test_one_pair_per_row_without_filling(setup):
 
 
 def test_packing_uses_one_shape_sized_by_the_token_ratio(setup):
+  """The side with more tokens gets rows of pack_length, the other side rows shorter by the
+  token ratio; neither shorter than its longest sentence. In both directions of the corpus."""
   corpus, cfg = setup[1], batching_with(setup[0], packing=True, pack_length=64)
-  stats = plan_stats(epoch_plan(corpus.src_lengths, corpus.tgt_lengths, cfg, 0, 0), corpus.src_lengths,
-                     corpus.tgt_lengths)
-  # German has more tokens than English: the target row is pack_length, the source row shorter
-  # by the ratio but no shorter than the longest English sentence.
-  ratio = corpus.tgt_lengths.sum() / corpus.src_lengths.sum()
-  src_row = max(-(-int(np.ceil(64 / ratio)) // 8) * 8, int(corpus.src_lengths.max()))
-  assert ratio > 1 and stats["shapes"] == [(cfg.max_tokens // 64 // 8 * 8, src_row, 64)]
-  # Best-fit packing: within 2% of the fewest rows that could hold the target tokens.
-  planner = batching_lib.Planner(corpus.src_lengths, corpus.tgt_lengths, cfg)
-  assert len(planner.row_bucket) <= 1.02 * corpus.tgt_lengths.sum() / 64
+  one_way = (corpus.src_lengths, corpus.tgt_lengths)
+  ratios = []
+  for src, tgt in (one_way, one_way[::-1]):
+    ratio = tgt.sum() / src.sum()
+    s = 64 if ratio <= 1 else -(-int(np.ceil(64 / ratio)) // 8) * 8
+    t = 64 if ratio >= 1 else -(-int(np.ceil(64 * ratio)) // 8) * 8
+    s, t = max(s, int(src.max())), max(t, int(tgt.max()))
+    stats = plan_stats(epoch_plan(src, tgt, cfg, 0, 0), src, tgt)
+    assert stats["shapes"] == [(cfg.max_tokens // max(s, t) // 8 * 8, s, t)]
+    # Best-fit packing: within 2% of the fewest rows that could hold the longer side's tokens.
+    planner = batching_lib.Planner(src, tgt, cfg)
+    assert len(planner.row_bucket) <= 1.02 * max(src.sum() / s, tgt.sum() / t)
+    ratios.append(ratio)
+  assert min(ratios) < 1 < max(ratios)
 
 
 @pytest.fixture(scope="module")
-def wmt_lengths(data_dir):
-  """Token lengths of newstest2013 + 2014 (WMT-length news sentences), 6003 pairs tiled 25x
-  to 150k, under a sentencepiece model trained on them."""
+def wmt_lengths(real_data_dir):
+  """Token lengths of the real newstest2013 + 2014 (WMT-length news sentences), 6003 pairs
+  tiled 25x to 150k, under a sentencepiece model trained on them."""
   from seq2seq.data import tokenizer as tk
   from seq2seq.data.sources import Source
 
   pairs = [p for year in (2013, 2014) for p in Source(f"files:wmt14/newstest{year}.{{lang}}", "en", "de",
-                                                      data_dir=str(data_dir))]
+                                                      data_dir=str(real_data_dir))]
   tok = tk.Tokenizer(tk.train(tk.sample_sentences(pairs, 10**6, 0), vocab_size=8000))
   src, tgt = ([len(ids) for ids in tok.encode([p[side] for p in pairs])] for side in (0, 1))
   return np.tile(src, 25), np.tile(tgt, 25)
 
 
+@pytest.mark.data
 @pytest.mark.parametrize("packing, max_shapes, max_padding", [(False, 8, 0.05), (True, 1, 0.03)])
 def test_wmt_length_epoch_has_few_shapes_and_little_padding(wmt_lengths, packing, max_shapes, max_padding):
   src, tgt = wmt_lengths
@@ -167,6 +184,7 @@ def test_wmt_length_epoch_has_few_shapes_and_little_padding(wmt_lengths, packing
   assert sorted(np.concatenate([b.ids for b in plan]).tolist()) == list(range(len(src)))  # each pair once
 
 
+@pytest.mark.data
 def test_next_fit_in_order_pads_more_than_the_planner(wmt_lengths):
   """The old packing (next-fit in shuffled order) on the same data: the reference the
   planner must beat by a wide margin."""

@@ -4,13 +4,14 @@ run; a resumed run must end exactly where an uninterrupted one does."""
 
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
 import jax
 import numpy as np
 import pytest
-from conftest import REPO, make_config
+from conftest import REPO, make_config, optimized_env
 
 from seq2seq import metrics, sharding
 from seq2seq.inference import load
@@ -39,6 +40,14 @@ def straight(data_dir, session_cache, tmp_path_factory):
   return workdir
 
 
+@pytest.fixture(scope="module")
+def twenty(data_dir, session_cache, tmp_path_factory):
+  """The same run stopped after 20 steps (checkpoints at 10, 20); tests damage a copy."""
+  workdir = tmp_path_factory.mktemp("twenty")
+  train_and_evaluate(tiny(data_dir, session_cache, steps=20), str(workdir))
+  return workdir
+
+
 def _largest_file(step_dir: pathlib.Path) -> pathlib.Path:
   return max((p for p in step_dir.rglob("*") if p.is_file() and p.name != checkpoint.CHECKSUMS),
              key=lambda p: p.stat().st_size)
@@ -61,12 +70,11 @@ DAMAGE = {
 
 @pytest.mark.parametrize("damage", ["bit_rot", "truncated", "lost_metadata"])
 def test_a_damaged_newest_checkpoint_is_skipped_by_eval_and_by_training_which_ends_as_if_it_were_not(
-    damage, straight, data_dir, session_cache, tmp_path):
+    damage, straight, twenty, data_dir, session_cache, tmp_path):
   """Train 20 steps (checkpoints 10, 20), damage checkpoint 20, rerun to 30: training resumes
   from 10 with a warning and a `restore_fallback` event naming the file, and its parameters
   equal the uninterrupted run's. Before that, eval skips 20 and says so; --step=20 is refused."""
-  workdir = tmp_path / "run"
-  train_and_evaluate(tiny(data_dir, session_cache, steps=20), str(workdir))
+  workdir = shutil.copytree(twenty, tmp_path / "run")
   step_dir = workdir / "checkpoints" / "20"
   if damage == "lost_metadata":  # and no checksums to tell: only reading it fails
     (step_dir / checkpoint.CHECKSUMS).unlink()
@@ -90,18 +98,17 @@ def test_a_damaged_newest_checkpoint_is_skipped_by_eval_and_by_training_which_en
     np.testing.assert_array_equal(x, y)
 
 
-def test_every_checkpoint_damaged_is_an_error_naming_each(data_dir, session_cache, tmp_path):
-  train_and_evaluate(tiny(data_dir, session_cache, steps=20), str(tmp_path))
+def test_every_checkpoint_damaged_is_an_error_naming_each(twenty, data_dir, session_cache, tmp_path):
+  workdir = shutil.copytree(twenty, tmp_path / "run")
   for step in (10, 20):
-    flip_bytes(_largest_file(tmp_path / "checkpoints" / str(step)))
+    flip_bytes(_largest_file(workdir / "checkpoints" / str(step)))
   with pytest.raises(checkpoint.CheckpointError, match=r"no intact checkpoint .*\(20: .*; 10: .*\)"):
-    train_and_evaluate(tiny(data_dir, session_cache, steps=30), str(tmp_path))
+    train_and_evaluate(tiny(data_dir, session_cache, steps=30), str(workdir))
 
 
 def test_a_torn_last_metrics_line_is_dropped_with_a_warning_naming_the_file(
-    straight, data_dir, session_cache, tmp_path, caplog):
-  workdir = tmp_path / "run"
-  train_and_evaluate(tiny(data_dir, session_cache, steps=20), str(workdir))
+    straight, twenty, data_dir, session_cache, tmp_path, caplog):
+  workdir = shutil.copytree(twenty, tmp_path / "run")
   with open(workdir / "metrics.jsonl", "a", encoding="utf-8") as f:
     f.write('{"step": 25, "loss": 4.1')  # the disk filled up mid-line
   train_and_evaluate(tiny(data_dir, session_cache, steps=30), str(workdir))
@@ -133,25 +140,29 @@ def test_a_failed_save_stops_training_at_once_and_the_last_good_checkpoint_stays
   ckpts.close()
 
 
+@pytest.mark.longest
 def test_soak_ten_sigkills_at_seeded_moments_end_bit_identical(data_dir, session_cache, tmp_path):
-  """A 300-step tiny run killed (SIGKILL) at 10 seeded random moments, some inside saves
-  (checkpoints every 20 steps, asynchronous), then run to the end: every logged loss and the
-  final parameters equal an uninterrupted run's."""
+  """A 150-step tiny run killed (SIGKILL) at 10 seeded random moments, some inside saves
+  (checkpoints every 10 steps, asynchronous), then run to the end: every logged loss and the
+  final parameters equal an uninterrupted run's. The killed runs compile with XLA's usual
+  optimization (their programs come from the compilation cache after the first)."""
   import signal
   import time
 
-  straight_dir = tmp_path / "straight"
-  settings = dict(steps=300, log_every=5, checkpoint_every=20)
-  train_and_evaluate(tiny(data_dir, session_cache, **settings), str(straight_dir))
-  workdir = tmp_path / "soak"
-  cmd = [sys.executable, "train.py", "--config=configs/tiny.py", f"--workdir={workdir}",
-         f"--config.data.dir={data_dir}", f"--config.data.cache_dir={session_cache}", "--config.train.eval_every=0",
-         "--config.train.peak_flops=2.5e11", *(f"--config.train.{k}={v}" for k, v in settings.items())]
+  straight_dir, workdir = tmp_path / "straight", tmp_path / "soak"
+  command = lambda workdir: [
+      sys.executable, "train.py", "--config=configs/tiny.py", f"--workdir={workdir}", f"--config.data.dir={data_dir}",
+      f"--config.data.cache_dir={session_cache}", "--config.train.eval_every=0", "--config.train.peak_flops=2.5e11",
+      "--config.train.steps=150", "--config.train.log_every=5", "--config.train.checkpoint_every=10"]
+  straight = subprocess.run(command(straight_dir), cwd=REPO, capture_output=True, text=True, timeout=600,
+                            env=optimized_env())
+  assert straight.returncode == 0, straight.stderr[-3000:]
+  cmd = command(workdir)
   rng = np.random.default_rng(0)
   logged = lambda: max((r["step"] for r in metrics.read(workdir) if "loss" in r), default=0)
   kills = 0
-  for target in sorted(rng.choice(np.arange(10, 295), size=10, replace=False)):
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  for target in sorted(rng.choice(np.arange(10, 145), size=10, replace=False)):
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=optimized_env())
     extra = rng.uniform(0.0, 0.3)  # seconds past the logged step: lands anywhere, saves included
     deadline = time.monotonic() + 300
     while proc.poll() is None and logged() < target:
@@ -162,7 +173,7 @@ def test_soak_ten_sigkills_at_seeded_moments_end_bit_identical(data_dir, session
       proc.send_signal(signal.SIGKILL)
       kills += 1
     proc.wait(timeout=60)
-  final = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+  final = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, env=optimized_env())
   assert final.returncode == 0, final.stderr[-3000:]
   assert kills >= 8
   got = {r["step"]: r["loss"] for r in metrics.read(workdir) if "loss" in r}

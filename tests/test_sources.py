@@ -1,5 +1,5 @@
-"""Sources: every file kind round-trips real lines; downloads are checksummed; bad input
-raises an error that names the file and line."""
+"""Sources: every file kind round-trips its lines; downloads are checksummed (the checksums
+are the real release's); bad input raises an error that names the file and line."""
 
 import gzip
 import http.server
@@ -8,8 +8,11 @@ import threading
 
 import numpy as np
 import pytest
+import synthetic
 
+from seq2seq.data import sources
 from seq2seq.data.sources import DataError, Source, check_language, read_lines, read_parallel
+from seq2seq.files import file_sha256
 
 NEWSTEST = "wmt14/newstest2014.{lang}"
 
@@ -20,7 +23,7 @@ def plain_lines(path):
 
 def test_plain_files_round_trip(data_dir):
   pairs = list(Source(f"files:{NEWSTEST}", "en", "de", data_dir=str(data_dir)))
-  assert len(pairs) == 3003
+  assert len(pairs) == synthetic.NEWSTEST["newstest2014"]
   assert [p[0] for p in pairs] == plain_lines(data_dir / "wmt14/newstest2014.en")
   assert [p[1] for p in pairs] == plain_lines(data_dir / "wmt14/newstest2014.de")
 
@@ -30,7 +33,7 @@ def test_gzip_multi30k_round_trip_and_direction(data_dir):
   de_en = list(Source("multi30k:val", "de", "en", data_dir=str(data_dir)))
   with gzip.open(data_dir / "multi30k/val.de.gz", "rt", encoding="utf-8") as f:
     german = f.read().splitlines()
-  assert len(en_de) == 1014 and [p[1] for p in en_de] == german
+  assert len(en_de) == synthetic.MULTI30K["val"] and [p[1] for p in en_de] == german
   assert de_en == [(t, s) for s, t in en_de]
 
 
@@ -197,16 +200,30 @@ class _Server:
     self.httpd.server_close()
 
 
-def test_multi30k_download_verifies_checksum(data_dir, tmp_path):
+@pytest.fixture
+def served_checksums(data_dir, monkeypatch):
+  """The release's checksums replaced by those of the synthetic files the tests serve."""
+  monkeypatch.setattr(sources, "MULTI30K_SHA256",
+                      {name: file_sha256(data_dir / "multi30k" / name) for name in sources.MULTI30K_SHA256
+                       if (data_dir / "multi30k" / name).is_file()})
+
+
+@pytest.mark.data
+def test_the_checksums_are_those_of_the_multi30k_release(real_data_dir):
+  assert {name: file_sha256(real_data_dir / "multi30k" / name) for name in sources.MULTI30K_SHA256} == \
+      sources.MULTI30K_SHA256
+
+
+def test_multi30k_download_verifies_checksum(data_dir, tmp_path, served_checksums):
   with _Server(data_dir / "multi30k") as url:
     src = Source("multi30k:val", "en", "de", cache_dir=str(tmp_path / "cache"), multi30k_url=url)
     assert list(src) == list(Source("multi30k:val", "en", "de", data_dir=str(data_dir)))
   assert (tmp_path / "cache/multi30k/val.en.gz").read_bytes() == (data_dir / "multi30k/val.en.gz").read_bytes()
   # Cached now: no server needed any more.
-  assert len(list(src)) == 1014
+  assert len(list(src)) == synthetic.MULTI30K["val"]
 
 
-def test_multi30k_download_with_wrong_checksum_fails_and_leaves_nothing(data_dir, tmp_path):
+def test_multi30k_download_with_wrong_checksum_fails_and_leaves_nothing(data_dir, tmp_path, served_checksums):
   served = tmp_path / "served"
   served.mkdir()
   shutil.copy(data_dir / "multi30k/val.en.gz", served / "val.en.gz")
@@ -249,17 +266,16 @@ def test_unknown_language_code_names_the_key():
     check_language("xx", "tgt_lang")
 
 
-def test_a_cached_file_that_does_not_match_its_checksum_is_downloaded_again(data_dir, tmp_path, caplog):
+def test_a_cached_file_that_does_not_match_its_checksum_is_downloaded_again(data_dir, tmp_path, caplog,
+                                                                           served_checksums):
   """A 50-line val.en.gz put into the cache by hand was once read as Multi30k val."""
-  from seq2seq.data import sources
-
   cache = tmp_path / "cache"
   (cache / "multi30k").mkdir(parents=True)
   lines = gzip.decompress((data_dir / "multi30k/val.en.gz").read_bytes()).splitlines(keepends=True)[:50]
   (cache / "multi30k/val.en.gz").write_bytes(gzip.compress(b"".join(lines)))
   with _Server(data_dir / "multi30k") as url:
     src = Source("multi30k:val", "en", "de", cache_dir=str(cache), multi30k_url=url)
-    assert len(list(src)) == 1014
+    assert len(list(src)) == synthetic.MULTI30K["val"]
   assert "val.en.gz does not match its sha256; downloading it again" in caplog.text
   assert (cache / "multi30k/val.en.gz").read_bytes() == (data_dir / "multi30k/val.en.gz").read_bytes()
   with _Server(data_dir / "multi30k") as url:  # a cap below the file's size

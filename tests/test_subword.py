@@ -18,7 +18,7 @@ N_PAIRS = 400
 
 @pytest.fixture(scope="module")
 def setup(data_dir, session_cache):
-  """The tiny config's tokenizer and the first N_PAIRS pairs of its Multi30k training corpus."""
+  """The tiny config's tokenizer and the first N_PAIRS pairs of its training corpus."""
   config = make_config("tiny", data_dir, session_cache)
   tok = data.load_tokenizer(config)
   full = data.load_corpus(config, config.data.train_split, tok)
