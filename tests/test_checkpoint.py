@@ -212,9 +212,16 @@ def test_nan_at_a_step_rolls_back_to_the_last_checkpoint_and_training_goes_on(da
 
 
 def test_divergence_before_any_checkpoint_is_a_clear_error(data_dir, session_cache, tmp_path):
+  """...and the run's TensorBoard writer is closed on the way out (left open, its cleanup at
+  interpreter exit prints a traceback on Python 3.12)."""
+  import threading
+
+  writers = lambda: sum(type(t).__name__ == "_EventLoggerThread" for t in threading.enumerate())
+  before = writers()
   config = tiny(data_dir, session_cache, steps=25, inject_nan_at_step=5, guard_max_rollbacks=1)
   with pytest.raises(RuntimeError, match="before any checkpoint was saved"):
     train_and_evaluate(config, str(tmp_path))
+  assert writers() == before
 
 
 @pytest.mark.slow

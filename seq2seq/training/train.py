@@ -226,78 +226,80 @@ def train_and_evaluate(config, workdir: str, command: str = "") -> dict:
   kept = metrics.truncate_after(workdir, int(state["step"])) if is_main else []
 
   writer = metrics.MetricsWriter(workdir, enabled=is_main)
-  for f in fallbacks:
-    writer.write(int(state["step"]), {"event": "restore_fallback", "damaged_step": f["step"], "problem": f["problem"]})
-  t = config.train
-  guard = DivergenceGuard(spike_factor=t.get("guard_spike_factor", 0.0)) if t.get("guard_max_rollbacks", 3) else None
-  rollbacks = 0
-  step = int(state["step"])
-  bar = report.progress(config.train.steps, step)
-  window = _new_window(step)
-  last = {}
-  # wall_time_s counts across restarts: it goes on from the last one logged at or before the restored step.
-  logged = [r["wall_time_s"] for r in kept if "wall_time_s" in r]
-  start_time = time.perf_counter() - (logged[-1] if logged else 0.0)
-  data_state = train_iter.state  # after the last batch a step consumed: what a checkpoint records
-  # Steps that neither log, evaluate nor checkpoint read nothing back from the devices: the
-  # host runs ahead, queueing steps. `train.transfer_guard="disallow"` makes any such read an error.
-  quiet_guard = t.get("transfer_guard", "allow")
-  with checkpoint.StopSignal() as stop, Prefetch(_feed(train_iter, mesh, model_cfg), depth=2) as feed:
-    while step < config.train.steps:
-      due = _due(step + 1, config.train)
-      with jax.transfer_guard_device_to_host("allow" if due else quiet_guard):
-        wait_start = time.perf_counter()
-        fed = [next(feed) for _ in range(steps.accum_steps)]
-        window["wait"] += time.perf_counter() - wait_start
-        data_state = fed[-1]["state"]
-        poison = step + 1 == t.get("inject_nan_at_step", -1) and not rollbacks
-        state, step_metrics = steps.update(state, [f["batch"] for f in fed], poison)
-        step += 1
-        _account(window, step_metrics, fed)
-        bar.update(1)
-        ckpts.check()  # a failed asynchronous save stops training now, not a checkpoint interval later
-      # One host stops on its own signal; several agree at the steps they synchronise anyway
-      # (log, evaluation, checkpoint), so a stop waits at most log_every steps.
-      stopping = stop.received is not None if jax.process_count() == 1 else bool(due) and _agree(
-          stop.received is not None)
-      if not (due or stopping):
-        continue
-      # The divergence guard sees every step since the last check before anything is logged,
-      # evaluated or saved: a non-finite state never reaches a checkpoint.
-      reason, bad_step = _check(guard, window)
-      if reason:  # roll back to the last good checkpoint; the data that led here is skipped
-        rollbacks += 1
-        state = roll_back(state, bad_step, step, reason, rollbacks, t, ckpts, run_identity, shardings, writer, bar,
-                          is_main)
-        step = int(state["step"])
-        window = _new_window(step)
-        continue
-      if "log" in due or (stopping and window["sums"]):  # with a stop: the steps since the last record
-        last = _log(step, window, writer, bar, peak, start_time)
-        window = _new_window(step)
-      if "eval" in due:
-        eval_start = time.perf_counter()
-        val = evaluate(steps, state["params"], val_batches, mesh) | (val_bleu(state["params"]) if val_bleu else {})
-        val = {f"val_{k}": v for k, v in val.items()}
-        if not configured_peak:
-          peak = max(peak, flops.measure_matmul_peak(repeats=3) * jax.device_count())
-        window["start"] += time.perf_counter() - eval_start  # throughput counts training time only
-        writer.write(step, val)
-        last |= val | {"val_step": step}
-        report.say(bar, f"step {step}: " + " ".join(f"{k}={v:.4g}" for k, v in val.items()))
-      if "checkpoint" in due or stopping:
-        val_loss = last.get("val_loss") if last.get("val_step") == step else None
-        ckpts.save(step, state, data_state, run_identity, val_loss=val_loss)
-        report.say(bar, f"step {step}: checkpoint saving to {ckpts.directory / str(step)}")
-      if stopping:
-        ckpts.wait()
-        if is_main:
-          bar.write(f"signal {stop.received}: saved a checkpoint at step {step} in {ckpts.directory}; "
-                    "rerun the same command to resume")
-        break
-  bar.close()
-  ckpts.close()
-  writer.close()
+  try:  # the event file is closed however the run ends (at interpreter exit, Python 3.12 cannot)
+    for f in fallbacks:
+      writer.write(int(state["step"]), {"event": "restore_fallback", "damaged_step": f["step"], "problem": f["problem"]})
+    t = config.train
+    guard = DivergenceGuard(spike_factor=t.get("guard_spike_factor", 0.0)) if t.get("guard_max_rollbacks", 3) else None
+    rollbacks = 0
+    step = int(state["step"])
+    bar = report.progress(config.train.steps, step)
+    window = _new_window(step)
+    last = {}
+    # wall_time_s counts across restarts: it goes on from the last one logged at or before the restored step.
+    logged = [r["wall_time_s"] for r in kept if "wall_time_s" in r]
+    start_time = time.perf_counter() - (logged[-1] if logged else 0.0)
+    data_state = train_iter.state  # after the last batch a step consumed: what a checkpoint records
+    # Steps that neither log, evaluate nor checkpoint read nothing back from the devices: the
+    # host runs ahead, queueing steps. `train.transfer_guard="disallow"` makes any such read an error.
+    quiet_guard = t.get("transfer_guard", "allow")
+    with checkpoint.StopSignal() as stop, Prefetch(_feed(train_iter, mesh, model_cfg), depth=2) as feed:
+      while step < config.train.steps:
+        due = _due(step + 1, config.train)
+        with jax.transfer_guard_device_to_host("allow" if due else quiet_guard):
+          wait_start = time.perf_counter()
+          fed = [next(feed) for _ in range(steps.accum_steps)]
+          window["wait"] += time.perf_counter() - wait_start
+          data_state = fed[-1]["state"]
+          poison = step + 1 == t.get("inject_nan_at_step", -1) and not rollbacks
+          state, step_metrics = steps.update(state, [f["batch"] for f in fed], poison)
+          step += 1
+          _account(window, step_metrics, fed)
+          bar.update(1)
+          ckpts.check()  # a failed asynchronous save stops training now, not a checkpoint interval later
+        # One host stops on its own signal; several agree at the steps they synchronise anyway
+        # (log, evaluation, checkpoint), so a stop waits at most log_every steps.
+        stopping = stop.received is not None if jax.process_count() == 1 else bool(due) and _agree(
+            stop.received is not None)
+        if not (due or stopping):
+          continue
+        # The divergence guard sees every step since the last check before anything is logged,
+        # evaluated or saved: a non-finite state never reaches a checkpoint.
+        reason, bad_step = _check(guard, window)
+        if reason:  # roll back to the last good checkpoint; the data that led here is skipped
+          rollbacks += 1
+          state = roll_back(state, bad_step, step, reason, rollbacks, t, ckpts, run_identity, shardings, writer, bar,
+                            is_main)
+          step = int(state["step"])
+          window = _new_window(step)
+          continue
+        if "log" in due or (stopping and window["sums"]):  # with a stop: the steps since the last record
+          last = _log(step, window, writer, bar, peak, start_time)
+          window = _new_window(step)
+        if "eval" in due:
+          eval_start = time.perf_counter()
+          val = evaluate(steps, state["params"], val_batches, mesh) | (val_bleu(state["params"]) if val_bleu else {})
+          val = {f"val_{k}": v for k, v in val.items()}
+          if not configured_peak:
+            peak = max(peak, flops.measure_matmul_peak(repeats=3) * jax.device_count())
+          window["start"] += time.perf_counter() - eval_start  # throughput counts training time only
+          writer.write(step, val)
+          last |= val | {"val_step": step}
+          report.say(bar, f"step {step}: " + " ".join(f"{k}={v:.4g}" for k, v in val.items()))
+        if "checkpoint" in due or stopping:
+          val_loss = last.get("val_loss") if last.get("val_step") == step else None
+          ckpts.save(step, state, data_state, run_identity, val_loss=val_loss)
+          report.say(bar, f"step {step}: checkpoint saving to {ckpts.directory / str(step)}")
+        if stopping:
+          ckpts.wait()
+          if is_main:
+            bar.write(f"signal {stop.received}: saved a checkpoint at step {step} in {ckpts.directory}; "
+                      "rerun the same command to resume")
+          break
+    bar.close()
+    ckpts.close()
+  finally:
+    writer.close()
   return last
 
 
