@@ -140,6 +140,26 @@ def test_the_license_file_is_the_one_pyproject_names():
                                 "seq2seq-translate": "seq2seq.commands.translate:run"}
 
 
+def test_pyproject_admits_the_tested_jax_and_flax_and_not_the_pair_that_fails():
+  """flax 0.12.8 fails at import with jax 0.11 and newer, which install on Python 3.12 and newer
+  only: there the declared range starts at flax 0.12.10. The versions CI tests are admitted."""
+  import tomllib
+
+  from packaging.requirements import Requirement
+
+  requirements = [Requirement(r) for r in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]]
+
+  def admitted(name: str, version: str, python: str) -> bool:
+    return any(r.name == name and (r.marker is None or r.marker.evaluate({"python_version": python}))
+               and r.specifier.contains(version) for r in requirements)
+
+  assert admitted("jax", "0.10.2", "3.11") and admitted("flax", "0.12.8", "3.11")
+  assert admitted("jax", "0.12.0.1", "3.12") and admitted("flax", "0.12.12", "3.12")
+  assert admitted("jax", "0.11.2", "3.12") and admitted("flax", "0.12.10", "3.13")
+  assert not admitted("flax", "0.12.8", "3.12") and not admitted("flax", "0.12.9", "3.13")
+  assert not admitted("jax", "0.13.0", "3.12") and not admitted("flax", "0.13.0", "3.12")  # untested
+
+
 @pytest.mark.slow
 def test_a_second_run_loads_its_compiled_programs_from_the_cache(tiny_run, tmp_path):
   """--compilation_cache keeps compiled programs between runs: the second translation loads

@@ -87,7 +87,7 @@ def _steps(accum_steps):
   return Steps(config, graphdef, shardings, mesh, tx, lr), state, mesh
 
 
-@pytest.mark.slow  # 12 s; the fast suite keeps its 6-minute budget
+@pytest.mark.slow  # 12 s; the fast suite keeps its 4-minute budget
 def test_accumulating_k_micro_batches_equals_one_k_times_batch():
   big = batches(1, rows=16)[0]
   halves = [{k: v[:8] for k, v in big.items()}, {k: v[8:] for k, v in big.items()}]
