@@ -18,7 +18,7 @@ from seq2seq.inference import load
 from seq2seq.training import checkpoint
 from seq2seq.training.train import train_and_evaluate
 
-pytestmark = pytest.mark.slow  # real training runs, ~100 s in all
+pytestmark = pytest.mark.slow  # real training runs, ~90 s in all on one core
 
 
 def tiny(data_dir, cache, **train):
