@@ -19,7 +19,7 @@ import shutil
 import tempfile
 
 # Tests compile many small programs; LLVM's expensive passes cost more than they save here.
-# Long trainings in a subprocess (the notebook, the soak test) run without them: `optimized_env`.
+# Long trainings in a subprocess (the notebook, soak and bf16 tests) run without them: `optimized_env`.
 FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 OPTIMIZED_XLA_FLAGS = " ".join(os.environ.get("XLA_FLAGS", "").replace(FAST_COMPILE, "").split())  # as a worker inherits it
 os.environ["XLA_FLAGS"] = (OPTIMIZED_XLA_FLAGS + " " + FAST_COMPILE).strip()
@@ -60,10 +60,10 @@ def pytest_xdist_auto_num_workers(config):
   return max(1, min(os.cpu_count() or 1, 4))
 
 
-def optimized_env(**extra) -> dict[str, str]:
+def optimized_env() -> dict[str, str]:
   """os.environ for a subprocess that trains long enough for compiled code speed to matter:
   XLA's default optimization, not the tests' fast-compile flags."""
-  return {**os.environ, "XLA_FLAGS": OPTIMIZED_XLA_FLAGS, **extra}
+  return {**os.environ, "XLA_FLAGS": OPTIMIZED_XLA_FLAGS}
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
 """notebooks/quickstart.ipynb runs top to bottom on the real Multi30k: it trains a small model
-(2 to 6 minutes on the 2-core CPU), its own cells assert that the demo translations hold the expected German
-words, that the validation BLEU and loss are sensible and that the attention rows are
-distributions, and it shows its two figures."""
+(2 to 6 minutes on the 2-core CPU), its own cells assert that the demo translations hold the
+expected German words, that the validation BLEU and loss are sensible and that the attention
+rows are distributions, and it shows its two figures."""
 
 import re
 
