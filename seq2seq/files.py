@@ -4,10 +4,16 @@ the checksum every stage uses to tell whether a file is intact."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
+import logging
 import os
 import pathlib
+import shutil
 import tempfile
+
+OWNER_SUFFIX = ".owner"
+_log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
@@ -38,3 +44,49 @@ def file_sha256(path: str | os.PathLike) -> str:
     for block in iter(lambda: f.read(1 << 20), b""):
       digest.update(block)
   return digest.hexdigest()
+
+
+@contextlib.contextmanager
+def staging_dir(parent: str | os.PathLike, name: str):
+  """A new folder PARENT/.NAME.XXXX to build something in and rename into place, owned by
+  this process while the block runs: a lock (flock) on the sibling file .NAME.XXXX.owner.
+  The folder, unless renamed away, and the owner file are removed when the block ends. A
+  process killed inside the block leaves both; `remove_stale` removes them later."""
+  parent = pathlib.Path(parent)
+  parent.mkdir(parents=True, exist_ok=True)
+  fd, path = tempfile.mkstemp(dir=parent, prefix=f".{name}.", suffix=OWNER_SUFFIX)  # owned before the folder exists
+  owner = pathlib.Path(path)
+  folder = owner.with_name(owner.name.removesuffix(OWNER_SUFFIX))
+  with os.fdopen(fd, "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    folder.mkdir()
+    try:
+      yield folder
+    finally:
+      if folder.exists():
+        shutil.rmtree(folder, ignore_errors=True)
+      owner.unlink(missing_ok=True)
+
+
+def remove_stale(parent: str | os.PathLike) -> list[pathlib.Path]:
+  """Removes the staging folders in `parent` (see `staging_dir`) whose owner process is gone:
+  their owner file is not locked. Returns the folders removed."""
+  parent = pathlib.Path(parent)
+  removed = []
+  for owner in sorted(parent.glob(f".*{OWNER_SUFFIX}")) if parent.is_dir() else []:
+    try:
+      with open(owner, "r+") as lock:
+        try:
+          fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+          continue  # a live process is building it
+        folder = owner.with_name(owner.name.removesuffix(OWNER_SUFFIX))
+        if folder.exists():
+          shutil.rmtree(folder, ignore_errors=True)
+          removed.append(folder)
+        owner.unlink(missing_ok=True)
+    except FileNotFoundError:
+      continue  # its owner finished meanwhile
+  if removed:
+    _log.warning("removed %d folder(s) left by killed processes: %s", len(removed), ", ".join(map(str, removed)))
+  return removed

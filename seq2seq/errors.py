@@ -1,0 +1,74 @@
+"""The failures a user can fix, as one class hierarchy. The commands print any `Error` as one
+line `error: MESSAGE` and exit with status 2 (seq2seq/cli.py); every other exception is a
+bug and keeps its traceback (exit status 1). Messages name the file, config key or URL.
+
+  Error
+  ├── ConfigError       a setting: config.KEY, a flag, a config file that does not load
+  ├── DataError         input data: a corpus file, a token cache, a test set
+  │   └── DownloadError no network, or a URL that failed
+  ├── CheckpointError   no usable checkpoint (damaged, missing, of another run)
+  ├── ModelFileError    an exported model folder that is damaged or altered
+  ├── ResourceError     the environment: disk full, permissions, file-size limits
+  └── WorkdirBusy       another training process holds the run's workdir
+
+The ones about values are also ValueErrors, and ResourceError an OSError, so callers that
+caught those before still do.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+
+class Error(Exception):
+  """A failure the user can fix; its message names what to fix."""
+
+
+class ConfigError(Error, ValueError):
+  """A setting that cannot work (config.KEY, a command-line flag, a config file)."""
+
+
+class DataError(Error, ValueError):
+  """Bad input data; the message names the file (and line) at fault."""
+
+
+class DownloadError(DataError):
+  """A download failed: no network, or the URL did not answer as expected."""
+
+
+class CheckpointError(Error, ValueError):
+  """No usable checkpoint: the one asked for, or every one, is damaged or missing."""
+
+
+class IdentityError(CheckpointError):
+  """A checkpoint of another run: its model, vocabulary or data differ from the config's."""
+
+
+class ModelFileError(Error, ValueError):
+  """An exported model folder whose files are missing, damaged or altered since the export."""
+
+
+class ResourceError(Error, OSError):
+  """The environment refused: disk full, a quota or file-size limit, no permission."""
+
+  def __str__(self) -> str:
+    return self.strerror or super().__str__()
+
+
+class WorkdirBusy(Error):
+  """Another live training process holds the workdir's lock."""
+
+
+# OSErrors that are the environment's, not a bug: they become ResourceErrors at the commands' edge.
+RESOURCE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM, errno.EROFS,
+                             errno.EMFILE, errno.ENFILE})
+
+
+def from_os_error(err: OSError, doing: str = "") -> ResourceError | None:
+  """The ResourceError an OSError of the environment stands for (naming its file), or None."""
+  if err.errno not in RESOURCE_ERRNOS:
+    return None
+  names = " -> ".join(str(f) for f in (err.filename, err.filename2) if f)
+  what = os.strerror(err.errno) if err.errno else str(err)
+  return ResourceError(err.errno, f"{names + ': ' if names else ''}{what}" + (f" ({doing})" if doing else ""))
