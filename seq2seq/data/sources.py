@@ -34,6 +34,7 @@ import urllib.request
 import zlib
 from collections.abc import Iterator
 
+from seq2seq.errors import DataError, DownloadError
 from seq2seq.files import atomic_open, file_sha256
 
 Pair = tuple[str, str]
@@ -63,10 +64,6 @@ MULTI30K_SHA256 = {
     "val.en.gz": "14f7d25ddd868909a9213e361768460edcacdd6ab9d1e77b92560dc10c10dc28",
     "val.fr.gz": "ca3106f1a72390591d25f6c45cb4cd39dec4cd3f123e099748a3ce5256c160e9",
 }
-
-
-class DataError(ValueError):
-  """Bad input data; the message names the file (and line) at fault."""
 
 
 def check_language(code: str, key: str) -> str:

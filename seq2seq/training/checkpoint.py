@@ -23,15 +23,12 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint.checkpoint_managers import preservation_policy as policies
 
 from seq2seq import metrics
+from seq2seq.errors import CheckpointError, IdentityError
 from seq2seq.files import file_sha256, write_atomic
 from seq2seq.model.config import ModelConfig
 
 CHECKSUMS = "seq2seq_checksums.json"
 _log = logging.getLogger(__name__)
-
-
-class CheckpointError(ValueError):
-  """No usable checkpoint: the one asked for, or every one, is damaged."""
 
 
 def write_checksums(step_dir: pathlib.Path) -> None:
