@@ -19,6 +19,7 @@ import math
 import pathlib
 import statistics
 
+from seq2seq.errors import ConfigError, DataError
 from seq2seq import metrics
 
 # (Result field, heading, format, scale); params and FLOPs are exact, so differences carry no mark.
@@ -78,7 +79,7 @@ def read_run(workdir: pathlib.Path, entry: dict) -> Result | None:
   train = [r for r in records if "loss" in r]
   val = [r for r in records if "val_nll" in r]
   if not train or not val:
-    raise ValueError(f"{workdir / 'metrics.jsonl'}: no training or validation records for a finished run")
+    raise DataError(f"{workdir / 'metrics.jsonl'}: no training or validation records for a finished run")
   rates = [(b["step"] - a["step"]) / (b["wall_time_s"] - a["wall_time_s"]) for a, b in zip(train, train[1:])
            if b["step"] > a["step"] and b.get("wall_time_s", 0) > a.get("wall_time_s", 0)]
   tokens, done, curve = 0.0, 0, []
@@ -98,7 +99,7 @@ def collect(root: pathlib.Path) -> tuple[list[Result], list[str], list[str]]:
   """(finished runs, names of the unfinished ones, the sweep commands) of the sweeps in `root`."""
   manifest = root / "sweep.json"
   if not manifest.is_file():
-    raise ValueError(f"{manifest} does not exist: run `python -m seq2seq.sweep --config=... --workdir={root}` first")
+    raise ConfigError(f"{manifest} does not exist: run `python -m seq2seq.sweep --config=... --workdir={root}` first")
   results, missing = [], []
   listed = json.loads(manifest.read_text())
   for entry in listed["runs"]:

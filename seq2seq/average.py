@@ -12,6 +12,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from seq2seq.errors import CheckpointError
 from seq2seq import cli
 from seq2seq.training.checkpoint import Checkpoints
 
@@ -24,7 +25,7 @@ def newest_steps(workdir: str, last: int) -> list[int]:
   finally:
     ckpts.close()
   if len(steps) < last:
-    raise ValueError(f"{ckpts.directory} has {len(steps)} checkpoint(s), fewer than --last={last} "
+    raise CheckpointError(f"{ckpts.directory} has {len(steps)} checkpoint(s), fewer than --last={last} "
                      "(raise config.train.keep_checkpoints to keep more)")
   return steps
 

@@ -5,9 +5,10 @@
 - Quiet logs: a run prints only its own lines. Library INFO logs (absl, orbax, JAX) appear
   with `--log_level=INFO` (or DEBUG), or absl's `--verbosity=0`; both are listed by --help.
 - Bad input fails with one line `error: ...` on stderr and exit status 2, no traceback: a
-  config that does not load, an unknown config key (named with the closest valid ones), or
-  a ValueError from our code (DataError and CheckpointError are ValueErrors). Anything else
-  is a bug and keeps its traceback.
+  config that does not load, an unknown config key (named with the closest valid ones), a
+  `seq2seq.errors.Error` (a setting, data, a checkpoint, a download, a model folder, a busy
+  workdir), or an OSError of the environment (disk full, no permission, a file-size limit),
+  named by its file. Anything else is a bug and keeps its traceback (exit status 1).
 - Compiled programs are kept on disk (`--compilation_cache`, default
   ~/.cache/seq2seq/xla/host-HASH, one folder per host instruction set): a second evaluation, a translation or a resumed
   run loads them instead of compiling again. `--compilation_cache=` turns it off;
@@ -26,6 +27,9 @@ import shlex
 import sys
 
 from absl import app, flags
+
+from seq2seq import errors
+from seq2seq.errors import ConfigError
 
 USAGE_ERROR = 2
 LOG_LEVELS = {"DEBUG": 1, "INFO": 0, "WARNING": -1, "ERROR": -2, "FATAL": -3}  # as absl --verbosity values
@@ -56,7 +60,7 @@ def checkpoint_choice(value: str | None) -> None | str | int:
     return value
   if value.isdigit():
     return int(value)
-  raise ValueError(f"--checkpoint must be 'best' or a step number, got {value!r}")
+  raise ConfigError(f"--checkpoint must be 'best' or a step number, got {value!r}")
 
 
 def define_distributed_flags():
@@ -69,26 +73,54 @@ def define_distributed_flags():
   return lambda: sharding.initialize_distributed(address.value, count.value, index.value)
 
 
-def _config_keys(argv: list[str]) -> list[str]:
-  """Every leaf key of the config file named by --config= (for suggestions), or []."""
+def _config_leaves(argv: list[str]) -> dict:
+  """{key: default value} of every leaf of the config file named by --config= (for
+  explaining a bad override), or {}."""
   path = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
   if not path:
-    return []
+    return {}
   try:
     spec = importlib.util.spec_from_file_location("cli_config", path.split(":")[0])
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     config = module.get_config()
-  except Exception:  # noqa: BLE001 - only for suggestions
-    return []
+  except Exception:  # noqa: BLE001 - only for explanations
+    return {}
 
   def leaves(node, prefix):
     for key, value in node.items():
       if hasattr(value, "items"):
         yield from leaves(value, f"{prefix}{key}.")
       else:
-        yield f"{prefix}{key}"
-  return list(leaves(config, ""))
+        yield f"{prefix}{key}", value
+  return dict(leaves(config, ""))
+
+
+def _config_keys(argv: list[str]) -> list[str]:
+  return list(_config_leaves(argv))
+
+
+def _bad_value(argv: list[str]) -> str | None:
+  """`config.KEY=VALUE: ...` for the first override whose value does not parse as its
+  setting's type (a number or a bool), or None."""
+  defaults = _config_leaves(argv)
+  for arg in argv:
+    if not arg.startswith("--config.") or "=" not in arg:
+      continue
+    key, value = arg[len("--config."):].split("=", 1)
+    default = defaults.get(key)
+    kind = type(default)
+    if kind not in (int, float, bool):
+      continue
+    try:
+      if kind is bool:
+        if value.lower() not in ("true", "false", "1", "0"):
+          raise ValueError(value)
+      else:
+        kind(value)
+    except ValueError:
+      return f"config.{key}={value}: expected {'an' if kind is int else 'a'} {kind.__name__} (the default is {default})"
+  return None
 
 
 def explain(err: Exception, argv: list[str]) -> str:
@@ -103,6 +135,8 @@ def explain(err: Exception, argv: list[str]) -> str:
     close = difflib.get_close_matches(key, _config_keys(argv), n=3, cutoff=0.5)
     return f"unknown config key config.{key}" + (f"; did you mean {', '.join('config.' + c for c in close)}?"
                                                  if close else "")
+  if isinstance(err, (ValueError, TypeError)):
+    return _bad_value(argv) or message
   return message
 
 
@@ -177,6 +211,11 @@ def run(main, module: str | None = None, argv=None) -> None:
     enable_compilation_cache(flags.FLAGS.compilation_cache)
     try:
       return main(args)
-    except ValueError as err:  # DataError, CheckpointError and our checks of settings
+    except errors.Error as err:  # the user's mistakes and the environment's refusals (seq2seq/errors.py)
       fail(str(err))
+    except OSError as err:  # disk full, no permission, a file-size limit: named, without a traceback
+      refused = errors.from_os_error(err)
+      if refused is None:
+        raise
+      fail(str(refused))
   app.run(guarded, argv=argv, flags_parser=parse_flags)

@@ -9,9 +9,10 @@ bug and keeps its traceback (exit status 1). Messages name the file, config key 
   ├── CheckpointError   no usable checkpoint (damaged, missing, of another run)
   ├── ModelFileError    an exported model folder that is damaged or altered
   ├── ResourceError     the environment: disk full, permissions, file-size limits
-  └── WorkdirBusy       another training process holds the run's workdir
+  ├── WorkdirBusy       another training process holds the run's workdir
+  └── TrainingDiverged  training went non-finite more often than the guard rolls back
 
-The ones about values are also ValueErrors, and ResourceError an OSError, so callers that
+The ones about values are also ValueErrors, and ResourceError an OSError and TrainingDiverged a RuntimeError, so callers that
 caught those before still do.
 """
 
@@ -58,6 +59,10 @@ class ResourceError(Error, OSError):
 
 class WorkdirBusy(Error):
   """Another live training process holds the workdir's lock."""
+
+
+class TrainingDiverged(Error, RuntimeError):
+  """Training went non-finite (or spiked) more often than the divergence guard may roll back."""
 
 
 # OSErrors that are the environment's, not a bug: they become ResourceErrors at the commands' edge.

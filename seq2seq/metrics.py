@@ -11,6 +11,7 @@ import math
 import os
 import pathlib
 
+from seq2seq.errors import DataError
 from seq2seq.files import write_atomic
 
 
@@ -83,7 +84,7 @@ def read(workdir: str | os.PathLike) -> list[dict]:
       records.append(json.loads(line))
     except json.JSONDecodeError as err:
       if any(rest.strip() for rest in lines[number:]):
-        raise ValueError(f"{path}:{number}: not a JSON record ({err}): {line[:80]!r}") from None
+        raise DataError(f"{path}:{number}: not a JSON record ({err}): {line[:80]!r}") from None
       logging.getLogger(__name__).warning("%s:%d: dropped a torn last line (%s): %r", path, number, err, line[:80])
   return records
 

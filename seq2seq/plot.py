@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pathlib
 
+from seq2seq.errors import DataError
 from seq2seq import metrics
 
 # file name -> (title, y label, [(metrics key, legend label)])
@@ -34,7 +35,7 @@ def plot(workdir: str | pathlib.Path, out: str | pathlib.Path | None = None) -> 
 
   records = metrics.read(workdir)
   if not records:
-    raise ValueError(f"{pathlib.Path(workdir) / 'metrics.jsonl'} is missing or empty")
+    raise DataError(f"{pathlib.Path(workdir) / 'metrics.jsonl'} is missing or empty")
   out = pathlib.Path(out) if out else pathlib.Path(workdir) / "plots"
   out.mkdir(parents=True, exist_ok=True)
   written = []

@@ -16,6 +16,7 @@ import json
 import pathlib
 import re
 
+from seq2seq.errors import DataError
 from seq2seq import metrics
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
@@ -28,7 +29,7 @@ def rows(workdir: str | pathlib.Path) -> list[str]:
   workdir = pathlib.Path(workdir)
   results = sorted((workdir / "eval").glob("*.json"))
   if not results:
-    raise ValueError(f"no eval results in {workdir / 'eval'}: run `python eval.py --workdir={workdir}` first")
+    raise DataError(f"no eval results in {workdir / 'eval'}: run `python eval.py --workdir={workdir}` first")
   train = metrics.training_summary(workdir)
   out = []
   for path in results:
@@ -90,7 +91,7 @@ def update_file(path: str | pathlib.Path, text: str) -> str:
   path = pathlib.Path(path)
   content = path.read_text()
   if START not in content or END not in content:
-    raise ValueError(f"{path} has no {START} ... {END} markers")
+    raise DataError(f"{path} has no {START} ... {END} markers")
   text = merge(content.split(START, 1)[1].split(END, 1)[0], text)
   new = re.sub(re.escape(START) + ".*?" + re.escape(END), lambda _: f"{START}\n{text}{END}", content, flags=re.S)
   path.write_text(new)

@@ -19,6 +19,8 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from seq2seq.errors import ConfigError
+
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
 # logical parameter axis -> mesh axis (None: replicated)
@@ -50,14 +52,14 @@ def mesh_shape(mesh_cfg, device_count: int) -> tuple[int, int, int]:
   """Sizes of (data, fsdp, tensor); one of them may be -1, meaning the remaining devices."""
   sizes = [int(mesh_cfg[a]) for a in MESH_AXES]
   if sizes.count(-1) > 1:
-    raise ValueError(f"at most one of config.mesh.{{data,fsdp,tensor}} may be -1, got {dict(zip(MESH_AXES, sizes))}")
+    raise ConfigError(f"at most one of config.mesh.{{data,fsdp,tensor}} may be -1, got {dict(zip(MESH_AXES, sizes))}")
   known = math.prod(s for s in sizes if s != -1)
   if -1 in sizes:
     if known <= 0 or device_count % known:
-      raise ValueError(f"config.mesh {dict(zip(MESH_AXES, sizes))} does not divide {device_count} devices")
+      raise ConfigError(f"config.mesh {dict(zip(MESH_AXES, sizes))} does not divide {device_count} devices")
     sizes[sizes.index(-1)] = device_count // known
   if math.prod(sizes) != device_count:
-    raise ValueError(f"config.mesh {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices, "
+    raise ConfigError(f"config.mesh {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices, "
                      f"but {device_count} are available")
   return tuple(sizes)
 
@@ -73,7 +75,7 @@ def initialize_distributed(coordinator_address: str, num_processes: int = 0, pro
     return
   explicit = coordinator_address != "auto"
   if explicit and (num_processes < 1 or not 0 <= process_id < num_processes):
-    raise ValueError(f"--coordinator_address={coordinator_address} needs --num_processes >= 1 and "
+    raise ConfigError(f"--coordinator_address={coordinator_address} needs --num_processes >= 1 and "
                      f"0 <= --process_id < num_processes, got {num_processes} and {process_id}")
   jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU only; other platforms ignore it
   if explicit:

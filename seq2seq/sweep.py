@@ -31,6 +31,7 @@ import sys
 from absl import flags
 from ml_collections import config_flags
 
+from seq2seq.errors import ConfigError
 from seq2seq import cli, variants
 from seq2seq.inference import evaluate
 
@@ -85,7 +86,7 @@ def user_overrides(argv: list[str]) -> list[str]:
   for arg in argv:
     if arg.startswith("--config."):
       if "=" not in arg:
-        raise ValueError(f"write {arg} as {arg}=VALUE: the sweep passes overrides on to each run")
+        raise ConfigError(f"write {arg} as {arg}=VALUE: the sweep passes overrides on to each run")
       out.append(arg)
   return out
 
@@ -94,12 +95,12 @@ def plan(config, config_arg: str, overrides: list[str], names: list[str], sizes:
   """The runs of a sweep, in order: seeds outermost, so a sweep cut short has every variant
   of the first seed."""
   if seeds < 1:
-    raise ValueError(f"--seeds must be >= 1, got {seeds}")
+    raise ConfigError(f"--seeds must be >= 1, got {seeds}")
   for name in names:
     try:
       variants.parts(name)
     except ValueError as e:
-      raise ValueError(f"--variants: {e}") from None
+      raise ConfigError(f"--variants: {e}") from None
   model = config.model.to_dict()
   splits = tuple(evaluate.result_name(s) for s in config.data.test_splits)
   runs = []
@@ -157,7 +158,7 @@ def execute(run: Run, root: pathlib.Path) -> int:
 
 def main(argv) -> None:
   if len(argv) > 1:
-    raise ValueError(f"unexpected arguments: {argv[1:]}")
+    raise ConfigError(f"unexpected arguments: {argv[1:]}")
   from seq2seq import ablations
 
   root = pathlib.Path(_WORKDIR.value)
@@ -165,7 +166,7 @@ def main(argv) -> None:
     print(ablations.write(root, _OUTPUT.value or root / "ablations.md", baseline=_BASELINE.value))
     return
   if _CONFIG.value is None:
-    raise ValueError("--config is required (except with --table)")
+    raise ConfigError("--config is required (except with --table)")
   config_arg = next(a.split("=", 1)[1] for a in sys.argv if a.startswith("--config="))
   runs = plan(_CONFIG.value, config_arg, user_overrides(sys.argv[1:]), _VARIANTS.value, _SIZES.value, _SEEDS.value)
   if _LIST.value:

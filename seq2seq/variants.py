@@ -32,6 +32,7 @@ from collections.abc import Callable
 import jax
 from flax import nnx
 
+from seq2seq.errors import ConfigError
 from seq2seq.model import transformer
 from seq2seq.model.config import ModelConfig
 
@@ -77,7 +78,7 @@ def solve_d_ff(model: dict, vocab_size: int, target: int, **changes) -> int:
   slope = (at(16) - at(8)) / 8
   d_ff = 8 * round((target - at(8)) / slope / 8 + 1)
   if d_ff < 8:
-    raise ValueError(f"no d_ff gives layers of {target} parameters with {changes}: the attention alone is larger")
+    raise ConfigError(f"no d_ff gives layers of {target} parameters with {changes}: the attention alone is larger")
   return d_ff
 
 
@@ -127,7 +128,7 @@ DEFAULT = ("vanilla", "gelu", "swish", "reglu", "geglu", "swiglu", "rmsnorm", "p
 def size_overrides(size: str, model: dict) -> dict:
   """d_model and d_ff of config.model scaled by SIZES[size] (nothing for base)."""
   if size not in SIZES:
-    raise ValueError(f"unknown size {size!r}; known: {sorted(SIZES)}")
+    raise ConfigError(f"unknown size {size!r}; known: {sorted(SIZES)}")
   if size == "base":
     return {}
   f = SIZES[size]
@@ -140,7 +141,7 @@ def size_learning_rate(size: str, learning_rate: float) -> dict:
   al.'s schedule (nothing for base). One rate for all sizes trains post-norm vanilla at twice
   the width worse than at base (docs/sweeps.md)."""
   if size not in SIZES:
-    raise ValueError(f"unknown size {size!r}; known: {sorted(SIZES)}")
+    raise ConfigError(f"unknown size {size!r}; known: {sorted(SIZES)}")
   return {} if size == "base" else {"train.learning_rate": float(f"{learning_rate / SIZES[size] ** 0.5:.4g}")}
 
 
@@ -148,17 +149,17 @@ def parts(name: str) -> list[str]:
   """The variants a name combines, joined by +: "prenorm+rope" -> ["prenorm", "rope"];
   "transformer++" is one variant, "transformer+++swish" two."""
   if not name:
-    raise ValueError("an empty variant name: name one of " + ", ".join(VARIANTS))
+    raise ConfigError("an empty variant name: name one of " + ", ".join(VARIANTS))
   out, rest = [], name
   while rest:
     match = max((v for v in VARIANTS if rest == v or rest.startswith(v + "+")), key=len, default=None)
     if match is None or match in out:
-      raise ValueError(f"unknown variant {name!r}; known: {', '.join(VARIANTS)}, or several of them joined by + "
+      raise ConfigError(f"unknown variant {name!r}; known: {', '.join(VARIANTS)}, or several of them joined by + "
                        "(prenorm+rope), each at most once")
     out.append(match)
     rest = rest[len(match):]
     if rest == "+":
-      raise ValueError(f"variant {name!r} ends with +: name the variant to combine after it")
+      raise ConfigError(f"variant {name!r} ends with +: name the variant to combine after it")
     rest = rest[1:]
   return out
 

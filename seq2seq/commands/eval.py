@@ -22,6 +22,7 @@ import sys
 import jax
 from absl import flags
 
+from seq2seq.errors import ConfigError, DataError
 from seq2seq import cli, data, metrics, sharding
 from seq2seq.inference import evaluate, load
 from seq2seq.inference.translate import Translator, search_settings
@@ -52,13 +53,13 @@ def jobs(config) -> list[tuple[str, list[str], list[str]]]:
   """(name, sources, references) to score: --source/--reference, or the splits."""
   source, reference = _SOURCE.value, _REFERENCE.value
   if (reference is None) != (source is None) and source != "-":
-    raise ValueError("--source and --reference go together (or --source=- alone to translate stdin)")
+    raise ConfigError("--source and --reference go together (or --source=- alone to translate stdin)")
   if source == "-":
     return []
   if source is not None:
     sources, references = evaluate.read_text(source), evaluate.read_text(reference)
     if len(sources) != len(references):
-      raise ValueError(f"--source={source} has {len(sources)} lines but --reference={reference} "
+      raise DataError(f"--source={source} has {len(sources)} lines but --reference={reference} "
                        f"has {len(references)}; they must be parallel, one segment per line")
     return [(pathlib.Path(source).name.removesuffix(".gz"), sources, references)]
   out = []
@@ -71,9 +72,9 @@ def jobs(config) -> list[tuple[str, list[str], list[str]]]:
 def main(argv) -> None:
   _JOIN_HOSTS()
   if _SOURCE.value == "-" and jax.process_count() > 1:
-    raise ValueError("--source=- (stdin) translates on one process; give --source=FILE on a multi-host run")
+    raise ConfigError("--source=- (stdin) translates on one process; give --source=FILE on a multi-host run")
   if [_BEST.value, _STEP.value is not None, bool(_AVERAGE_LAST.value)].count(True) > 1:
-    raise ValueError("choose at most one of --step, --best and --average_last")
+    raise ConfigError("choose at most one of --step, --best and --average_last")
   workdir = _WORKDIR.value
   config = load.run_config(workdir)
   todo = jobs(config)

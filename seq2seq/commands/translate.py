@@ -11,6 +11,7 @@ import sys
 
 from absl import flags
 
+from seq2seq.errors import ConfigError
 from seq2seq import cli
 from seq2seq.inference import evaluate
 from seq2seq.inference.translate import Translator
@@ -25,11 +26,11 @@ _SCORES = flags.DEFINE_bool("scores", False, "Write SCORE<TAB>TRANSLATION lines 
 
 def main(argv) -> None:
   if (_WORKDIR.value is None) == (_MODEL.value is None):
-    raise ValueError("give one of --workdir=DIR (a training run) and --model=MODEL_DIR (an exported model)")
+    raise ConfigError("give one of --workdir=DIR (a training run) and --model=MODEL_DIR (an exported model)")
   settings = dict(beam_size=_BEAM_SIZE.value, alpha=_ALPHA.value)
   if _MODEL.value:
     if _CHECKPOINT.value is not None:
-      raise ValueError("--checkpoint chooses within a --workdir; an exported --model has one")
+      raise ConfigError("--checkpoint chooses within a --workdir; an exported --model has one")
     translator = Translator.from_pretrained(_MODEL.value, **settings)
   else:
     translator = Translator.from_workdir(_WORKDIR.value, cli.checkpoint_choice(_CHECKPOINT.value), **settings)

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
+from seq2seq.errors import ConfigError
 from seq2seq.data.corpus import Corpus
 from seq2seq.data.tokenizer import EOS_ID, PAD_ID
 
@@ -61,7 +62,7 @@ class Batching:
     if self.packing:
       return [self.pack_length or self.max_len]
     if self.num_buckets < 1:
-      raise ValueError(f"config.data.num_buckets must be >= 1, got {self.num_buckets}")
+      raise ConfigError(f"config.data.num_buckets must be >= 1, got {self.num_buckets}")
     low, high = min(self.bucket_min, self.max_len), self.max_len
     raw = low * (high / low) ** (np.arange(self.num_buckets) / max(self.num_buckets - 1, 1))
     out = sorted({_round_up(x) for x in raw[:-1]} | {high})
@@ -85,7 +86,7 @@ class Batching:
   def rows(self, length: int) -> int:
     rows = self.max_tokens // length // self.batch_multiple * self.batch_multiple
     if rows == 0:
-      raise ValueError(f"config.data.max_tokens={self.max_tokens} cannot hold {self.batch_multiple} rows of "
+      raise ConfigError(f"config.data.max_tokens={self.max_tokens} cannot hold {self.batch_multiple} rows of "
                        f"{length} tokens (batch_multiple); raise max_tokens or lower max_len")
     return rows
 
@@ -227,7 +228,7 @@ def make_batch(corpus: Corpus, planned: PlannedBatch, process_index: int = 0, pr
   """
   rows, s_len, t_len = planned.shape
   if rows % process_count:
-    raise ValueError(f"{rows} rows per batch do not split over {process_count} processes; "
+    raise ConfigError(f"{rows} rows per batch do not split over {process_count} processes; "
                      "make config.data.batch_multiple a multiple of the process count")
   local = rows // process_count
   first = process_index * local
@@ -301,7 +302,7 @@ class BatchIterator:
 
   def restore(self, state: dict) -> None:
     if int(state["seed"]) != self.seed:
-      raise ValueError(f"data iterator state has seed {state['seed']} but config.seed is {self.seed}")
+      raise ConfigError(f"data iterator state has seed {state['seed']} but config.seed is {self.seed}")
     self.epoch, self.position = int(state["epoch"]), int(state["position"])
 
   def plan(self, epoch: int) -> list[PlannedBatch]:

@@ -20,6 +20,7 @@ import os
 
 import numpy as np
 
+from seq2seq.errors import ConfigError
 from seq2seq.data.corpus import Corpus
 from seq2seq.data.tokenizer import EOS_ID, Tokenizer
 
@@ -77,7 +78,7 @@ def check_memory(corpus: Corpus, nbest: int) -> None:
   """Refuses, before building anything, candidates that could take over half the machine's memory."""
   need, have = memory_needed(corpus, nbest), physical_memory()
   if need > have // 2:
-    raise ValueError(
+    raise ConfigError(
         f"subword regularization would hold up to {need / 2**30:.1f} GiB of candidate segmentations "
         f"(config.data.subword_nbest={nbest} x {len(corpus)} training pairs, "
         f"{len(corpus.src) + len(corpus.tgt)} tokens), over half of this machine's {have / 2**30:.1f} GiB: "
@@ -109,7 +110,7 @@ class Sampler:
 
   def __init__(self, corpus: Corpus, tok: Tokenizer, *, alpha: float, nbest: int, max_len: int, seed: int):
     if alpha <= 0 or nbest < 2:
-      raise ValueError(f"subword sampling needs alpha > 0 and nbest >= 2, got alpha={alpha}, nbest={nbest}")
+      raise ConfigError(f"subword sampling needs alpha > 0 and nbest >= 2, got alpha={alpha}, nbest={nbest}")
     check_memory(corpus, nbest)
     self.corpus, self.alpha, self.seed = corpus, alpha, seed
     self.src = candidates(corpus.src, corpus.src_offsets, tok, nbest, max_len)

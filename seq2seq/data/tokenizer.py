@@ -11,6 +11,8 @@ from collections.abc import Iterable
 import numpy as np
 import sentencepiece as spm
 
+from seq2seq.errors import ConfigError, DataError
+
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 
 
@@ -44,17 +46,23 @@ def train(sentences: list[str], *, vocab_size: int, model_type: str = "unigram",
           seed: int = 0) -> bytes:
   """Trains a sentencepiece model on `sentences`; returns the serialized model."""
   if not sentences:
-    raise ValueError("cannot train a sentencepiece model on an empty sample")
+    raise DataError("cannot train a sentencepiece model on an empty sample")
   if model_type not in ("unigram", "bpe"):
-    raise ValueError(f"config.data.spm_model_type must be 'unigram' or 'bpe', got {model_type!r}")
+    raise ConfigError(f"config.data.spm_model_type must be 'unigram' or 'bpe', got {model_type!r}")
   model = io.BytesIO()
   # The sample is already seeded and in a fixed order; sentencepiece must not reshuffle it.
   order = np.random.default_rng(seed).permutation(len(sentences))
-  spm.SentencePieceTrainer.train(
-      sentence_iterator=(sentences[i] for i in order), model_writer=model, vocab_size=vocab_size,
-      model_type=model_type, character_coverage=character_coverage, pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID,
-      bos_id=-1, input_sentence_size=0, shuffle_input_sentence=False, hard_vocab_limit=False,
-      max_sentence_length=1 << 14, num_threads=os.cpu_count() or 1, minloglevel=2)
+  try:
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=(sentences[i] for i in order), model_writer=model, vocab_size=vocab_size,
+        model_type=model_type, character_coverage=character_coverage, pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID,
+        bos_id=-1, input_sentence_size=0, shuffle_input_sentence=False, hard_vocab_limit=False,
+        max_sentence_length=1 << 14, num_threads=os.cpu_count() or 1, minloglevel=2)
+  except RuntimeError as err:  # sentencepiece refuses settings it cannot train with, e.g. too few pieces
+    detail = str(err).splitlines()[0].split("] ")[-1]
+    raise ConfigError(f"sentencepiece cannot train with config.data.vocab_size={vocab_size}, spm_model_type="
+                      f"{model_type}, spm_character_coverage={character_coverage} on {len(sentences)} sample "
+                      f"sentences: {detail}") from None
   return model.getvalue()
 
 
@@ -65,7 +73,7 @@ class Tokenizer:
     self.model_bytes = model
     self.sp = spm.SentencePieceProcessor(model_proto=model)
     if (self.sp.pad_id(), self.sp.eos_id(), self.sp.unk_id()) != (PAD_ID, EOS_ID, UNK_ID):
-      raise ValueError(f"sentencepiece model must have pad=0, eos=1, unk=2; has pad={self.sp.pad_id()}, "
+      raise DataError(f"sentencepiece model must have pad=0, eos=1, unk=2; has pad={self.sp.pad_id()}, "
                        f"eos={self.sp.eos_id()}, unk={self.sp.unk_id()}")
 
   @classmethod
@@ -73,7 +81,7 @@ class Tokenizer:
     try:
       return cls(pathlib.Path(path).read_bytes())
     except (OSError, RuntimeError) as e:
-      raise ValueError(f"{path}: cannot load a sentencepiece model: {e}") from None
+      raise DataError(f"{path}: cannot load a sentencepiece model: {e}") from None
 
   @property
   def model_type(self) -> str:

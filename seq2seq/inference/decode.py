@@ -25,6 +25,8 @@ from typing import Any, Callable, NamedTuple, Sequence
 import jax
 import jax.numpy as jnp
 
+from seq2seq.errors import ConfigError
+
 NEG_INF = -1.0e9  # a score no hypothesis can have; finite so that sums stay ordered
 
 
@@ -209,7 +211,7 @@ def beam_search(stepper: Stepper, src_bs, limits_b, *, beam_size: int, alpha: fl
   Returns (tokens [b, k, max_len], scores [b, k]) of the finished hypotheses, best first.
   """
   if alpha < 0:
-    raise ValueError(f"alpha must be >= 0, got {alpha}")
+    raise ConfigError(f"alpha must be >= 0, got {alpha}")
   b, k = src_bs.shape[0], beam_size
   final = k if final is None else final
   if not 1 <= final <= k:

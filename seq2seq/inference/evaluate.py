@@ -24,6 +24,7 @@ import time
 
 import jax
 
+from seq2seq.errors import DataError
 from seq2seq.data.sources import read_lines
 from seq2seq.files import write_atomic
 from seq2seq.inference.score import score
@@ -35,7 +36,7 @@ def read_text(path: str) -> list[str]:
   try:
     return list(read_lines(path))
   except OSError as e:
-    raise ValueError(f"cannot read {path}: {e}") from None
+    raise DataError(f"cannot read {path}: {e}") from None
 
 
 def hardware() -> str:

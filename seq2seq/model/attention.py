@@ -43,6 +43,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from seq2seq.errors import ConfigError
 from seq2seq.model.layers import dense, dropout, param, rope, weight, xavier
 from seq2seq.sharding import activation_spec, constrain, current_mesh
 
@@ -228,13 +229,13 @@ def choose_implementation(requested: str, *, platform: str, dtype, head_dim: int
   a bare dense mask; `dropout` means attention dropout is applied in this call.
   """
   if requested not in IMPLEMENTATIONS:
-    raise ValueError(f"config.model.attention_impl must be one of {IMPLEMENTATIONS}, got {requested!r}")
+    raise ConfigError(f"config.model.attention_impl must be one of {IMPLEMENTATIONS}, got {requested!r}")
   if record_weights:
     return "explicit"
   if dropout:
     if requested in ("auto", "explicit"):
       return "explicit"
-    raise ValueError(f"config.model.attention_impl={requested!r} cannot apply attention dropout "
+    raise ConfigError(f"config.model.attention_impl={requested!r} cannot apply attention dropout "
                      "(config.model.attention_dropout_rate > 0): use 'auto' or 'explicit'")
   if requested in ("xla", "explicit"):
     return requested
@@ -245,7 +246,7 @@ def choose_implementation(requested: str, *, platform: str, dtype, head_dim: int
   }
   if requested != "auto":
     if blockers[requested]:
-      raise ValueError(f"config.model.attention_impl={requested!r} cannot run here: "
+      raise ConfigError(f"config.model.attention_impl={requested!r} cannot run here: "
                        + "; ".join(blockers[requested]))
     return requested
   return next((kernel for kernel in ("cudnn", "splash") if not blockers[kernel]), "xla")
@@ -315,7 +316,7 @@ class MultiHeadAttention(nnx.Module):
   def __init__(self, d_model: int, num_heads: int, head_dim: int, *, use_bias: bool, dropout_rate: float,
                use_rope: bool = False, rope_base: float = 10000.0, impl: str = "auto", rngs: nnx.Rngs):
     if impl not in IMPLEMENTATIONS:
-      raise ValueError(f"config.model.attention_impl must be one of {IMPLEMENTATIONS}, got {impl!r}")
+      raise ConfigError(f"config.model.attention_impl must be one of {IMPLEMENTATIONS}, got {impl!r}")
     in_init, out_init = xavier(0, (1, 2)), xavier((0, 1), 2)
     shape_dnh, axes_dnh = (d_model, num_heads, head_dim), ("embed", "heads", "kv")
     self.wq_dnh = param(rngs, in_init, shape_dnh, axes_dnh)

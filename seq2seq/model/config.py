@@ -7,6 +7,8 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from seq2seq.errors import ConfigError
+
 CHOICES = {
     "positions": ("sinusoidal", "learned", "rope"),
     "norm": ("layernorm", "rmsnorm", "adanorm"),
@@ -50,18 +52,18 @@ class ModelConfig:
   def __post_init__(self):
     for key, allowed in CHOICES.items():
       if getattr(self, key) not in allowed:
-        raise ValueError(f"config.model.{key} must be one of {allowed}, got {getattr(self, key)!r}")
+        raise ConfigError(f"config.model.{key} must be one of {allowed}, got {getattr(self, key)!r}")
     for key in ("vocab_size", "d_model", "num_heads", "d_ff", "max_len"):
       if getattr(self, key) <= 0:
-        raise ValueError(f"config.model.{key} must be positive, got {getattr(self, key)}")
+        raise ConfigError(f"config.model.{key} must be positive, got {getattr(self, key)}")
     if self.head_dim == 0 and self.d_model % self.num_heads:
-      raise ValueError(f"config.model.d_model={self.d_model} is not divisible by num_heads={self.num_heads};"
+      raise ConfigError(f"config.model.d_model={self.d_model} is not divisible by num_heads={self.num_heads};"
                        " set config.model.head_dim")
     if self.positions == "rope" and self.head_size % 2:
-      raise ValueError(f"rope needs an even head dimension, got {self.head_size}")
+      raise ConfigError(f"rope needs an even head dimension, got {self.head_size}")
     for key in ("dropout_rate", "attention_dropout_rate", "ffn_dropout_rate"):
       if not 0.0 <= getattr(self, key) < 1.0:
-        raise ValueError(f"config.model.{key} must be in [0, 1), got {getattr(self, key)}")
+        raise ConfigError(f"config.model.{key} must be in [0, 1), got {getattr(self, key)}")
 
   @property
   def head_size(self) -> int:
@@ -78,5 +80,5 @@ class ModelConfig:
     known = {f.name for f in dataclasses.fields(cls)} - {"vocab_size"}
     unknown = sorted(set(values) - known)
     if unknown:
-      raise ValueError(f"unknown key(s) config.model.{', config.model.'.join(unknown)}; known: {sorted(known)}")
+      raise ConfigError(f"unknown key(s) config.model.{', config.model.'.join(unknown)}; known: {sorted(known)}")
     return cls(vocab_size=vocab_size, **values)

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from seq2seq.errors import ConfigError
 from seq2seq.sharding import constrain
 
 # Logical axis names a parameter may carry; `seq2seq.sharding` maps them onto a mesh.
@@ -192,7 +193,7 @@ class Norm(nnx.Module):
   def __init__(self, kind: str, d_model: int, *, eps: float = 1e-6, adanorm_k: float = 0.1,
                adanorm_c: float = 1.0, rngs: nnx.Rngs):
     if kind not in self.KINDS:
-      raise ValueError(f"norm must be one of {self.KINDS}, got {kind!r}")
+      raise ConfigError(f"norm must be one of {self.KINDS}, got {kind!r}")
     self.kind, self.eps, self.k, self.c = kind, eps, adanorm_k, adanorm_c
     if kind in ("layernorm", "rmsnorm"):
       self.scale_d = param(rngs, nnx.initializers.ones, (d_model,), ("embed",))
@@ -229,7 +230,7 @@ class FeedForward(nnx.Module):
   def __init__(self, d_model: int, d_ff: int, activation: str, *, use_bias: bool,
                hidden_dropout: float, rngs: nnx.Rngs):
     if activation not in self.ACTIVATIONS:
-      raise ValueError(f"activation must be one of {self.ACTIVATIONS}, got {activation!r}")
+      raise ConfigError(f"activation must be one of {self.ACTIVATIONS}, got {activation!r}")
     self.activation, self.hidden_dropout = activation, hidden_dropout
     self.gated = activation in GATES
     init = xavier(0, 1)

@@ -9,6 +9,8 @@ import math
 import jax
 import jax.numpy as jnp
 
+from seq2seq.errors import TrainingDiverged
+
 
 class DivergenceGuard:
   def __init__(self, *, spike_factor: float = 0.0, ema_decay: float = 0.9, warmup_steps: int = 10):
@@ -39,11 +41,12 @@ def roll_back(state, step, detected_at, reason, rollbacks, t, ckpts, run_identit
   """The last checkpoint's state with a lower learning-rate scale; logs a `rollback` event
   at the step that diverged (found at step `detected_at`)."""
   if rollbacks > t.get("guard_max_rollbacks", 3):
-    raise RuntimeError(f"training diverged {rollbacks} times, the last at step {step} ({reason}); stopping. "
+    raise TrainingDiverged(f"training diverged {rollbacks} times, the last at step {step} ({reason}); stopping. "
                        "Lower config.train.learning_rate or see metrics.jsonl")
   ckpts.wait()
   if ckpts.latest_step() is None:
-    raise RuntimeError(f"training diverged at step {step} ({reason}) before any checkpoint was saved")
+    raise TrainingDiverged(f"training diverged at step {step} ({reason}) before any checkpoint was saved; lower "
+                           "config.train.learning_rate, or save a checkpoint sooner (config.train.checkpoint_every)")
   lr_scale = float(state["lr_scale"]) * t.get("guard_lr_factor", 0.5)  # compounds over rollbacks
   state = restore_finite(state, ckpts, run_identity, writer, step)
   state["lr_scale"] = jax.device_put(jnp.float32(lr_scale), shardings["lr_scale"])

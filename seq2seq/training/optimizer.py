@@ -7,6 +7,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from seq2seq.errors import ConfigError
+
 SCHEDULES = ("rsqrt", "warmup_cosine", "warmup_linear", "warmup_rsqrt", "constant")
 
 
@@ -36,7 +38,7 @@ def schedule(name: str, *, learning_rate: float, warmup_steps: int, total_steps:
   elif name == "warmup_rsqrt":
     decay = lambda count: learning_rate * jnp.sqrt(warmup / (jnp.asarray(count, jnp.float32) + warmup))
   else:
-    raise ValueError(f"config.train.schedule must be one of {SCHEDULES}, got {name!r}")
+    raise ConfigError(f"config.train.schedule must be one of {SCHEDULES}, got {name!r}")
   return optax.join_schedules([ramp, decay], [warmup])
 
 

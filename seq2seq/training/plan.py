@@ -22,6 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from seq2seq.errors import ConfigError
+
 GIB = 2**30
 
 
@@ -88,7 +90,7 @@ def devices_for(count: int) -> list:
     return jax.devices()[:count]
   cpu = jax.devices("cpu")
   if len(cpu) < count:
-    raise ValueError(f"the dry run needs {count} devices; {jax.default_backend()} has {len(jax.devices())} and the "
+    raise ConfigError(f"the dry run needs {count} devices; {jax.default_backend()} has {len(jax.devices())} and the "
                      f"CPU {len(cpu)} (set --dry_run_devices, or start the process with use_fake_cpu_devices)")
   return cpu[:count]
 
