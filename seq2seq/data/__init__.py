@@ -16,6 +16,7 @@ from seq2seq.data.pipeline import (
                                    load_corpus,
                                    load_tokenizer,
                                    resume_settings,
+                                   save_tokenizer,
                                    source,
                                    statistics,
                                    tokenizer_settings,
@@ -23,5 +24,5 @@ from seq2seq.data.pipeline import (
 )
 
 __all__ = ["RESUME_KEYS", "SPM_FILE", "SPM_SETTINGS_FILE", "batching_config", "cache_dir", "cleaning", "describe",
-           "eval_pairs", "load_corpus", "load_tokenizer", "resume_settings", "source", "statistics",
+           "eval_pairs", "load_corpus", "load_tokenizer", "resume_settings", "save_tokenizer", "source", "statistics",
            "tokenizer_settings", "train_iterator"]

@@ -12,6 +12,7 @@ import pathlib
 
 import numpy as np
 
+from seq2seq.errors import ConfigError
 from seq2seq import cli
 from seq2seq.data import corpus as corpus_lib
 from seq2seq.data import subword
@@ -40,11 +41,12 @@ def source(config, split: str) -> Source:
                 **({"multi30k_url": data.multi30k_url} if data.get("multi30k_url") else {}))
 
 
-def load_tokenizer(config, workdir: str | None = None) -> tokenizer_lib.Tokenizer:
+def load_tokenizer(config, workdir: str | None = None, *, write: bool = True) -> tokenizer_lib.Tokenizer:
   """The run's sentencepiece model: the workdir's, else `data.spm_model`, else trained.
 
-  A trained model is cached by (training data, settings, seed) and copied into the workdir,
-  so a restart reuses it even if the cache is gone.
+  A trained model is cached by (training data, settings, seed) and copied into the workdir
+  (unless `write` is False: then `save_tokenizer` does it), so a restart reuses it even if
+  the cache is gone.
   """
   data = config.data
   in_workdir = pathlib.Path(workdir) / SPM_FILE if workdir else None
@@ -55,7 +57,7 @@ def load_tokenizer(config, workdir: str | None = None) -> tokenizer_lib.Tokenize
       had = json.loads(recorded.read_text(encoding="utf-8"))
       diffs = [f"config.data.{k}: {had.get(k)!r} there, {v!r} now" for k, v in wanted.items() if had.get(k) != v]
       if diffs:
-        raise ValueError(f"{in_workdir} was made with other tokenizer settings than this config's, so this run "
+        raise ConfigError(f"{in_workdir} was made with other tokenizer settings than this config's, so this run "
                          "would silently use the old vocabulary:\n  " + "\n  ".join(diffs)
                          + "\nUse a new --workdir (or restore the settings).")
     return tokenizer_lib.Tokenizer.load(in_workdir)
@@ -76,12 +78,20 @@ def load_tokenizer(config, workdir: str | None = None) -> tokenizer_lib.Tokenize
       write_atomic(cached, model)
       tok = tokenizer_lib.Tokenizer(model)
   if not data.get("spm_model") and tok.vocab_size < data.vocab_size:
-    raise ValueError(f"config.data.vocab_size={data.vocab_size}, but the sample of {data.train_split} supports only "
+    raise ConfigError(f"config.data.vocab_size={data.vocab_size}, but the sample of {data.train_split} supports only "
                      f"{tok.vocab_size} pieces; set config.data.vocab_size to at most {tok.vocab_size}")
-  if in_workdir is not None:
-    write_atomic(in_workdir.with_name(SPM_SETTINGS_FILE), json.dumps(wanted, indent=1).encode())
-    write_atomic(in_workdir, tok.model_bytes)
+  if in_workdir is not None and write:
+    save_tokenizer(config, workdir, tok)
   return tok
+
+
+def save_tokenizer(config, workdir: str, tok: tokenizer_lib.Tokenizer) -> None:
+  """Writes the run's sentencepiece model, and the settings it was made with, into the workdir."""
+  path = pathlib.Path(workdir) / SPM_FILE
+  if path.is_file() and path.read_bytes() == tok.model_bytes:
+    return
+  write_atomic(path.with_name(SPM_SETTINGS_FILE), json.dumps(tokenizer_settings(config), indent=1).encode())
+  write_atomic(path, tok.model_bytes)
 
 
 def tokenizer_settings(config) -> dict:
@@ -128,7 +138,7 @@ def train_iterator(config, tok, *, state: dict | None = None, process_index: int
   resample = None
   if data.get("subword_alpha", 0.0):
     if tok.model_type != "unigram":
-      raise ValueError(f"config.data.subword_alpha needs a unigram sentencepiece model; this one is {tok.model_type}")
+      raise ConfigError(f"config.data.subword_alpha needs a unigram sentencepiece model; this one is {tok.model_type}")
     resample = subword.Sampler(train, tok, alpha=data.subword_alpha, nbest=data.subword_nbest, max_len=data.max_len,
                                seed=config.seed)
   return BatchIterator(train, batching_config(config), config.seed, process_index=process_index,

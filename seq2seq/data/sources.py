@@ -26,10 +26,12 @@ import glob
 import gzip
 import hashlib
 import html
+import http.client
 import itertools
 import os
 import pathlib
 import re
+import urllib.error
 import urllib.request
 import zlib
 from collections.abc import Iterator
@@ -148,18 +150,39 @@ def download(url: str, dest: pathlib.Path, sha256: str, max_bytes: int = MAX_DOW
 
     logging.getLogger(__name__).warning("%s does not match its sha256; downloading it again", dest)
   digest, size = hashlib.sha256(), 0
-  with atomic_open(dest, suffix=".part") as out, urllib.request.urlopen(url, timeout=60) as response:
-    for chunk in iter(lambda: response.read(1 << 20), b""):
-      size += len(chunk)
-      if size > max_bytes:
-        raise DataError(f"{url}: more than {max_bytes} bytes; refusing the download (nothing was written to {dest})")
-      digest.update(chunk)
-      out.write(chunk)
-    if digest.hexdigest() != sha256:
-      raise DataError(f"{url}: sha256 {digest.hexdigest()} does not match the expected {sha256}; "
-                      f"nothing was written to {dest}")
+  made = [p for p in (dest.parent, *dest.parent.parents) if not p.exists()]  # removed again if the download fails
+  try:
+    with atomic_open(dest, suffix=".part") as out, urllib.request.urlopen(url, timeout=60) as response:
+      for chunk in iter(lambda: response.read(1 << 20), b""):
+        size += len(chunk)
+        if size > max_bytes:
+          raise DataError(f"{url}: more than {max_bytes} bytes; refusing the download (nothing was written to {dest})")
+        digest.update(chunk)
+        out.write(chunk)
+      if digest.hexdigest() != sha256:
+        raise DataError(f"{url}: sha256 {digest.hexdigest()} does not match the expected {sha256}; "
+                        f"nothing was written to {dest}")
+  except (urllib.error.URLError, http.client.HTTPException, TimeoutError, ConnectionError) as err:
+    _remove_empty(made)
+    reason = f"HTTP {err.code} {err.reason}" if isinstance(err, urllib.error.HTTPError) else \
+        f"no network? {getattr(err, 'reason', None) or err}"
+    raise DownloadError(f"{url}: download failed ({reason}). Without a network, copy the files into a data folder "
+                        f"(DIR/{dest.parent.name}/{dest.name}, as in ../shared/data) and point SEQ2SEQ_DATA_DIR "
+                        "(or config.data.dir) at DIR") from None
+  except BaseException:
+    _remove_empty(made)
+    raise
   _verified.add((str(dest), sha256))
   return dest
+
+
+def _remove_empty(folders: list[pathlib.Path]) -> None:
+  """Removes the folders of `folders` (innermost first) that are empty."""
+  for folder in folders:
+    try:
+      folder.rmdir()
+    except OSError:
+      return
 
 
 def multi30k_file(split: str, lang: str, data_dir: str, cache_dir: str, base_url: str = MULTI30K_URL) -> pathlib.Path:

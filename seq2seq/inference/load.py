@@ -14,6 +14,7 @@ import jax
 import ml_collections
 from flax import nnx
 
+from seq2seq.errors import CheckpointError, ConfigError
 from seq2seq import average, data, metrics, sharding
 from seq2seq.data.tokenizer import Tokenizer
 from seq2seq.model import transformer
@@ -25,8 +26,12 @@ def run_config(workdir: str | os.PathLike) -> ml_collections.ConfigDict:
   """The resolved config the run wrote at start; $SEQ2SEQ_DATA_DIR overrides its data folder."""
   path = pathlib.Path(workdir) / "config.json"
   if not path.is_file():
-    raise ValueError(f"{path} not found: is {workdir} a training directory (python train.py --workdir=...)?")
-  config = ml_collections.ConfigDict(json.loads(path.read_text()))
+    raise ConfigError(f"{path} not found: is {workdir} a training directory (python train.py --workdir=...)?")
+  try:
+    config = ml_collections.ConfigDict(json.loads(path.read_text(encoding="utf-8")))
+  except (json.JSONDecodeError, UnicodeDecodeError) as err:
+    raise ConfigError(f"{path}: not a JSON config ({err}); the training run writes it at start: rerun its "
+                      "command to write it again") from None
   if os.environ.get("SEQ2SEQ_DATA_DIR"):
     config.data.dir = os.environ["SEQ2SEQ_DATA_DIR"]
   return config
@@ -36,7 +41,7 @@ def load_params(workdir, config, mesh, *, step: int | None = None, best: bool = 
   """(model config, graphdef, parameters on `mesh`, tokenizer, label) of a run's checkpoint."""
   tok_path = pathlib.Path(workdir) / data.SPM_FILE
   if not tok_path.is_file():
-    raise ValueError(f"{tok_path} not found: the run's sentencepiece model is needed to translate")
+    raise CheckpointError(f"{tok_path} not found: the run's sentencepiece model is needed to translate")
   tok = Tokenizer.load(tok_path)
   model_cfg = ModelConfig.from_config(config.model, vocab_size=tok.vocab_size)
   run_identity = checkpoint.identity(model_cfg, tok.model_bytes)
@@ -54,14 +59,22 @@ def load_params(workdir, config, mesh, *, step: int | None = None, best: bool = 
     params, saved = average.load_average(path, target)
     checkpoint.check_identity(saved, run_identity, str(path))
     return model_cfg, graphdef, params, tok, f"average{average_last}-{saved['averaged_steps'][-1]}"
+  try:
+    return _restore(workdir, model_cfg, graphdef, target, run_identity, tok, step, best)
+  except FileNotFoundError as err:  # a checkpoint deleted under us by a training run keeping only its newest
+    raise CheckpointError(f"{err.filename or workdir}: deleted while being read (a run is training in {workdir}?); "
+                          "run the command again") from None
+
+
+def _restore(workdir, model_cfg, graphdef, target, run_identity, tok, step, best):
   ckpts = checkpoint.Checkpoints(workdir, asynchronous=False)
   try:
     chosen = ckpts.best_step() if best else step  # None: the newest intact one
     if (best or step is not None) and (chosen is None or chosen not in ckpts.manager.all_steps()):
       what = "a validated checkpoint (best)" if best else f"checkpoint {step}"
-      raise ValueError(f"{ckpts.directory} has no {what}; it has steps {list(ckpts.manager.all_steps())}")
+      raise CheckpointError(f"{ckpts.directory} has no {what}; it has steps {list(ckpts.manager.all_steps())}")
     if not ckpts.manager.all_steps():
-      raise ValueError(f"{ckpts.directory} has no checkpoint")
+      raise CheckpointError(f"{ckpts.directory} has no checkpoint")
     params, chosen = ckpts.restore_params(target, run_identity, chosen)
     if ckpts.fallbacks and jax.process_index() == 0:
       skipped = "; ".join(f"{f['step']} ({f['problem']})" for f in ckpts.fallbacks)
@@ -84,7 +97,7 @@ def load_ensemble(workdirs: list[str], config, mesh, *, step: int | None = None,
     cfg, graphdef, p, run_tok, label = load_params(workdir, member_config, mesh, step=step if i == 0 else None,
                                                    best=best, average_last=average_last)
     if tok is not None and run_tok.model_bytes != tok.model_bytes:
-      raise ValueError(f"{pathlib.Path(workdir) / data.SPM_FILE} differs from {pathlib.Path(workdirs[0]) / data.SPM_FILE}: "
+      raise ConfigError(f"{pathlib.Path(workdir) / data.SPM_FILE} differs from {pathlib.Path(workdirs[0]) / data.SPM_FILE}: "
                        "ensembled runs must share one sentencepiece model")
     tok = tok or run_tok
     cfgs.append(cfg)

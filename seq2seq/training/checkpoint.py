@@ -74,44 +74,57 @@ def identity(model_cfg: ModelConfig, spm_model: bytes, data: dict | None = None)
   return out | ({"data": data} if data is not None else {})
 
 
-def check_identity(saved: dict, current: dict, where: str, allow_data_change: bool = False) -> None:
-  """Raises a ValueError listing every setting that differs from the checkpoint's. Data
-  settings that differ are refused too (the resumed run would not be the same run), unless
-  `allow_data_change` (config.train.allow_data_change), which logs them."""
+def _data_diff(key: str, saved, current) -> str:
+  if key == "train_corpus":  # the content of the tokenized training corpus (seq2seq.data.corpus.Corpus.fingerprint)
+    return (f"the training corpus (config.data.train_split) has other content: its tokens hash to {current!r} now, "
+            f"{saved!r} in the checkpoint")
+  return f"config.data.{key}: checkpoint has {saved!r}, config has {current!r}"
+
+
+def check_identity(saved: dict, current: dict, where: str, allow_data_change: bool = False) -> list[str]:
+  """Raises an IdentityError listing every setting that differs from the checkpoint's. Data
+  settings (and corpus content) that differ are refused too (the resumed run would not be the
+  same run), unless `allow_data_change` (config.train.allow_data_change): then they are
+  returned, for the run to report."""
   diffs = [f"config.model.{k}: checkpoint has {v!r}, config has {current['model'].get(k)!r}"
            for k, v in saved["model"].items() if current["model"].get(k) != v]
   if saved["spm_sha256"] != current["spm_sha256"]:
     diffs.append("the sentencepiece model (vocabulary) differs from the one the checkpoint was trained with")
   if diffs:
-    raise ValueError(f"{where} does not match this run's config; restoring it would give garbage:\n  "
+    raise IdentityError(f"{where} does not match this run's config; restoring it would give garbage:\n  "
                      + "\n  ".join(diffs))
   if "data" in saved and "data" in current:
-    data_diffs = [f"config.data.{k}: checkpoint has {v!r}, config has {current['data'].get(k)!r}"
-                  for k, v in saved["data"].items() if current["data"].get(k) != v]
+    data_diffs = [_data_diff(k, v, current["data"].get(k)) for k, v in saved["data"].items()
+                  if current["data"].get(k) != v]
     if data_diffs and not allow_data_change:
-      raise ValueError(f"{where} was trained with other data settings; resuming would not continue the same run:\n  "
+      raise IdentityError(f"{where} was trained with other data or data settings; resuming would not continue the same "
+                          "run:\n  "
                        + "\n  ".join(data_diffs) + "\nUse a new --workdir, or pass "
                        "--config.train.allow_data_change=true to go on with the new settings")
-    if data_diffs:
-      _log.warning("resuming with changed data settings (train.allow_data_change): %s", "; ".join(data_diffs))
+    return data_diffs
+  return []
 
 
 class Checkpoints:
   """Saves when asked; keeps the last `keep` and the one with the
   lowest validation loss; restores the latest."""
 
-  def __init__(self, workdir: str, *, keep: int = 3, asynchronous: bool = True, allow_data_change: bool = False):
+  def __init__(self, workdir: str, *, keep: int = 3, asynchronous: bool = True, allow_data_change: bool = False,
+               writer: bool = False):
+    """`writer`: the training run, which holds the workdir's lock (seq2seq.training.lock):
+    any unfinished save (STEP.orbax-checkpoint-tmp) is then a killed run's, and is removed."""
     self.workdir = pathlib.Path(workdir).resolve()
     self.directory = self.workdir / "checkpoints"
     keep_policy = policies.AnyPreservationPolicy([
         policies.LatestN(n=keep),
         policies.BestN(get_metric_fn=lambda m: -m["val_loss"], n=1, keep_checkpoints_without_metrics=False)])
     options = ocp.CheckpointManagerOptions(preservation_policy=keep_policy, create=True,
-                                           enable_async_checkpointing=asynchronous)
+                                           enable_async_checkpointing=asynchronous, cleanup_tmp_directories=writer)
     self.manager = ocp.CheckpointManager(self.directory, options=options)
     self._unsealed: int | None = None  # a save whose checksums are not written yet
     self.allow_data_change = allow_data_change
     self.fallbacks: list[dict] = []  # {"step", "problem"} of damaged checkpoints the last restore skipped
+    self.data_changes: list[str] = []  # data differences the last restore allowed (allow_data_change)
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
@@ -191,18 +204,14 @@ class Checkpoints:
     for candidate in candidates:
       if step is None and not (self.directory / str(candidate)).is_dir():
         continue  # deleted since listed (a training run keeping only its newest): not damage
-      problem = self.problem(candidate)
-      if problem is None:
-        try:
+      try:  # a checkpoint deleted meanwhile (a run keeping its newest) fails here in many ways
+        problem = self.problem(candidate)
+        if problem is None:
           return candidate, read(candidate)
-        except CheckpointError:
-          raise
-        except ValueError as err:
-          if "does not match this run's config" in str(err) or "other data settings" in str(err):
-            raise
-          problem = f"cannot be read: {err}"
-        except Exception as err:  # noqa: BLE001 - orbax/tensorstore raise many kinds on damaged files
-          problem = f"cannot be read: {type(err).__name__}: {err}"
+      except CheckpointError:  # IdentityError too: another run's checkpoint is not damage
+        raise
+      except Exception as err:  # noqa: BLE001 - orbax/tensorstore raise many kinds on damaged files
+        problem = f"cannot be read: {type(err).__name__}: {err}"
       where = self.directory / str(candidate)
       if step is None and not where.is_dir():
         _log.warning("checkpoint %d was deleted while being read (a run is training here); trying the next", candidate)
@@ -213,7 +222,8 @@ class Checkpoints:
             return self._newest_intact(read, None, skip)
         continue
       if step is not None:
-        raise CheckpointError(f"checkpoint {candidate} ({where}) is damaged: {problem}")
+        raise CheckpointError(f"checkpoint {candidate} ({where}) " + (f"is damaged: {problem}" if where.is_dir() else
+                                                                      "was deleted while being read"))
       _log.warning("checkpoint %d is damaged, trying an older one: %s", candidate, problem)
       self.fallbacks.append({"step": int(candidate), "problem": problem})
     damaged = "; ".join(f"{f['step']}: {f['problem']}" for f in self.fallbacks) or "none saved"
@@ -224,7 +234,8 @@ class Checkpoints:
     `skip`, laid out like `target_state`; damaged ones passed over are in `self.fallbacks`."""
     def read(step):
       saved = self.manager.restore(step, args=ocp.args.Composite(identity=ocp.args.JsonRestore()))
-      check_identity(saved.identity, run_identity, str(self.directory / str(step)), self.allow_data_change)
+      self.data_changes = check_identity(saved.identity, run_identity, str(self.directory / str(step)),
+                                         self.allow_data_change)
       return self.manager.restore(step, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(target_state), data=ocp.args.JsonRestore()))
 

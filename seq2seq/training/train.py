@@ -24,7 +24,7 @@ from seq2seq.inference.score import score
 from seq2seq.inference.translate import Translator, search_settings
 from seq2seq.model import flops, transformer
 from seq2seq.model.config import ModelConfig
-from seq2seq.training import checkpoint, optimizer, report
+from seq2seq.training import checkpoint, lock, optimizer, preflight, report
 from seq2seq.training.guard import DivergenceGuard, roll_back
 from seq2seq.training.loss import cross_entropy_sums, summarize
 
@@ -183,17 +183,25 @@ def bleu_validator(config, model_cfg, graphdef, tok, mesh):
 def train_and_evaluate(config, workdir: str, command: str = "") -> dict:
   """Trains `config` in `workdir`; returns the last logged metrics. `command`, the command
   line that started this run or restart, is added to DIR/commands.txt once it goes ahead."""
+  mesh = preflight.check(config)  # settings that cannot work end here, before anything is written
+  # One writer per workdir (a requeued job's second copy stops here); a run that fails before
+  # writing anything leaves no workdir behind.
+  with lock.hold(workdir, jax.process_index(), command):
+    return _train(config, workdir, command, mesh)
+
+
+def _train(config, workdir: str, command: str, mesh) -> dict:
   workdir_path = pathlib.Path(workdir)
   is_main = jax.process_index() == 0
-  mesh = validate(config)  # before anything is written into the workdir
-  workdir_path.mkdir(parents=True, exist_ok=True)
-  tok = data.load_tokenizer(config, workdir)
+  tok = data.load_tokenizer(config, workdir, write=False)
   model_cfg = ModelConfig.from_config(config.model, vocab_size=tok.vocab_size)
   tx, schedule = optimizer.make(config.train, d_model=model_cfg.d_model)
-  graphdef, state, shardings = init_state(model_cfg, tx, mesh, config.seed)
-  steps = Steps(config, graphdef, shardings, mesh, tx, schedule)
   train_iter: BatchIterator = data.train_iterator(config, tok, process_index=jax.process_index(),
                                                   process_count=jax.process_count())
+  if is_main:  # the data loaded: the run's vocabulary goes into the workdir
+    data.save_tokenizer(config, workdir, tok)
+  graphdef, state, shardings = init_state(model_cfg, tx, mesh, config.seed)
+  steps = Steps(config, graphdef, shardings, mesh, tx, schedule)
   val_batches = validation_batches(config, tok, mesh) if config.train.eval_every else []
   val_bleu = bleu_validator(config, model_cfg, graphdef, tok, mesh) if config.train.eval_every else None
   # MFU's denominator: the configured peak, else an f32 matmul measured now and again at each
@@ -203,8 +211,9 @@ def train_and_evaluate(config, workdir: str, command: str = "") -> dict:
   peak = configured_peak or flops.measure_matmul_peak(repeats=10) * jax.device_count()
 
   ckpts = checkpoint.Checkpoints(workdir, keep=config.train.get("keep_checkpoints", 3),
-                                 allow_data_change=config.train.get("allow_data_change", False))
-  run_identity = checkpoint.identity(model_cfg, tok.model_bytes, data.resume_settings(config))
+                                 allow_data_change=config.train.get("allow_data_change", False), writer=True)
+  run_identity = checkpoint.identity(model_cfg, tok.model_bytes,
+                                     data.resume_settings(config) | {"train_corpus": train_iter.corpus.fingerprint})
   fallbacks = []
   if ckpts.latest_step() is not None:  # rerunning the same command resumes, from the newest intact checkpoint
     state, data_state, restored = ckpts.restore(state, run_identity)
@@ -214,6 +223,8 @@ def train_and_evaluate(config, workdir: str, command: str = "") -> dict:
     if is_main:
       for f in fallbacks:
         print(f"warning: checkpoint {f['step']} is damaged and was skipped: {f['problem']}", flush=True)
+      for change in ckpts.data_changes:
+        print(f"warning: resuming with changed data (config.train.allow_data_change): {change}", flush=True)
       print(f"resumed from {ckpts.directory / str(restored)}", flush=True)
   if is_main:
     print(report.summary(config, model_cfg, mesh, workdir), flush=True)
@@ -229,6 +240,8 @@ def train_and_evaluate(config, workdir: str, command: str = "") -> dict:
   try:  # the event file is closed however the run ends (at interpreter exit, Python 3.12 cannot)
     for f in fallbacks:
       writer.write(int(state["step"]), {"event": "restore_fallback", "damaged_step": f["step"], "problem": f["problem"]})
+    for change in ckpts.data_changes:
+      writer.write(int(state["step"]), {"event": "data_change", "change": change})
     t = config.train
     guard = DivergenceGuard(spike_factor=t.get("guard_spike_factor", 0.0)) if t.get("guard_max_rollbacks", 3) else None
     rollbacks = 0
@@ -301,23 +314,6 @@ def train_and_evaluate(config, workdir: str, command: str = "") -> dict:
   finally:
     writer.close()
   return last
-
-
-def validate(config):
-  """Checks the settings that can be checked before any data is read; returns the mesh."""
-  ModelConfig.from_config(config.model, vocab_size=config.data.vocab_size)  # names a bad model key or value
-  t = config.train
-  for key in ("steps", "checkpoint_every", "log_every"):
-    if int(t[key]) < 1:
-      raise ValueError(f"config.train.{key} must be at least 1, got {t[key]}")
-  if int(t.eval_every) < 0:
-    raise ValueError(f"config.train.eval_every must be 0 (off) or positive, got {t.eval_every}")
-  mesh = sharding.make_mesh(config.mesh)
-  dp = sharding.data_parallel_size(mesh)
-  if config.data.batch_multiple % dp:
-    raise ValueError(f"config.data.batch_multiple={config.data.batch_multiple} must be a multiple of the "
-                     f"{dp} devices the batch is split over (mesh data x fsdp)")
-  return mesh
 
 
 def _due(step: int, t) -> set[str]:
