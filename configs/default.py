@@ -123,7 +123,8 @@ def get_config() -> ml_collections.ConfigDict:
       alpha=0.6,  # GNMT length penalty
       max_len_a=1.0,  # max target length = a * source length + b
       max_len_b=50,
-      batch_size=64,
+      batch_size=64,  # sentences per batch up to 128 source tokens; fewer for longer ones (same tokens)
+      max_source_len=1024,  # longer sources are cut to this many tokens, with a warning (learned positions: less)
       # Validation BLEU during training, on the first N sentences of the validation split.
       val_bleu_sentences=0,  # 0 = off
       val_beam_size=1,  # 1 = greedy (fast); the length settings above apply

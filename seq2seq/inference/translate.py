@@ -27,6 +27,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+from seq2seq.errors import ConfigError
 from seq2seq import sharding
 from seq2seq.data.tokenizer import EOS_ID, Tokenizer
 from seq2seq.inference import decode
@@ -35,6 +36,10 @@ from seq2seq.model.config import ModelConfig
 # Padded source lengths: each batch uses the smallest that fits, so a test set compiles
 # at most a handful of programs however its lengths are spread.
 SOURCE_BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+# Batches of sources up to this many tokens hold `batch_size` sentences; longer ones hold as
+# many source tokens, in fewer sentences (a power of two): one long line cannot make a batch
+# that needs more memory than a batch of ordinary ones.
+FULL_ROWS_WIDTH = 128
 
 
 def source_bucket(length: int) -> int:
@@ -50,9 +55,10 @@ class Translator:
   def __init__(self, model_cfg: ModelConfig | list[ModelConfig], graphdef, tok: Tokenizer, mesh, *,
                beam_size: int = 4, alpha: float = 0.6, max_len_a: float = 1.0, max_len_b: int = 50,
                batch_size: int = 64, min_len: int = 0, use_cache: bool = True, compact: tuple[int, ...] | None = None,
-               workers: int | None = None, params=None):
-    if beam_size < 1 or batch_size < 1:
-      raise ValueError(f"beam_size and batch_size must be >= 1, got {beam_size} and {batch_size}")
+               workers: int | None = None, max_source_len: int = 1024, params=None):
+    if beam_size < 1 or batch_size < 1 or max_source_len < 2:
+      raise ConfigError(f"beam_size and batch_size must be >= 1 and max_source_len >= 2, got {beam_size}, "
+                        f"{batch_size} and {max_source_len}")
     self.ensemble = isinstance(model_cfg, list)
     cfgs, graphdefs = (model_cfg, graphdef) if self.ensemble else ([model_cfg], [graphdef])
     if not cfgs or len(cfgs) != len(graphdefs) or len({c.vocab_size for c in cfgs}) != 1:
@@ -60,8 +66,9 @@ class Translator:
                        f"configs (vocabularies {sorted({c.vocab_size for c in cfgs})}) and {len(graphdefs)} graphdefs")
     self.graphdefs, self.tok, self.mesh, self.params = graphdefs, tok, mesh, params
     self.checkpoint, self.config = "", None  # set by from_workdir / from_pretrained: what they loaded
-    # Sources and outputs must fit every learned position table (None: no limit).
+    # Outputs must fit every learned position table (None: no limit); sources that too, and max_source_len.
     self.position_limit = min((c.max_len for c in cfgs if c.positions == "learned"), default=None)
+    self.source_limit = min(max_source_len, self.position_limit or max_source_len)
     self.settings = dict(beam_size=beam_size, alpha=alpha, max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len)
     dp = sharding.data_parallel_size(mesh)
     self.batch_size = dp * math.ceil(batch_size / dp)  # rows are split over the data-parallel devices
@@ -79,8 +86,9 @@ class Translator:
     single_cpu = jax.process_count() == 1 and all(d.platform == "cpu" for d in mesh.devices.flat)
     self.workers = (2 if single_cpu else 1) if workers is None else workers
     if self.workers < 1 or (self.workers > 1 and jax.process_count() > 1):
-      raise ValueError(f"workers must be >= 1, and 1 when several processes decode together, got {self.workers}")
-    self.truncated = 0  # sources of the last call cut to the model's position table (learned positions)
+      raise ConfigError(f"workers must be >= 1, and 1 when several processes decode together, got {self.workers}")
+    self.dp = dp
+    self.truncated = 0  # sources of the last call cut to `source_limit` tokens
     self._batch_sharding = sharding.batch_sharding(mesh)
     self._search = jax.jit(self._search_fn, static_argnames=("max_len",),
                            out_shardings=NamedSharding(mesh, PartitionSpec()))
@@ -108,7 +116,7 @@ class Translator:
     from seq2seq.inference import load
 
     if checkpoint is not None and checkpoint != "best" and not isinstance(checkpoint, int):
-      raise ValueError(f"checkpoint must be None, 'best' or a step number, got {checkpoint!r}")
+      raise ConfigError(f"checkpoint must be None, 'best' or a step number, got {checkpoint!r}")
     config = load.run_config(workdir)
     mesh = sharding.make_mesh(config.mesh) if mesh is None else mesh
     model_cfg, graphdef, params, tok, label = load.load_params(
@@ -152,12 +160,52 @@ class Translator:
     """Output ids (without eos) of each source id sequence (with eos), in input order."""
     return self._translate_ids(params, sources, progress)[0]
 
+  def rows_for(self, width: int) -> int:
+    """Sentences in a batch of sources padded to `width` tokens: `batch_size` up to
+    FULL_ROWS_WIDTH, then as many tokens in fewer sentences (a power of two, a multiple of
+    the data-parallel devices)."""
+    if width <= FULL_ROWS_WIDTH:
+      return self.batch_size
+    rows = 2 ** int(math.log2(max(self.batch_size * FULL_ROWS_WIDTH // width, 1)))
+    return self.dp * max(math.ceil(rows / self.dp), 1)
+
+  def _truncate(self, sources: list[list[int]]) -> tuple[list[list[int]], list[int]]:
+    """Sources cut to `source_limit` tokens (eos kept), and the indices of those cut."""
+    limit = self.source_limit
+    cut = [i for i, s in enumerate(sources) if len(s) > limit]
+    self.truncated = len(cut)
+    return [s if len(s) <= limit else s[:limit - 1] + [EOS_ID] for s in sources], cut
+
+  def _decode_rows(self, params, sources, rows: list[int], batch: int):
+    """(tokens, score) of each source in `rows`, decoded as a batch of `batch` sentences. A
+    batch the device has no memory for is decoded again in halves (one process only: the
+    processes of a multi-host run must run the same programs)."""
+    width = source_bucket(max(len(sources[i]) for i in rows))
+    src_bs = np.zeros((batch, width), np.int32)
+    src_bs[:, 0] = EOS_ID  # filler rows: an empty sentence, finished after one step
+    lengths = np.ones((batch,), np.int32)
+    for r, i in enumerate(rows):
+      src_bs[r, :len(sources[i])] = sources[i]
+      lengths[r] = len(sources[i])
+    max_len = self._max_output(width)
+    limits = np.array(decode.output_limits(lengths, self.settings["max_len_a"], self.settings["max_len_b"], max_len))
+    limits[len(rows):] = 1
+    try:
+      tokens_bl, scores_b = jax.device_get(self._search(params, self._put(src_bs), self._put(limits),
+                                                        max_len=max_len))
+    except jax.errors.JaxRuntimeError as err:
+      half = self.dp * (batch // 2 // self.dp)
+      if not out_of_memory(err) or half < 1 or jax.process_count() > 1:
+        raise
+      if jax.process_index() == 0:
+        print(f"warning: out of memory decoding {len(rows)} sentences of up to {width} tokens in batches of {batch}; "
+              f"retrying in batches of {half}", file=sys.stderr, flush=True)
+      return [out for part in (rows[:half], rows[half:]) if part for out in self._decode_rows(params, sources, part,
+                                                                                              half)]
+    return [(np.asarray(tokens_bl[r]).tolist(), float(scores_b[r])) for r in range(len(rows))]
+
   def _translate_ids(self, params, sources: list[list[int]], progress: bool) -> tuple[list[list[int]], list[float]]:
-    sources = list(sources)
-    if self.position_limit is not None:
-      limit = self.position_limit
-      self.truncated = sum(len(s) > limit for s in sources)
-      sources = [s if len(s) <= limit else s[:limit - 1] + [EOS_ID] for s in sources]
+    sources, _ = self._truncate(list(sources))
     order = sorted(range(len(sources)), key=lambda i: -len(sources[i]))  # longest first: memory errors show early
     outputs: list[list[int]] = [[] for _ in sources]
     scores = [0.0] * len(sources)
@@ -165,29 +213,18 @@ class Translator:
 
     bar = tqdm(total=len(sources), unit="sent", dynamic_ncols=True, leave=False,
                disable=not progress or not sys.stderr.isatty() or jax.process_index() != 0)
-
-    def decode_batch(rows: list[int]):
-      width = source_bucket(max(len(sources[i]) for i in rows))
-      src_bs = np.zeros((self.batch_size, width), np.int32)
-      src_bs[:, 0] = EOS_ID  # filler rows: an empty sentence, finished after one step
-      lengths = np.ones((self.batch_size,), np.int32)
-      for r, i in enumerate(rows):
-        src_bs[r, :len(sources[i])] = sources[i]
-        lengths[r] = len(sources[i])
-      max_len = self._max_output(width)
-      limits = np.array(decode.output_limits(lengths, self.settings["max_len_a"], self.settings["max_len_b"],
-                                               max_len))
-      limits[len(rows):] = 1
-      return jax.device_get(self._search(params, self._put(src_bs), self._put(limits), max_len=max_len))
-
-    batches = [order[start:start + self.batch_size] for start in range(0, len(order), self.batch_size)]
+    batches, start = [], 0
+    while start < len(order):
+      size = self.rows_for(source_bucket(len(sources[order[start]])))
+      batches.append((order[start:start + size], size))
+      start += size
     pool = concurrent.futures.ThreadPoolExecutor(self.workers)
     try:
-      for rows, (tokens_bl, scores_b) in zip(batches, pool.map(decode_batch, batches)):
-        for r, i in enumerate(rows):
-          row = np.asarray(tokens_bl[r]).tolist()
+      decoded = pool.map(lambda batch: self._decode_rows(params, sources, *batch), batches)
+      for (rows, _), results in zip(batches, decoded):
+        for i, (row, score) in zip(rows, results):
           outputs[i] = row[:row.index(EOS_ID)] if EOS_ID in row else row
-          scores[i] = float(scores_b[r])
+          scores[i] = score
         bar.update(len(rows))
     finally:
       pool.shutdown(cancel_futures=True)  # after an error, the batches not started are dropped
@@ -201,6 +238,16 @@ class Translator:
   def _translate(self, params, sentences: list[str], progress: bool) -> tuple[list[str], list[float]]:
     nonblank = [i for i, s in enumerate(sentences) if s.strip()]
     ids = self.tok.encode([sentences[i] for i in nonblank]) if nonblank else []
+    if jax.process_index() == 0:
+      _, cut = self._truncate(ids)
+      for n, i in enumerate(cut):
+        if n == MAX_WARNINGS:
+          print(f"warning: {len(cut) - n} more sources truncated", file=sys.stderr, flush=True)
+          break
+        print(f"warning: line {nonblank[i] + 1}: {len(ids[i])} tokens, longer than the model takes: translating its "
+              f"first {self.source_limit} (eval.max_source_len" + (", the learned position table" if
+                                                                    self.position_limit else "") + ")",
+              file=sys.stderr, flush=True)
     out, scores = [""] * len(sentences), [0.0] * len(sentences)
     hypotheses, hyp_scores = self._translate_ids(params, ids, progress)
     for i, hyp, score in zip(nonblank, hypotheses, hyp_scores):
@@ -208,12 +255,21 @@ class Translator:
     return out, scores
 
 
+MAX_WARNINGS = 10  # truncated sources named, per call
+
+
+def out_of_memory(err: Exception) -> bool:
+  """Whether a JAX runtime error is the device running out of memory. XLA reports it as the
+  status code RESOURCE_EXHAUSTED, which JAX gives only as the message's prefix."""
+  return str(err).startswith("RESOURCE_EXHAUSTED")
+
+
 def search_settings(eval_cfg, **overrides) -> dict:
   """Translator keyword arguments from a config's `eval` section, with overrides (None: keep)."""
-  settings = {key: eval_cfg[key] for key in ("beam_size", "alpha", "max_len_a", "max_len_b", "batch_size")
-              if key in eval_cfg}
-  extra = ["min_len", "use_cache", "compact", "workers"]
+  settings = {key: eval_cfg[key] for key in ("beam_size", "alpha", "max_len_a", "max_len_b", "batch_size",
+                                             "max_source_len") if key in eval_cfg}
+  extra = ["min_len", "use_cache", "compact", "workers", "max_source_len"]
   unknown = sorted(set(overrides) - set(settings) - set(extra))
   if unknown:
-    raise ValueError(f"unknown search setting(s) {unknown}; known: {sorted(settings) + extra}")
+    raise ConfigError(f"unknown search setting(s) {unknown}; known: {sorted(settings) + extra}")
   return settings | {k: v for k, v in overrides.items() if v is not None}
