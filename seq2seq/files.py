@@ -24,9 +24,14 @@ def atomic_open(path: str | os.PathLike, suffix: str = ".tmp"):
   path.parent.mkdir(parents=True, exist_ok=True)
   fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
   try:
-    with os.fdopen(fd, "wb") as f:
-      yield f
-    os.replace(tmp, path)
+    try:
+      with os.fdopen(fd, "wb") as f:
+        yield f
+      os.replace(tmp, path)
+    except OSError as err:  # a failed write names no file: name the one being written
+      if err.filename is None and err.errno:
+        raise type(err)(err.errno, err.strerror, str(path)) from err
+      raise
   finally:
     if os.path.exists(tmp):
       os.remove(tmp)
