@@ -5,7 +5,6 @@ line (exit 2, no traceback) for every failure a user can fix; a bug keeps its tr
 import gzip
 import json
 import os
-import pathlib
 import shutil
 import signal
 import subprocess
