@@ -7,33 +7,51 @@ MODEL_DIR/
                       the checkpoint's label in the file's metadata
   config.json         the run's resolved config (model, data, eval settings)
   spm.model           the sentencepiece model
+  export.json         the manifest: {"format", "model": the model settings the export was made
+                      from (without attention_impl), "files": {name: {"bytes", "sha256"}}} of
+                      the three files above
   README.md           a model card: languages, size, training, the run's BLEU/chrF with
-                      their sacreBLEU signatures
+                      their sacreBLEU signatures (free to edit: not verified)
 
   from seq2seq import Translator
   Translator.from_pretrained("MODEL_DIR").translate(["A man rides a bike."])
+
+Loading verifies the folder before using it (`read_model_dir`): the model settings of
+config.json must equal those in export.json (a differing key is named), and each listed file
+must have its recorded size and sha256, else `seq2seq.errors.ModelFileError` names the file.
+config.json is verified whole: choose search settings with flags or Translator arguments,
+not by editing it. A folder without export.json (an older export) loads with a warning,
+unverified. A safetensors file that cannot be read is a ModelFileError naming it.
+
+An export is built in a staging folder beside MODEL_DIR (`seq2seq.files.staging_dir`) and
+renamed into place; one left by a killed export is removed by the next export to that parent.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import os
 import pathlib
 import shutil
-import tempfile
+import sys
 
 import jax
 import ml_collections
 import numpy as np
 
-from seq2seq import data, metrics, sharding
+from seq2seq import data, errors, files, metrics, sharding
 from seq2seq.data.tokenizer import Tokenizer
+from seq2seq.errors import ConfigError, ModelFileError
 from seq2seq.model import transformer
 from seq2seq.model.config import ModelConfig
 
 PARAMS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 CARD_FILE = "README.md"
+MANIFEST_FILE = "export.json"
+VERIFIED = (PARAMS_FILE, CONFIG_FILE, data.SPM_FILE)  # the files export.json records
 FORMAT = "seq2seq-model-1"
 
 
@@ -52,14 +70,17 @@ def flatten(params) -> dict[str, np.ndarray]:
 def export(workdir: str | os.PathLike, out: str | os.PathLike, checkpoint: None | str | int = None, *,
            overwrite: bool = False) -> pathlib.Path:
   """Writes MODEL_DIR from a run's checkpoint (None: the newest intact one; "best"; a step)."""
-  from safetensors.numpy import save_file
+  from safetensors.numpy import save
 
   from seq2seq.inference import load
+  from seq2seq.training.checkpoint import NOT_IDENTITY
 
   workdir, out = pathlib.Path(workdir), pathlib.Path(out)
   if out.exists() and any(out.iterdir()) and not (overwrite and (out / PARAMS_FILE).is_file()):
-    raise ValueError(f"{out} exists and is not empty; choose a new --out"
-                     + (" (or --overwrite to replace an earlier export)" if (out / PARAMS_FILE).is_file() else ""))
+    raise ConfigError(f"{out} exists and is not empty; choose a new --out"
+                      + (" (or --overwrite to replace an earlier export)" if (out / PARAMS_FILE).is_file() else ""))
+  if jax.process_index() == 0:
+    files.remove_stale(out.parent)  # staging folders of killed exports
   config = load.run_config(workdir)
   mesh = sharding.make_mesh(config.mesh)
   model_cfg, _, params, tok, label = load.load_params(workdir, config, mesh, best=checkpoint == "best",
@@ -67,38 +88,126 @@ def export(workdir: str | os.PathLike, out: str | os.PathLike, checkpoint: None 
   tensors = flatten(params)
   if jax.process_index() != 0:
     return out
-  out.parent.mkdir(parents=True, exist_ok=True)
-  staging = pathlib.Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
-  try:  # written beside, then moved into place: an interrupted export leaves no half a model
-    save_file(tensors, str(staging / PARAMS_FILE), metadata={"format": FORMAT, "checkpoint": label})
-    (staging / CONFIG_FILE).write_text((workdir / CONFIG_FILE).read_text(encoding="utf-8"), encoding="utf-8")
-    (staging / data.SPM_FILE).write_bytes(tok.model_bytes)
-    (staging / CARD_FILE).write_text(model_card(workdir, config, model_cfg, label), encoding="utf-8")
-    if out.exists():
-      shutil.rmtree(out)
-    staging.rename(out)
-  finally:
-    if staging.exists():
-      shutil.rmtree(staging)
+  contents = {PARAMS_FILE: save(tensors, metadata={"format": FORMAT, "checkpoint": label}),
+              CONFIG_FILE: (workdir / CONFIG_FILE).read_bytes(), data.SPM_FILE: tok.model_bytes,
+              CARD_FILE: model_card(workdir, config, model_cfg, label).encode("utf-8")}
+  del tensors
+  model = {k: v for k, v in dataclasses.asdict(model_cfg).items() if k not in NOT_IDENTITY}
+  try:  # built beside, then moved into place: an interrupted export leaves no half a model
+    with files.staging_dir(out.parent, out.name) as staging:
+      _write(staging, contents, model)
+      if out.exists():
+        shutil.rmtree(out)
+      staging.rename(out)
+  except OSError as err:  # disk full, a file-size limit, no permission: the staging folder is gone
+    refused = errors.from_os_error(err, f"exporting to {out}")
+    if refused is None:
+      raise
+    raise refused from err
   return out
 
 
+def _write(folder: pathlib.Path, contents: dict[str, bytes], model: dict) -> None:
+  """The files of an export, and export.json recording the model settings and the verified files."""
+  for name, content in contents.items():
+    try:
+      with open(folder / name, "wb") as f:  # OSErrors (EFBIG, ENOSPC) keep their errno
+        f.write(content)
+    except OSError as err:
+      err.filename = err.filename or str(folder / name)
+      raise
+  listed = {name: {"bytes": (folder / name).stat().st_size, "sha256": files.file_sha256(folder / name)}
+            for name in VERIFIED}
+  manifest = {"format": FORMAT, "model": model, "files": listed}
+  (folder / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+
+
+@contextlib.contextmanager
+def _reading(path: pathlib.Path):
+  """A safetensors file that cannot be read (truncated, a bad header) as a ModelFileError naming it."""
+  from safetensors import SafetensorError
+
+  try:
+    yield
+  except (SafetensorError, ValueError) as err:
+    raise ModelFileError(f"{path}: not a readable safetensors file ({err}); export the model again") from None
+  except OSError as err:
+    refused = errors.from_os_error(err, f"reading {path}")
+    raise (refused or ModelFileError(f"{path}: cannot be read ({err})")) from err
+
+
 def read_model_dir(model_dir: str | os.PathLike):
-  """(config, model config, tokenizer, checkpoint label) of an exported model folder."""
+  """(config, model config, tokenizer, checkpoint label) of an exported model folder, its
+  files verified against export.json first (where there is one)."""
   from safetensors import safe_open
 
   model_dir = pathlib.Path(model_dir)
-  for name in (PARAMS_FILE, CONFIG_FILE, data.SPM_FILE):
+  for name in VERIFIED:
     if not (model_dir / name).is_file():
-      raise ValueError(f"{model_dir / name} not found: is {model_dir} a folder written by python -m seq2seq.export?")
+      raise ModelFileError(f"{model_dir / name} not found: is {model_dir} a folder written by python -m "
+                           "seq2seq.export?")
+  manifest = _manifest(model_dir)
   try:
     config = ml_collections.ConfigDict(json.loads((model_dir / CONFIG_FILE).read_text(encoding="utf-8")))
-  except json.JSONDecodeError as err:
-    raise ValueError(f"{model_dir / CONFIG_FILE}: not JSON ({err})") from None
+  except (json.JSONDecodeError, UnicodeDecodeError) as err:
+    raise ModelFileError(f"{model_dir / CONFIG_FILE}: not JSON ({err})") from None
+  if manifest is not None:
+    _check_model(model_dir / CONFIG_FILE, config, manifest["model"])
+    _check_files(model_dir, manifest["files"])
   tok = Tokenizer.load(model_dir / data.SPM_FILE)
-  with safe_open(str(model_dir / PARAMS_FILE), framework="numpy") as f:
+  with _reading(model_dir / PARAMS_FILE), safe_open(str(model_dir / PARAMS_FILE), framework="numpy") as f:
     label = (f.metadata() or {}).get("checkpoint", "exported")
-  return config, ModelConfig.from_config(config.model, vocab_size=tok.vocab_size), tok, label
+  return config, _model_config(model_dir / CONFIG_FILE, config, tok.vocab_size), tok, label
+
+
+def _manifest(model_dir: pathlib.Path) -> dict | None:
+  """MODEL_DIR/export.json, or None (with a warning) for an export made before there were manifests."""
+  path = model_dir / MANIFEST_FILE
+  if not path.exists():
+    if jax.process_index() == 0:
+      print(f"warning: {model_dir} has no {MANIFEST_FILE} (an older export); its files are not verified",
+            file=sys.stderr, flush=True)
+    return None
+  try:
+    manifest = json.loads(path.read_text(encoding="utf-8"))
+  except (json.JSONDecodeError, UnicodeDecodeError) as err:
+    raise ModelFileError(f"{path}: not JSON ({err})") from None
+  manifest = manifest if isinstance(manifest, dict) else {}
+  listed = manifest.get("files")
+  if (manifest.get("format") != FORMAT or not isinstance(manifest.get("model"), dict) or not isinstance(listed, dict)
+      or not all(isinstance(listed.get(name), dict) for name in VERIFIED)):
+    raise ModelFileError(f"{path}: not a {FORMAT} manifest listing {', '.join(VERIFIED)} (written by another "
+                         "version of seq2seq, or altered)")
+  return manifest
+
+
+def _model_config(path: pathlib.Path, config, vocab_size: int) -> ModelConfig:
+  try:
+    return ModelConfig.from_config(config.get("model", {}), vocab_size=vocab_size)
+  except ConfigError as err:
+    raise ModelFileError(f"{path}: {err}") from None
+
+
+def _check_model(path: pathlib.Path, config, saved: dict) -> None:
+  """The model settings of config.json are those the export was made with, else a
+  ModelFileError naming each differing key."""
+  current = dataclasses.asdict(_model_config(path, config, saved.get("vocab_size", 1)))
+  differ = [f"config.model.{key}: the export was made with {value!r}, {path.name} has "
+            + (repr(current[key]) if key in current else "no such setting")
+            for key, value in sorted(saved.items()) if current.get(key, ...) != value]
+  if differ:
+    raise ModelFileError(f"{path}: model settings altered since the export: {'; '.join(differ)}")
+
+
+def _check_files(model_dir: pathlib.Path, listed: dict) -> None:
+  """Each verified file has the size and sha256 export.json records, else a ModelFileError naming it."""
+  for name in VERIFIED:
+    path, record = model_dir / name, listed[name]
+    size = path.stat().st_size
+    if size != record.get("bytes"):
+      raise ModelFileError(f"{path}: {size} bytes, the export wrote {record.get('bytes')} (truncated or altered)")
+    if files.file_sha256(path) != record.get("sha256"):
+      raise ModelFileError(f"{path}: contents differ from the sha256 recorded at export (damaged or altered)")
 
 
 def load_params(model_dir: str | os.PathLike, model_cfg: ModelConfig, mesh):
@@ -108,19 +217,21 @@ def load_params(model_dir: str | os.PathLike, model_cfg: ModelConfig, mesh):
   from safetensors.numpy import load_file
 
   path = pathlib.Path(model_dir) / PARAMS_FILE
-  tensors = load_file(str(path))
+  with _reading(path):
+    tensors = load_file(str(path))
   abstract = nnx.state(transformer.abstract(model_cfg), nnx.Param)
   shardings = sharding.state_shardings(abstract, mesh)
   paths, treedef = jax.tree_util.tree_flatten_with_path(abstract)
   names = [_name(p) for p, _ in paths]
   missing, extra = sorted(set(names) - set(tensors)), sorted(set(tensors) - set(names))
   if missing or extra:
-    raise ValueError(f"{path} does not match the config's model: missing {missing[:5]}, unexpected {extra[:5]}")
+    raise ModelFileError(f"{path} does not match the config's model: missing {missing[:5]}, unexpected {extra[:5]}")
   leaves = []
   for name, (_, like), where in zip(names, paths, jax.tree.leaves(shardings)):
     x = tensors[name]
     if x.shape != like.shape or x.dtype != like.dtype:
-      raise ValueError(f"{path}: {name} is {x.dtype}{list(x.shape)}, the model needs {like.dtype}{list(like.shape)}")
+      raise ModelFileError(f"{path}: {name} is {x.dtype}{list(x.shape)}, the model needs "
+                           f"{like.dtype}{list(like.shape)}")
     leaves.append(jax.make_array_from_callback(x.shape, where, lambda index, x=x: x[index]))
   return transformer.graphdef(model_cfg), jax.tree_util.tree_unflatten(treedef, leaves)
 
