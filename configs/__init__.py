@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib.util
 import pathlib
 
+from seq2seq.errors import ConfigError
+
 DIRECTORY = pathlib.Path(__file__).parent
 
 
@@ -35,7 +37,7 @@ def get(name_or_path: str):
   """The ConfigDict of a shipped config's NAME or of a config file."""
   path = resolve(name_or_path).partition(":")[0]
   if not pathlib.Path(path).is_file():
-    raise ValueError(f"config {name_or_path!r} not found: give a file or one of {', '.join(names())}")
+    raise ConfigError(f"config {name_or_path!r} not found: give a file or one of {', '.join(names())}")
   spec = importlib.util.spec_from_file_location(f"seq2seq_config_{pathlib.Path(path).stem}", path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
