@@ -259,7 +259,10 @@ def hf_pairs(kind: str, what: str, src_lang: str, tgt_lang: str, *, streaming: b
         if fingerprint else {}
     try:
       records = datasets.load_dataset(name, config, split=split, streaming=streaming, **cache)
-    except (ValueError, OSError, ConnectionError) as e:  # unknown config or split, no such dataset, offline
+    except ConnectionError as e:  # offline, or the Hub did not answer
+      raise DownloadError(f"{where}: cannot download dataset {name!r} from the Hugging Face Hub (no network? {e}). "
+                          "Without a network, use a local copy: files:..., or hf:/path/to/a/saved/dataset") from None
+    except (ValueError, OSError) as e:  # unknown config or split, no such dataset
       raise DataError(f"{where}: cannot load dataset {name!r} (config {config!r}, split {split!r}): {e}") from None
   elif kind == "hf-disk":
     path, _, split = what.rpartition(":") if ":" in what else (what, "", "")
