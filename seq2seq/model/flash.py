@@ -1,0 +1,232 @@
+"""Flash attention for packed rows on GPU: a Pallas (Triton) kernel, forward and backward,
+that takes the query's and the key's segment ids separately.
+
+Packed rows hold several sentence pairs; a token attends only to tokens of its own pair
+(its segment id; 0 is padding). Cross-attention needs the query's (target) segment ids and
+the key's (source) ones, of different lengths. The alternatives fall short there: JAX's
+shipped GPU kernel (`jax.experimental.pallas.ops.gpu.attention.mha`) takes one segment
+array for both, so it serves self-attention only; the public cuDNN API takes a packed mask
+only as an additive bias whose gradient it always computes; cuDNN's packed layout
+(`q_offsets`/`kv_offsets` of the private `jax._src.cudnn.fused_attention_stablehlo`) needs
+Hopper and a static bound on segments per row. This kernel is the FlashAttention-2
+algorithm (Dao, 2023) with a segment mask built from two arrays:
+
+  forward   one program per (query block, row, head): a loop over key blocks keeps the
+            running max and sum of exp2 logits and the output, never the [t, s] matrix;
+            it saves the log-sum-exp per query for the backward pass.
+  backward  delta = rowsum(dO * O) in XLA; one kernel per key block accumulates dK and dV
+            over the query blocks, one per query block accumulates dQ over the key blocks.
+
+Causal attention skips the key blocks after the query block (and query blocks before the
+key block). A query with no key of its segment (a padding query of a row without padding
+keys) gets finite uniform weights; callers zero padding queries' outputs. The ops are those
+the shipped Triton kernel uses (`plgpu.load`/`dot`/`store`, `exp2`, `lax.fori_loop`).
+`interpret=True` runs the kernels in Pallas' interpreter on any platform (tests).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+
+try:  # the Triton backend's helpers; absent in JAX builds without Pallas GPU support
+  from jax.experimental.pallas import triton as plgpu
+except ImportError:  # pragma: no cover
+  plgpu = None
+
+MASK = -0.7 * float(np.finfo(np.float32).max)  # a masked logit: finite, so fully masked rows stay finite
+LOG2E = math.log2(math.e)
+HEAD_DIMS = (16, 32, 64, 128)  # Triton's dot needs power-of-two tiles of at least 16
+BLOCK = 16  # lengths must be multiples of this (the smallest tile)
+
+
+def _block(length: int, largest: int = 64) -> int:
+  return next(b for b in (largest, 32, BLOCK) if length % b == 0)
+
+
+def _params(num_warps: int = 4, num_stages: int = 2):
+  return plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages) if plgpu is not None else None
+
+
+def _logits2(q, k, q_seg, k_seg, q_start, k_start, scale: float, causal: bool):
+  """Masked base-2 logits [bq, bk] of a query block against a key block (f32)."""
+  s = jnp.dot(q, k.T, preferred_element_type=jnp.float32) * (scale * LOG2E)
+  mask = q_seg[:, None] == k_seg[None, :]
+  if causal:
+    span_q = q_start + jnp.arange(q.shape[0])
+    span_k = k_start + jnp.arange(k.shape[0])
+    mask = mask & (span_q[:, None] >= span_k[None, :])
+  return jnp.where(mask, s, MASK)
+
+
+def _forward_kernel(q_ref, k_ref, v_ref, q_seg_ref, k_seg_ref, o_ref, lse_ref, *, scale, causal, block_k):
+  block_q, kv_len = q_ref.shape[0], k_ref.shape[0]
+  i = pl.program_id(0)
+  q, q_seg = q_ref[...], q_seg_ref[...]
+
+  def body(j, carry):
+    o, m, l = carry
+    keys = pl.ds(j * block_k, block_k)
+    s = _logits2(q, k_ref[keys, :], q_seg, k_seg_ref[keys], i * block_q, j * block_k, scale, causal)
+    m_next = jnp.maximum(m, jnp.max(s, axis=-1))
+    correction = jnp.exp2(m - m_next)
+    p = jnp.exp2(s - m_next[:, None])
+    v = v_ref[keys, :]
+    o = correction[:, None] * o + jnp.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    return o, m_next, correction * l + jnp.sum(p, axis=-1)
+
+  init = (jnp.zeros((block_q, q_ref.shape[1]), jnp.float32), jnp.full((block_q,), -jnp.inf, jnp.float32),
+          jnp.zeros((block_q,), jnp.float32))
+  upper = lax.div(block_q * (i + 1) + block_k - 1, block_k) if causal else kv_len // block_k
+  o, m, l = lax.fori_loop(0, upper, body, init)
+  o_ref[...] = (o / l[:, None]).astype(o_ref.dtype)
+  lse_ref[...] = m + jnp.log2(l)
+
+
+def _forward(q, k, v, q_seg, k_seg, causal: bool, interpret: bool):
+  (b, t, n, h), s = q.shape, k.shape[1]
+  block_q, block_k = _block(t), _block(s)
+  per_q = pl.BlockSpec((None, block_q, None, h), lambda i, j, k: (j, i, k, 0))
+  whole_kv = pl.BlockSpec((None, s, None, h), lambda i, j, k: (j, 0, k, 0))
+  out, lse = pl.pallas_call(
+      functools.partial(_forward_kernel, scale=h**-0.5, causal=causal, block_k=block_k),
+      grid=(t // block_q, b, n),
+      in_specs=[per_q, whole_kv, whole_kv, pl.BlockSpec((None, block_q), lambda i, j, k: (j, i)),
+                pl.BlockSpec((None, s), lambda i, j, k: (j, 0))],
+      out_specs=[per_q, pl.BlockSpec((None, None, block_q), lambda i, j, k: (j, k, i))],
+      out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, n, t), jnp.float32)],
+      compiler_params=_params(4 if h <= 64 else 8), interpret=interpret, name="seq2seq_flash_forward",
+  )(q, k, v, q_seg, k_seg)
+  return out, lse
+
+
+def _dkdv_kernel(q_ref, k_ref, v_ref, q_seg_ref, k_seg_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *, scale,
+                 causal, block_q):
+  block_k, q_len = k_ref.shape[0], q_ref.shape[0]
+  j = pl.program_id(0)
+  k, v, k_seg = k_ref[...], v_ref[...], k_seg_ref[...]
+
+  def body(i, carry):
+    dk, dv = carry
+    queries = pl.ds(i * block_q, block_q)
+    q, do = q_ref[queries, :], do_ref[queries, :]
+    p = jnp.exp2(_logits2(q, k, q_seg_ref[queries], k_seg, i * block_q, j * block_k, scale, causal)
+                 - lse_ref[queries][:, None])
+    dv = dv + jnp.dot(p.astype(do.dtype).T, do, preferred_element_type=jnp.float32)
+    dp = jnp.dot(do, v.T, preferred_element_type=jnp.float32) - delta_ref[queries][:, None]
+    ds = (p * dp * scale).astype(q.dtype)
+    return dk + jnp.dot(ds.T, q, preferred_element_type=jnp.float32), dv
+
+  zeros = jnp.zeros((block_k, k_ref.shape[1]), jnp.float32)
+  lower = lax.div(j * block_k, block_q) if causal else 0
+  dk, dv = lax.fori_loop(lower, q_len // block_q, body, (zeros, zeros))
+  dk_ref[...] = dk.astype(dk_ref.dtype)
+  dv_ref[...] = dv.astype(dv_ref.dtype)
+
+
+def _dq_kernel(q_ref, k_ref, v_ref, q_seg_ref, k_seg_ref, do_ref, lse_ref, delta_ref, dq_ref, *, scale, causal,
+               block_k):
+  block_q, kv_len = q_ref.shape[0], k_ref.shape[0]
+  i = pl.program_id(0)
+  q, q_seg, do = q_ref[...], q_seg_ref[...], do_ref[...]
+  lse, delta = lse_ref[...], delta_ref[...]
+
+  def body(j, dq):
+    keys = pl.ds(j * block_k, block_k)
+    k = k_ref[keys, :]
+    p = jnp.exp2(_logits2(q, k, q_seg, k_seg_ref[keys], i * block_q, j * block_k, scale, causal) - lse[:, None])
+    dp = jnp.dot(do, v_ref[keys, :].T, preferred_element_type=jnp.float32) - delta[:, None]
+    return dq + jnp.dot((p * dp * scale).astype(k.dtype), k, preferred_element_type=jnp.float32)
+
+  upper = lax.div(block_q * (i + 1) + block_k - 1, block_k) if causal else kv_len // block_k
+  dq_ref[...] = lax.fori_loop(0, upper, body, jnp.zeros((block_q, q_ref.shape[1]), jnp.float32)).astype(dq_ref.dtype)
+
+
+def _backward(causal: bool, interpret: bool, residuals, d_out):
+  q, k, v, q_seg, k_seg, out, lse = residuals
+  (b, t, n, h), s = q.shape, k.shape[1]
+  block_q, block_k = _block(t, 32), _block(s, 32)
+  delta = jnp.einsum("btnh,btnh->bnt", out.astype(jnp.float32), d_out.astype(jnp.float32))
+  whole = lambda length: pl.BlockSpec((None, length, None, h), lambda x, j, k: (j, 0, k, 0))
+  block = lambda length: pl.BlockSpec((None, length, None, h), lambda x, j, k: (j, x, k, 0))
+  seg_whole = lambda length: pl.BlockSpec((None, length), lambda x, j, k: (j, 0))
+  stat_whole = pl.BlockSpec((None, None, t), lambda x, j, k: (j, k, 0))
+  args = (q, k, v, q_seg, k_seg, d_out, lse, delta)
+  dk, dv = pl.pallas_call(
+      functools.partial(_dkdv_kernel, scale=h**-0.5, causal=causal, block_q=block_q),
+      grid=(s // block_k, b, n),
+      in_specs=[whole(t), block(block_k), block(block_k), seg_whole(t),
+                pl.BlockSpec((None, block_k), lambda x, j, k: (j, x)), whole(t), stat_whole, stat_whole],
+      out_specs=[block(block_k), block(block_k)],
+      out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
+      compiler_params=_params(), interpret=interpret, name="seq2seq_flash_dkdv",
+  )(*args)
+  stat_block = pl.BlockSpec((None, None, block_q), lambda x, j, k: (j, k, x))
+  dq = pl.pallas_call(
+      functools.partial(_dq_kernel, scale=h**-0.5, causal=causal, block_k=block_k),
+      grid=(t // block_q, b, n),
+      in_specs=[block(block_q), whole(s), whole(s), pl.BlockSpec((None, block_q), lambda x, j, k: (j, x)),
+                seg_whole(s), block(block_q), stat_block, stat_block],
+      out_specs=block(block_q),
+      out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+      compiler_params=_params(), interpret=interpret, name="seq2seq_flash_dq",
+  )(*args)
+  return dq, dk, dv, None, None
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def flash_attention(q_btnh, k_bsnh, v_bsnh, q_segments_bt, k_segments_bs, causal: bool = False,
+                    interpret: bool = False):
+  """softmax(q k^T / sqrt(h), masked to equal segment ids [and causal]) v: [b, t, n, h].
+  t and s must be multiples of 16; the head dim one of HEAD_DIMS on a GPU."""
+  return _forward(q_btnh, k_bsnh, v_bsnh, q_segments_bt, k_segments_bs, causal, interpret)[0]
+
+
+def _flash_fwd(q, k, v, q_seg, k_seg, causal, interpret):
+  out, lse = _forward(q, k, v, q_seg, k_seg, causal, interpret)
+  return out, (q, k, v, q_seg, k_seg, out, lse)
+
+
+flash_attention.defvjp(_flash_fwd, _backward)
+
+
+def blockers(*, platform: str, dtype, head_dim: int, q_len: int, kv_len: int, segments: bool) -> list[str]:
+  """Why the kernel cannot run here (empty: it can)."""
+  why = []
+  if plgpu is None:
+    why.append("this JAX has no Pallas Triton backend (jax.experimental.pallas.triton)")
+  if platform != "gpu":
+    why.append(f"the flash kernel runs on GPU only (platform is {platform})")
+  if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+    why.append(f"the flash kernel takes bfloat16 or float16 inputs (config.model.dtype), got {jnp.dtype(dtype).name}")
+  if head_dim not in HEAD_DIMS:
+    why.append(f"the flash kernel needs a head dim in {HEAD_DIMS}, got {head_dim}")
+  if q_len % BLOCK or kv_len % BLOCK:
+    why.append(f"the flash kernel needs lengths that are multiples of {BLOCK}, got {q_len} and {kv_len}")
+  if not segments:
+    why.append("the flash kernel needs segment ids, not a dense mask")
+  return why
+
+
+@functools.cache
+def compiles(dtype_name: str, head_dim: int) -> str | None:
+  """None if the kernel and its gradient compile on this GPU for a small problem, else why
+  not (a Triton or driver version it does not work with). Checked once per process, so a
+  kernel that cannot build here costs a warning and XLA attention, not the run."""
+  shape = jax.ShapeDtypeStruct((1, 32, 1, head_dim), jnp.dtype(dtype_name))
+  segments = jax.ShapeDtypeStruct((1, 32), jnp.int32)
+
+  def loss(q, k, v, q_seg, k_seg):
+    return jnp.sum(flash_attention(q, k, v, q_seg, k_seg, True).astype(jnp.float32))
+
+  try:
+    jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(shape, shape, shape, segments, segments).compile()
+  except Exception as err:  # noqa: BLE001 - Triton/driver failures come in many kinds
+    return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+  return None
