@@ -102,7 +102,10 @@ def get_config() -> ml_collections.ConfigDict:
       grad_clip_norm=0.0,  # 0 = off
       accum_steps=1,  # micro-batches per update (token-weighted gradient accumulation)
       rng_impl="threefry2x32",  # dropout key PRNG (threefry2x32 | rbg); masks hash the key, layers.keep_mask
-      peak_flops=0.0,  # FLOP/s of all devices for MFU; 0 = the fastest f32 matmul measured at start and evals
+      # FLOP/s of all devices, MFU's denominator. 0 = the device kind's nominal dense peak for model.dtype
+      # (seq2seq/model/flops.py: PEAK_TFLOPS); on a CPU or an unlisted device, the fastest f32 matmul
+      # measured at start and evals. metrics.jsonl's peak_source says which.
+      peak_flops=0.0,
       # Divergence guard: on a NaN/inf loss or gradient norm (or a loss over spike_factor x
       # its running mean), restore the last checkpoint, skip that data, scale the rate.
       guard_max_rollbacks=3,  # then stop with an error; 0 = no guard

@@ -1,4 +1,4 @@
-"""benchmarks/accelerator.py: the nominal-peak table and a run on this machine's CPU."""
+"""benchmarks/accelerator.py and device_check.py on this machine's CPU; the nominal-peak table."""
 
 import importlib.util
 import json
@@ -16,13 +16,19 @@ def _accelerator():
   return module
 
 
-def test_nominal_peak_takes_the_most_specific_device_kind():
-  peak = _accelerator().nominal_peak
-  assert peak("NVIDIA H100 80GB HBM3") == 989.0
-  assert peak("NVIDIA H100 PCIe") == 756.0  # not the SXM figure
-  assert peak("NVIDIA A100-SXM4-80GB") == 312.0
-  assert peak("TPU v5 lite") == 197.0 and peak("TPU v5p") == 459.0
-  assert peak("cpu") is None
+def test_nominal_peak_takes_the_most_specific_device_kind_and_the_dtype():
+  from seq2seq.model.flops import nominal_peak
+
+  assert nominal_peak("NVIDIA H100 80GB HBM3") == 989.4 and nominal_peak("NVIDIA H100 80GB HBM3", "float32") == 494.7
+  assert nominal_peak("NVIDIA H100 PCIe") == 756.5  # not the SXM figure
+  assert nominal_peak("NVIDIA GH200 480GB") == 989.4 and nominal_peak("NVIDIA H200 NVL") == 835.5
+  assert nominal_peak("NVIDIA A100-SXM4-80GB") == 312.0 and nominal_peak("NVIDIA A100-SXM4-80GB", "float32") == 156.0
+  assert nominal_peak("NVIDIA L4") == 121.0 and nominal_peak("NVIDIA L40S") == 362.0
+  assert nominal_peak("TPU v5 lite") == 197.0 and nominal_peak("TPU v5") == 459.0  # v5e, v5p
+  assert nominal_peak("TPU v6 lite", "float32") == 918.0  # f32 matmuls take one bf16 pass on a TPU
+  assert nominal_peak("Tesla V100-SXM2-16GB", "float32") == 15.7 and nominal_peak("Tesla V100-SXM2-16GB") is None
+  assert nominal_peak("TPU v4 lite") is None and nominal_peak("cpu") is None
+  assert not hasattr(_accelerator(), "PEAK_TFLOPS")  # one table, in seq2seq.model.flops
 
 
 @pytest.mark.slow

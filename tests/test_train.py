@@ -138,6 +138,25 @@ def test_sharded_meshes_train_like_one_device():
   assert runs["8,1,1"]["wi_df_shard_shape"] == [32, 64]
 
 
+def test_mfu_peak_is_the_nominal_peak_of_the_compute_dtype_on_accelerators(monkeypatch):
+  from seq2seq.model import flops
+
+  monkeypatch.setattr(flops, "measure_matmul_peak", lambda repeats=10: 1e11)  # this "device" measured
+  h100, h200, v5e = "NVIDIA H100 80GB HBM3", "NVIDIA H200", "TPU v5 lite"
+  assert flops.peak_flops(h100, "gpu", "bfloat16", 8) == (8 * 989.4e12, f"table:{h100} bfloat16")
+  assert flops.peak_flops(h100, "gpu", "float32", 1) == (494.7e12, f"table:{h100} float32")  # TF32
+  assert flops.peak_flops(h200, "gpu", "bfloat16", 1) == (989.4e12, f"table:{h200} bfloat16")
+  assert flops.peak_flops(h200, "gpu", "float32", 2) == (2 * 494.7e12, f"table:{h200} float32")
+  assert flops.peak_flops(v5e, "tpu", "bfloat16", 4) == (4 * 197e12, f"table:{v5e} bfloat16")
+  assert flops.peak_flops(v5e, "tpu", "float32", 1) == (197e12, f"table:{v5e} float32")  # one bf16 pass
+  assert flops.peak_flops("TPU v5", "tpu", "bfloat16", 1)[0] == 459e12  # v5p's device kind
+  for dtype in ("bfloat16", "float32"):
+    assert flops.peak_flops("cpu", "cpu", dtype, 2) == (2e11, "measured f32 matmul")
+    assert flops.peak_flops(h200, "gpu", dtype, 8, configured=3e15) == (3e15, "config")
+  assert flops.peak_flops("NVIDIA Quantum X9", "gpu", "bfloat16", 1) == (1e11, "measured f32 matmul")
+  assert flops.peak_flops("Tesla V100-SXM2-16GB", "gpu", "bfloat16", 1) == (1e11, "measured f32 matmul")
+
+
 def test_tiny_config_learns_and_reports(data_dir, session_cache, tmp_path, monkeypatch):
   from seq2seq.model import flops
 
@@ -157,6 +176,7 @@ def test_tiny_config_learns_and_reports(data_dir, session_cache, tmp_path, monke
   # MFU's denominator on every row: the fastest peak measured before it (a slower one later is ignored).
   assert calls == [10, 3, 3]
   assert [r["peak_flops"] for r in train_records] == [1e11, 1e11, 3e11, 3e11]
+  assert {r["peak_source"] for r in train_records} == {"measured f32 matmul"}  # a CPU: no nominal peak
   val = [r for r in records if "val_loss" in r]
   assert [r["step"] for r in val] == [20, 40] and val[1]["val_loss"] < val[0]["val_loss"]
   assert last["val_loss"] == val[1]["val_loss"]

@@ -204,11 +204,13 @@ def _train(config, workdir: str, command: str, mesh) -> dict:
   steps = Steps(config, graphdef, shardings, mesh, tx, schedule)
   val_batches = validation_batches(config, tok, mesh) if config.train.eval_every else []
   val_bleu = bleu_validator(config, model_cfg, graphdef, tok, mesh) if config.train.eval_every else None
-  # MFU's denominator: the configured peak, else an f32 matmul measured now and again at each
-  # evaluation (training paused). Load from other processes only slows a matmul down, so the
-  # fastest measurement so far is the best estimate; every metrics row records the one it used.
-  configured_peak = float(config.train.get("peak_flops", 0.0))
-  peak = configured_peak or flops.measure_matmul_peak(repeats=10) * jax.device_count()
+  # MFU's denominator: the configured peak, else the device's nominal peak for the compute
+  # dtype, else (a CPU) an f32 matmul measured now and again at each evaluation (training
+  # paused). Load from other processes only slows a matmul down, so the fastest measurement so
+  # far is the best estimate; every metrics row records the one it used and its source.
+  device = jax.devices()[0]
+  peak = flops.peak_flops(device.device_kind, device.platform, model_cfg.dtype, jax.device_count(),
+                          float(config.train.get("peak_flops", 0.0)))
 
   ckpts = checkpoint.Checkpoints(workdir, keep=config.train.get("keep_checkpoints", 3),
                                  allow_data_change=config.train.get("allow_data_change", False), writer=True)
@@ -293,8 +295,8 @@ def _train(config, workdir: str, command: str, mesh) -> dict:
           eval_start = time.perf_counter()
           val = evaluate(steps, state["params"], val_batches, mesh) | (val_bleu(state["params"]) if val_bleu else {})
           val = {f"val_{k}": v for k, v in val.items()}
-          if not configured_peak:
-            peak = max(peak, flops.measure_matmul_peak(repeats=3) * jax.device_count())
+          if peak[1] == flops.MEASURED:
+            peak = (max(peak[0], flops.measure_matmul_peak(repeats=3) * jax.device_count()), peak[1])
           window["start"] += time.perf_counter() - eval_start  # throughput counts training time only
           writer.write(step, val)
           last |= val | {"val_step": step}
@@ -374,7 +376,7 @@ def _account(window, step_metrics, fed) -> None:
       window[k] += v
 
 
-def _log(step, window, writer, bar, peak, start_time) -> dict:
+def _log(step, window, writer, bar, peak: tuple[float, str], start_time) -> dict:
   fetched = jax.device_get(window["sums"])
   totals = {k: sum(float(m[k]) for m in fetched) for k in ("loss_sum", "nll_sum", "tokens", "correct")}
   elapsed = time.perf_counter() - window["start"]
@@ -383,9 +385,10 @@ def _log(step, window, writer, bar, peak, start_time) -> dict:
       "grad_norm": float(fetched[-1]["grad_norm"]),
       "target_tokens_per_s": window["tokens"] / elapsed,
       "padding_fraction": 1.0 - window["real"] / max(window["slots"], 1),
-      "mfu": window["flops"] / elapsed / peak,
+      "mfu": window["flops"] / elapsed / peak[0],
       "data_wait_fraction": window["wait"] / elapsed,  # the loop waiting for its next batch
-      "peak_flops": peak,  # the denominator of mfu: configured, or the fastest matmul measured so far
+      "peak_flops": peak[0],  # mfu's denominator: configured, nominal, or the fastest matmul measured so far
+      "peak_source": peak[1],  # "config", "table:KIND DTYPE" or "measured f32 matmul"
       "wall_time_s": time.perf_counter() - start_time,
   }
   writer.write(step, values)
