@@ -42,3 +42,29 @@ def test_accelerator_benchmark_runs_on_the_cpu_with_a_measured_peak(tmp_path):
   (shape,) = result["shapes"]
   assert shape["shape"] == [16, 64, 64] and shape["target_tokens_per_s"] == pytest.approx(16 * 64 / shape["step_ms"] * 1e3)
   assert 0 < result["mfu"] < 1
+
+
+@pytest.mark.slow
+def test_device_check_smoke_writes_every_section(tmp_path):
+  out = subprocess.run([sys.executable, "benchmarks/device_check.py", "--smoke", f"--out={tmp_path / 'check.json'}",
+                        f"--flax_models={tmp_path / 'missing.py'}"], cwd=REPO, capture_output=True, text=True,
+                       timeout=900)
+  assert out.returncode == 0, out.stderr[-3000:]
+  result = json.loads((tmp_path / "check.json").read_text())
+  assert result["smoke"] and result["device_kind"] == "cpu" and result["shape"] == [8, 32, 32]
+  assert {"jax", "jaxlib", "flax", "torch"} <= set(result["versions"]) and result["versions"]["jax"]
+  sections = result["sections"]
+  assert list(sections) == ["steps_bfloat16", "peers", "train", "steps_float32"]
+  for dtype in ("bfloat16", "float32"):
+    assert "--section=steps" in sections[f"steps_{dtype}"]["command"]
+    for layout in ("packed", "unpacked"):
+      row = sections[f"steps_{dtype}"][layout]
+      assert row["target_tokens_per_s"] > 0 and 0 < row["mfu"] < 1, (dtype, layout, row)
+      assert row["peak_source"] == "measured f32 matmul" and row["attention"] in ("xla", "explicit")
+  train = sections["train"]
+  assert train["command"].startswith("seq2seq-train ") and [r["step"] for r in train["rows"]] == [5, 10]
+  assert train["target_tokens_per_s"] > 0 and 0 <= train["data_wait_fraction"] < 1 and train["vocab_size"] > 0
+  assert "no Flax WMT example" in sections["peers"]["flax-wmt"]["skipped"]  # a missing peer is a reason, not a failure
+  if not result["versions"]["torch"]:
+    assert sections["peers"]["torch"] == {"skipped": "torch is not installed"}
+  assert result["summary"]["bfloat16_packed_tokens_per_s"] > 0 and result["summary"]["train_target_tokens_per_s"] > 0

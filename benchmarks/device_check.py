@@ -1,0 +1,368 @@
+"""One-call device check: what issue 45 measures on a GPU, in one command of at most 8
+minutes, written to one JSON (benchmarks/results/device_check_<device>.json):
+
+- steps_bfloat16, steps_float32: the wmt14_base train step at 96x256x256 on random tokens,
+  packed rows (`data.fill_rows`, the default) and one pair per row: target tokens/s and MFU
+  against the nominal peak of the compute dtype (seq2seq.model.flops.PEAK_TFLOPS), with the
+  attention implementation chosen for it (benchmarks/accelerator.py's build and timing);
+- train: `seq2seq-train` for 100 steps in bf16 on WMT-length text, newstest2013+2014 tiled
+  to 150k pairs in a temporary folder (no network; 20000 pieces, TRAIN_FULL): target
+  tokens/s and data_wait_fraction read from its metrics.jsonl (the median of the rows after
+  the first, which includes compiling);
+- peers: ../shared/bench/anchors_gpu.py on the same shape and model size, one process per
+  peer (torch.compile, torch eager, the Flax WMT example, a bf16 matmul); a peer is skipped,
+  with the reason, when torch or the Flax example's models.py (`--flax_models`) is missing.
+
+  python benchmarks/device_check.py --flax_models=PATH/models.py   # one GPU, ~7 minutes
+  python benchmarks/device_check.py --smoke --out=/tmp/check.json  # CPU: tiny config, ~1.5 minutes
+
+Sections run in this order (the most wanted figures first), each in its own process (none
+holds accelerator memory another needs) under what is left of `--budget_s`: a failure or a
+timeout records an error string and the next section still runs. The JSON records the
+versions (jax, jaxlib, flax, torch), the device kind and every command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import importlib.util
+import json
+import os
+import pathlib
+import re
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import accelerator  # noqa: E402  (build, time_steps, random_batch, load_config)
+import wmt_like  # noqa: E402  (newstest pairs)
+
+FULL = dict(config="configs/wmt14_base.py", shape="96x256x256", timed_steps=20, train_steps=100, train_pairs=150_000,
+            train_dtype="bfloat16", peers="torch-compile,torch,flax-wmt,peak", peer_steps=10, budget_s=470.0,
+            peak_repeats=10)
+SMOKE = dict(config="configs/tiny.py", shape="8x32x32", timed_steps=2, train_steps=10, train_pairs=3000,
+             train_dtype="float32", peers="torch,flax-wmt", peer_steps=2, budget_s=480.0, peak_repeats=3)
+CAPS_S = {"steps_bfloat16": 150, "peers": 200, "train": 180, "steps_float32": 150}  # each section's own limit
+MIN_SECTION_S = 15.0  # a section that would start with less left is skipped
+# seq2seq-train settings of the train section besides the corpus: two row lengths (two
+# compilations instead of eight, ~30 s each on an H200); 20000 pieces, since newstest's
+# 12k distinct sentences support at most ~24k (wmt14_base has 37000).
+TRAIN_FULL = ["--config.data.num_buckets=2", "--config.data.bucket_min=128", "--config.data.spm_sample_size=24000",
+              "--config.data.vocab_size=20000", "--config.train.log_every=10"]
+TRAIN_SMOKE = ["--config.train.log_every=5"]
+
+
+# -- the child processes ---------------------------------------------------------------
+def use_this_checkout() -> None:
+  """`seq2seq` from this checkout, and `seq2seq.configs` its configs/ folder (what the
+  installed package maps there), whatever else is installed."""
+  import seq2seq
+
+  spec = importlib.util.spec_from_file_location("seq2seq.configs", REPO / "configs" / "__init__.py",
+                                                submodule_search_locations=[str(REPO / "configs")])
+  module = importlib.util.module_from_spec(spec)
+  sys.modules["seq2seq.configs"] = module
+  spec.loader.exec_module(module)
+  seq2seq.configs = module
+
+
+def _attention(model_cfg, t: int, packed: bool, devices: int) -> str:
+  """The self-attention implementation the model picks for this step, or why it is unknown."""
+  try:
+    import jax
+
+    from seq2seq.model import attention
+
+    return attention.choose_implementation(model_cfg.attention_impl, platform=jax.default_backend(),
+                                           dtype=model_cfg.compute_dtype, head_dim=model_cfg.head_size, q_len=t,
+                                           kv_len=t, packed=packed, device_count=devices, mesh_size=devices)
+  except Exception as err:  # noqa: BLE001  (a record, not a failure)
+    return f"unknown ({type(err).__name__}: {err})"
+
+
+def step_rows(config_path: str, dtype: str, shape: tuple[int, int, int], count: int, repeats: int) -> None:
+  """Prints one JSON line per row layout (packed, then unpacked): the train step at `shape`."""
+  import jax
+  import numpy as np
+
+  from seq2seq import sharding
+  from seq2seq.model import flops
+
+  device, (rows, s, t) = jax.devices()[0], shape
+  peak = None
+  for packed in (True, False):
+    try:
+      config = accelerator.load_config(config_path)
+      config.model.dtype = dtype
+      config.data.update(fill_rows=packed, packing=False)
+      model_cfg, mesh, state, steps = accelerator.build(config)
+      peak = peak or flops.peak_flops(device.device_kind, device.platform, dtype, mesh.size, repeats=repeats)
+      batch = accelerator.random_batch(rows, s, t, model_cfg.vocab_size, np.random.default_rng(0))
+      state, seconds, compile_s = accelerator.time_steps(steps, state, sharding.put_batch(batch, mesh), count)
+      step_flops = flops.train_step_flops(model_cfg, rows, s, t)
+      row = {"packed": packed, "dtype": dtype, "shape": list(shape), "step_ms": seconds * 1e3,
+             "target_tokens_per_s": rows * t / seconds, "mfu": step_flops / seconds / peak[0],
+             "peak_tflops": peak[0] / 1e12, "peak_source": peak[1], "compile_s": compile_s,
+             "attention": _attention(model_cfg, t, packed, mesh.size), "device_kind": device.device_kind,
+             "platform": device.platform, "devices": mesh.size}
+      del state, steps
+    except Exception as err:  # noqa: BLE001  (the other layout still runs)
+      row = {"packed": packed, "error": f"{type(err).__name__}: {err}"[:2000]}
+    print(json.dumps(row), flush=True)
+
+
+# -- in the parent -------------------------------------------------------------------------
+def run_child(command: list[str], timeout: float, cwd: pathlib.Path | None = None) -> dict:
+  """Runs `command` in its own process group, killed after `timeout` s: its return code, the
+  JSON objects it printed one per line, its output's tails, and whether it timed out."""
+  env = os.environ | {"PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
+  proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
+                          start_new_session=True)
+  try:
+    out, err = proc.communicate(timeout=max(timeout, 1.0))
+    timed_out = False
+  except subprocess.TimeoutExpired:
+    os.killpg(proc.pid, signal.SIGKILL)
+    out, err = proc.communicate()
+    timed_out = True
+  return {"returncode": proc.returncode, "objects": json_lines(out), "timed_out": timed_out,
+          "stdout_tail": out[-1500:], "stderr_tail": err[-3000:]}
+
+
+def json_lines(text: str) -> list[dict]:
+  """The JSON objects of `text`, one a line; other lines (and a torn last one) are skipped."""
+  objects = []
+  for line in text.splitlines():
+    if not line.startswith("{"):
+      continue
+    try:
+      objects.append(json.loads(line))
+    except json.JSONDecodeError:
+      pass
+  return objects
+
+
+def _failure(child: dict, timeout: float) -> str:
+  if child["timed_out"]:
+    return f"timed out after {timeout:.0f} s"
+  return f"exit status {child['returncode']}: {child['stderr_tail'][-1500:]}"
+
+
+def steps_section(args, dtype: str, timeout: float) -> dict:
+  command = [sys.executable, str(pathlib.Path(__file__).resolve()), "--section=steps", f"--config={args.config}",
+             f"--dtype={dtype}", f"--shape={args.shape}", f"--timed_steps={args.timed_steps}",
+             f"--peak_repeats={args.peak_repeats}"]
+  child = run_child(command, timeout)
+  result = {"command": shlex.join(command)}
+  for row in child["objects"]:
+    result["packed" if row.pop("packed") else "unpacked"] = row
+  for layout in ("packed", "unpacked"):
+    result.setdefault(layout, {"error": _failure(child, timeout)})
+  return result
+
+
+def tiled_newstest(data_dir: pathlib.Path, pairs: int, out: pathlib.Path) -> str:
+  """Writes newstest2013+2014 repeated to `pairs` lines per side as OUT/wmt_tiled.{en,de}; its files: split."""
+  real = wmt_like.newstest(str(data_dir))
+  out.mkdir(parents=True, exist_ok=True)
+  for side, lang in enumerate(("en", "de")):
+    lines = [real[i % len(real)][side] for i in range(pairs)]
+    (out / f"wmt_tiled.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+  return f"files:{out}/wmt_tiled.{{lang}}"
+
+
+def train_section(args, timeout: float) -> dict:
+  with tempfile.TemporaryDirectory(prefix="device_check_") as tmp:
+    tmp = pathlib.Path(tmp)
+    split = tiled_newstest(args.shared / "data", args.train_pairs, tmp / "text")
+    flags = [f"--config={REPO / args.config}", f"--workdir={tmp / 'run'}", f"--config.model.dtype={args.train_dtype}",
+             f"--config.data.dir={args.shared / 'data'}", f"--config.data.train_split={split}",
+             f"--config.data.cache_dir={tmp / 'cache'}", f"--config.train.steps={args.train_steps}",
+             "--config.train.eval_every=0", "--config.train.checkpoint_every=1000000", *args.train_flags,
+             f"--compilation_cache={tmp / 'xla'}"]
+    command = [sys.executable, str(pathlib.Path(__file__).resolve()), "--section=seq2seq-train", *flags]
+    start = time.perf_counter()
+    child = run_child(command, timeout)
+    wall_s = time.perf_counter() - start
+    metrics_path = tmp / "run" / "metrics.jsonl"
+    records = json_lines(metrics_path.read_text()) if metrics_path.is_file() else []
+    rows = [{k: r[k] for k in ("step", "target_tokens_per_s", "data_wait_fraction", "padding_fraction", "mfu",
+                                "peak_source") if k in r} for r in records if "loss" in r]
+    result = {"command": "seq2seq-train " + shlex.join(flags), "run_as": shlex.join(command),
+              "corpus": f"newstest2013+2014 tiled to {args.train_pairs} pairs", "wall_s": wall_s, "rows": rows,
+              "vocab_size": _pieces(tmp / "run" / "spm.model")}
+  if child["returncode"] != 0 or not rows:
+    return result | {"error": _failure(child, timeout) if child["returncode"] != 0 else "no metrics rows"}
+  steady = rows[1:] or rows  # the first window includes compiling
+  for key in ("target_tokens_per_s", "data_wait_fraction", "mfu"):
+    result[key] = statistics.median(r[key] for r in steady)
+  return result | {"peak_source": rows[-1].get("peak_source")}
+
+
+def _pieces(model: pathlib.Path) -> int | None:
+  try:
+    import sentencepiece
+
+    return sentencepiece.SentencePieceProcessor(model_file=str(model)).get_piece_size()
+  except Exception:  # noqa: BLE001  (no run, no tokenizer)
+    return None
+
+
+def peers_section(args, timeout: float) -> dict:
+  script = args.shared / "bench" / "anchors_gpu.py"
+  if not script.is_file():
+    return {"skipped": f"{script} is missing"}
+  config = accelerator.load_config(str(REPO / args.config))
+  m, vocab = config.model, config.data.vocab_size
+  if m.num_encoder_layers != m.num_decoder_layers:
+    return {"skipped": "anchors_gpu.py takes one layer count for both stacks"}
+  deadline = time.monotonic() + timeout
+  result = {}
+  for impl in args.peers.split(","):
+    reason = _peer_missing(impl, args.flax_models)
+    left = deadline - time.monotonic()
+    if reason or left < MIN_SECTION_S:
+      result[impl] = {"skipped": reason or f"time budget: {max(left, 0):.0f} s left"}
+      continue
+    command = [sys.executable, str(script), f"--shapes={args.shape}", f"--impls={impl}", f"--steps={args.peer_steps}",
+               "--dtype=bfloat16", f"--d={m.d_model}", f"--heads={m.num_heads}", f"--layers={m.num_encoder_layers}",
+               f"--ff={m.d_ff}", f"--vocab={vocab}", f"--flax_models={args.flax_models}"]
+    child = run_child(command, left, cwd=script.parent)
+    found = child["objects"][-1] if child["objects"] else {"error": _failure(child, left)}
+    if impl == "peak" and not child["objects"] and child["returncode"] == 0:
+      found = {"skipped": "no CUDA device"}
+    result[impl] = found | {"command": shlex.join(command)}
+  return result
+
+
+def _peer_missing(impl: str, flax_models: pathlib.Path) -> str:
+  if impl.startswith("torch") or impl == "peak":
+    return "" if importlib.util.find_spec("torch") else "torch is not installed"
+  if impl == "flax-wmt" and not flax_models.is_file():
+    return (f"no Flax WMT example at {flax_models} (--flax_models; from a google/flax clone: "
+            "git show HEAD:examples/wmt/models.py > models.py)")
+  return ""
+
+
+def versions() -> dict:
+  found = {"python": sys.version.split()[0]}
+  for name in ("jax", "jaxlib", "flax", "optax", "torch"):
+    try:
+      found[name] = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+      found[name] = None
+  return found
+
+
+def guarded(name: str, section, deadline: float) -> dict:
+  """`section(timeout)` within its cap and what is left of the budget; an error or a lack
+  of time is recorded instead of raised."""
+  left = deadline - time.monotonic()
+  if left < MIN_SECTION_S:
+    return {"skipped": f"time budget: {max(left, 0):.0f} s left"}
+  start = time.monotonic()
+  try:
+    result = section(min(CAPS_S[name], left))
+  except Exception as err:  # noqa: BLE001  (the next section still runs)
+    result = {"error": f"{type(err).__name__}: {err}"[:2000]}
+  print(f"{name}: {time.monotonic() - start:.0f} s", flush=True)
+  return result | {"seconds": time.monotonic() - start}
+
+
+def summary(sections: dict) -> dict:
+  """The figures issue 45's targets compare, measured in this run."""
+  out = {}
+  for dtype in ("bfloat16", "float32"):
+    for layout in ("packed", "unpacked"):
+      row = sections.get(f"steps_{dtype}", {}).get(layout, {})
+      if "target_tokens_per_s" in row:
+        out[f"{dtype}_{layout}_tokens_per_s"], out[f"{dtype}_{layout}_mfu"] = row["target_tokens_per_s"], row["mfu"]
+  if "bfloat16_packed_tokens_per_s" in out and "bfloat16_unpacked_tokens_per_s" in out:
+    out["bfloat16_packed_over_unpacked"] = out["bfloat16_packed_tokens_per_s"] / out["bfloat16_unpacked_tokens_per_s"]
+  for peer, row in sections.get("peers", {}).items():
+    for layout in ("packed", "unpacked"):
+      ours = out.get(f"bfloat16_{layout}_tokens_per_s")
+      if ours and isinstance(row, dict) and "target_tokens_per_s" in row:
+        out[f"bfloat16_{layout}_over_{peer}"] = ours / row["target_tokens_per_s"]
+  for key in ("target_tokens_per_s", "data_wait_fraction"):
+    if key in sections.get("train", {}):
+      out[f"train_{key}"] = sections["train"][key]
+  return out
+
+
+def device_of(sections: dict) -> dict:
+  for dtype in ("bfloat16", "float32"):
+    for row in sections.get(f"steps_{dtype}", {}).values():
+      if isinstance(row, dict) and "device_kind" in row:
+        return {k: row[k] for k in ("device_kind", "platform", "devices")}
+  return {"device_kind": "unknown", "platform": "unknown", "devices": 0}
+
+
+def check(args) -> dict:
+  start = time.monotonic()
+  deadline = start + args.budget_s
+  sections = {}
+  sections["steps_bfloat16"] = guarded("steps_bfloat16", lambda s: steps_section(args, "bfloat16", s), deadline)
+  sections["peers"] = guarded("peers", lambda s: peers_section(args, s), deadline)
+  sections["train"] = guarded("train", lambda s: train_section(args, s), deadline)
+  sections["steps_float32"] = guarded("steps_float32", lambda s: steps_section(args, "float32", s), deadline)
+  return {"check": "benchmarks/device_check.py", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+          "smoke": args.smoke, "command": shlex.join([sys.executable, *sys.argv]), "config": args.config,
+          "shape": [int(x) for x in args.shape.split("x")], **device_of(sections), "versions": versions(),
+          "budget_s": args.budget_s, "elapsed_s": time.monotonic() - start, "summary": summary(sections),
+          "sections": sections}
+
+
+def parse(argv: list[str]):
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--smoke", action="store_true", help="tiny config, small shapes, few steps (a CPU check)")
+  for name, value in FULL.items():
+    parser.add_argument(f"--{name}", type=type(value), default=None, help=f"default {value} ({SMOKE[name]} with --smoke)")
+  parser.add_argument("--shared", type=pathlib.Path, default=REPO.parent / "shared",
+                      help="the shared folder: data/wmt14 and bench/anchors_gpu.py")
+  parser.add_argument("--flax_models", type=pathlib.Path, default=None,
+                      help="the Flax WMT example's models.py (default SHARED/bench/flax_wmt_models.py)")
+  parser.add_argument("--out", default="", help="default benchmarks/results/device_check_<device>[_smoke].json")
+  parser.add_argument("--section", default="", help=argparse.SUPPRESS)  # a child: steps
+  parser.add_argument("--dtype", default="bfloat16", help=argparse.SUPPRESS)
+  args = parser.parse_args(argv)
+  for name, value in (SMOKE if args.smoke else FULL).items():
+    if getattr(args, name) is None:
+      setattr(args, name, value)
+  args.flax_models = args.flax_models or args.shared / "bench" / "flax_wmt_models.py"
+  args.train_flags = TRAIN_SMOKE if args.smoke else TRAIN_FULL
+  return args
+
+
+def main() -> None:
+  use_this_checkout()
+  if sys.argv[1:2] == ["--section=seq2seq-train"]:  # a child: the seq2seq-train command itself
+    from seq2seq.commands import train
+
+    sys.argv = ["seq2seq-train", *sys.argv[2:]]
+    return train.run()
+  args = parse(sys.argv[1:])
+  if args.section == "steps":
+    return step_rows(str(REPO / args.config), args.dtype, tuple(int(x) for x in args.shape.split("x")),
+                     args.timed_steps, args.peak_repeats)
+  result = check(args)
+  slug = re.sub(r"[^a-z0-9]+", "_", result["device_kind"].lower()).strip("_") + ("_smoke" if args.smoke else "")
+  out = pathlib.Path(args.out or REPO / "benchmarks" / "results" / f"device_check_{slug}.json")
+  out.parent.mkdir(parents=True, exist_ok=True)
+  out.write_text(json.dumps(result, indent=1) + "\n")
+  print(json.dumps(result["summary"], indent=1))
+  print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+  main()
