@@ -14,7 +14,7 @@ import orbax.checkpoint as ocp
 
 from seq2seq.errors import CheckpointError
 from seq2seq import cli
-from seq2seq.training.checkpoint import Checkpoints
+from seq2seq.training.checkpoint import Checkpoints, restore_layout
 
 
 def newest_steps(workdir: str, last: int) -> list[int]:
@@ -74,12 +74,15 @@ def save_average(workdir: str, steps: list[int]) -> pathlib.Path:
 
 
 def load_average(path: str | pathlib.Path, target_params=None) -> tuple[dict, dict]:
-  """(parameters, identity) of an averaged checkpoint; laid out like `target_params` if given."""
-  target = None if target_params is None else {"params": target_params}
-  restored = ocp.Checkpointer(ocp.CompositeCheckpointHandler()).restore(
-      pathlib.Path(path).resolve(), args=ocp.args.Composite(state=ocp.args.StandardRestore(target),
-                                                            identity=ocp.args.JsonRestore()))
-  return restored.state["params"], restored.identity
+  """(parameters, identity) of an averaged checkpoint; laid out like `target_params` if given
+  (an average of checkpoints with separate q/k/v attention weights is fused: `restore_layout`)."""
+  path, checkpointer = pathlib.Path(path).resolve(), ocp.Checkpointer(ocp.CompositeCheckpointHandler())
+  identity = checkpointer.restore(path, args=ocp.args.Composite(identity=ocp.args.JsonRestore())).identity
+
+  def read(target):
+    return checkpointer.restore(path, args=ocp.args.Composite(state=ocp.args.StandardRestore(target))).state
+  params = read(None) if target_params is None else restore_layout(read, path / "state", {"params": target_params})
+  return params["params"], identity
 
 
 def main(argv=None) -> None:

@@ -3,7 +3,7 @@
   python -m seq2seq.export --workdir=DIR --out=MODEL_DIR [--checkpoint=best|STEP]
 
 MODEL_DIR/
-  model.safetensors   the parameters (names like encoder_layers.0.self_attn.wq_dnh), with
+  model.safetensors   the parameters (names like encoder_layers.0.self_attn.wqkv_dn3h), with
                       the checkpoint's label in the file's metadata
   config.json         the run's resolved config (model, data, eval settings)
   spm.model           the sentencepiece model
@@ -21,7 +21,9 @@ config.json must equal those in export.json (a differing key is named), and each
 must have its recorded size and sha256, else `seq2seq.errors.ModelFileError` names the file.
 config.json is verified whole: choose search settings with flags or Translator arguments,
 not by editing it. A folder without export.json (an older export) loads with a warning,
-unverified. A safetensors file that cannot be read is a ModelFileError naming it.
+unverified. A safetensors file that cannot be read is a ModelFileError naming it. An export
+with separate q/k/v attention weights (`wq_dnh`, `wk_dnh`, `wv_dnh`: before they were fused)
+loads with them fused (seq2seq.model.upgrade).
 
 An export is built in a staging folder beside MODEL_DIR (`seq2seq.files.staging_dir`) and
 renamed into place; one left by a killed export is removed by the next export to that parent.
@@ -44,7 +46,7 @@ import numpy as np
 from seq2seq import data, errors, files, metrics, sharding
 from seq2seq.data.tokenizer import Tokenizer
 from seq2seq.errors import ConfigError, ModelFileError
-from seq2seq.model import transformer
+from seq2seq.model import transformer, upgrade
 from seq2seq.model.config import ModelConfig
 
 PARAMS_FILE = "model.safetensors"
@@ -212,7 +214,7 @@ def _check_files(model_dir: pathlib.Path, listed: dict) -> None:
 
 def load_params(model_dir: str | os.PathLike, model_cfg: ModelConfig, mesh):
   """(graphdef, parameters laid out on `mesh`) from MODEL_DIR/model.safetensors; every
-  parameter must be there with the model's shape and dtype."""
+  parameter must be there with the model's shape and dtype (separate q/k/v are fused)."""
   from flax import nnx
   from safetensors.numpy import load_file
 
@@ -223,6 +225,7 @@ def load_params(model_dir: str | os.PathLike, model_cfg: ModelConfig, mesh):
   shardings = sharding.state_shardings(abstract, mesh)
   paths, treedef = jax.tree_util.tree_flatten_with_path(abstract)
   names = [_name(p) for p, _ in paths]
+  tensors = upgrade.fuse_named(tensors, names)
   missing, extra = sorted(set(names) - set(tensors)), sorted(set(tensors) - set(names))
   if missing or extra:
     raise ModelFileError(f"{path} does not match the config's model: missing {missing[:5]}, unexpected {extra[:5]}")

@@ -28,11 +28,13 @@ from seq2seq.model.config import ModelConfig  # noqa: E402
 from seq2seq.training import optimizer  # noqa: E402
 from seq2seq.training.train import BATCH_KEYS, Steps, abstract_state  # noqa: E402
 
-# Sizes chosen so that shapes tell tensors apart: tokens per batch (16 x 24 = 384) differ
-# from every parameter dimension; every sharded dimension divides by 8.
+# Sizes chosen so that shapes tell tensors apart: tokens per batch (16 x 20 = 320) and per
+# device (160, 80, 40) differ from every parameter dimension, also as a device holds it (a
+# fused q/k/v weight of 4 of 8 heads has 4 x 3 x 8 = 96 outputs); every sharded dimension
+# divides by 8.
 MODEL = dict(vocab_size=1024, d_model=64, num_heads=8, num_encoder_layers=2, num_decoder_layers=3, d_ff=256,
              dropout_rate=0.1)
-ROWS, LENGTH = 16, 24
+ROWS, LENGTH = 16, 20
 COLLECTIVE = re.compile(r"= (\(.*?\)|\S+) (all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)"
                         r"(?:-start)?\(")
 SHAPE = re.compile(r"(f32|bf16|s32|u32|pred)\[([\d,]*)\]")

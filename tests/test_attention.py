@@ -9,7 +9,6 @@ import pytest
 from flax import nnx
 
 from seq2seq.model.attention import (
-  MultiHeadAttention,
   SegmentMask,
   attention,
   attention_mask,
@@ -19,6 +18,7 @@ from seq2seq.model.attention import (
   lengths_attention,
   splash_attention,
 )
+from seq2seq.model.multihead import MultiHeadAttention
 
 
 def test_attention_mask_padding_segments_and_causality():

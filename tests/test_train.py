@@ -63,8 +63,8 @@ def test_weight_decay_skips_norms_and_biases():
                                              num_decoder_layers=1, d_ff=16), rngs=nnx.Rngs(0)), nnx.Param)
   flat = {jax.tree_util.keystr(p): m for p, m in jax.tree_util.tree_leaves_with_path(optimizer.decay_mask(params))}
   decayed = {k for k, v in flat.items() if v}
-  assert any("wq_dnh" in k for k in decayed) and any("embedding_vd" in k for k in decayed)
-  assert not any(s in k for k in decayed for s in ("bias_d", "scale_d", "bq_nh", "bo_d", "bi_f"))
+  assert all(any(w in k for k in decayed) for w in ("wqkv_dn3h", "wq_dnh", "wkv_dn2h", "embedding_vd"))
+  assert not any(s in k for k in decayed for s in ("bias_d", "scale_d", "bqv_n2h", "bq_nh", "bv_nh", "bo_d", "bi_f"))
 
 
 def test_mesh_sizes_from_config():
@@ -130,7 +130,8 @@ def test_sharded_meshes_train_like_one_device():
     assert run["specs"] == run["expected_specs"], mesh
   specs = runs["2,2,2"]["specs"]
   assert specs["['src_embed']['embedding_vd']"] == "('tensor', 'fsdp')"
-  assert specs["['encoder_layers'][0]['self_attn']['wq_dnh']"] == "('fsdp', 'tensor', None)"
+  assert specs["['encoder_layers'][0]['self_attn']['wqkv_dn3h']"] == "('fsdp', 'tensor', None, None)"
+  assert specs["['decoder_layers'][0]['cross_attn']['wkv_dn2h']"] == "('fsdp', 'tensor', None, None)"
   assert specs["['encoder_layers'][0]['ffn']['wo_fd']"] == "('tensor', 'fsdp')"
   # Each device really holds its part: wi_df is [32, 64] = [embed, mlp].
   assert runs["2,2,2"]["wi_df_shard_shape"] == [16, 32]

@@ -1,6 +1,6 @@
 """Multi-head scaled dot-product attention: masks, the attention kernels and the choice
-between them, and the module used for encoder self-attention, causal (cached) decoder
-self-attention and cross-attention.
+between them. The layer around them (projections to heads, output projection) is
+`seq2seq.model.multihead.MultiHeadAttention`.
 
 Shapes: b=batch, t=query length, s=key length, n=heads, h=head dim, d=d_model.
 
@@ -41,11 +41,10 @@ import logging
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
 
 from seq2seq.errors import ConfigError
-from seq2seq.model.layers import dense, dropout, param, rope, weight, xavier
-from seq2seq.sharding import activation_spec, constrain, current_mesh
+from seq2seq.model.layers import dropout
+from seq2seq.sharding import activation_spec, current_mesh
 
 try:  # experimental API; absent or moved in other JAX versions: TPU then takes XLA
   from jax.experimental.pallas.ops.tpu import splash_attention as _splash
@@ -301,90 +300,3 @@ def single_query_attention(q_bnh: jax.Array, k_cnsh: jax.Array, v_cnsh: jax.Arra
   logits_cgns = jnp.where(mask_cns[:, None], logits_cgns * h ** -0.5, jnp.finfo(softmax_dtype).min)
   weights_cgns = jax.nn.softmax(logits_cgns, axis=-1).astype(v_cnsh.dtype)
   return jnp.einsum("cgns,cnsh->cgnh", weights_cgns, v_cnsh).reshape(b, n, h)
-
-
-class MultiHeadAttention(nnx.Module):
-  """Projections to heads, optional rotary positions, attention, output projection.
-
-  `query`, `key_value` and `attend` are exposed separately so the decoder can cache
-  keys/values (self-attention) or compute them once per source (cross-attention).
-  Keys get no bias: it would add the same q.b to every score of a query, which the
-  softmax cancels, so its gradient is zero and Adam would only amplify rounding noise.
-  `impl` is `config.model.attention_impl` (see `attention`).
-  """
-
-  def __init__(self, d_model: int, num_heads: int, head_dim: int, *, use_bias: bool, dropout_rate: float,
-               use_rope: bool = False, rope_base: float = 10000.0, impl: str = "auto", rngs: nnx.Rngs):
-    if impl not in IMPLEMENTATIONS:
-      raise ConfigError(f"config.model.attention_impl must be one of {IMPLEMENTATIONS}, got {impl!r}")
-    in_init, out_init = xavier(0, (1, 2)), xavier((0, 1), 2)
-    shape_dnh, axes_dnh = (d_model, num_heads, head_dim), ("embed", "heads", "kv")
-    self.wq_dnh = param(rngs, in_init, shape_dnh, axes_dnh)
-    self.wk_dnh = param(rngs, in_init, shape_dnh, axes_dnh)
-    self.wv_dnh = param(rngs, in_init, shape_dnh, axes_dnh)
-    self.wo_nhd = param(rngs, out_init, (num_heads, head_dim, d_model), ("heads", "kv", "embed"))
-    self.use_bias = use_bias
-    if use_bias:
-      zeros = nnx.initializers.zeros
-      self.bq_nh = param(rngs, zeros, (num_heads, head_dim), ("heads", "kv"))
-      self.bv_nh = param(rngs, zeros, (num_heads, head_dim), ("heads", "kv"))
-      self.bo_d = param(rngs, zeros, (d_model,), ("embed",))
-    self.dropout_rate, self.use_rope, self.rope_base, self.impl = dropout_rate, use_rope, rope_base, impl
-    self.record_weights = False  # True: keep the attention weights of each call (for plots)
-
-  def _project(self, x_btd, w, b):
-    y_btnh = dense(x_btd, weight(w))
-    y_btnh = y_btnh if b is None else y_btnh + b[...].astype(x_btd.dtype)
-    return constrain(y_btnh, ("batch", "length", "heads", "kv"))
-
-  def query(self, x_btd: jax.Array, positions_bt: jax.Array | None = None) -> jax.Array:
-    q_btnh = self._project(x_btd, self.wq_dnh, self.bq_nh if self.use_bias else None)
-    return rope(q_btnh, positions_bt, self.rope_base) if self.use_rope else q_btnh
-
-  def key_value(self, x_bsd: jax.Array, positions_bs: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
-    k_bsnh = self._project(x_bsd, self.wk_dnh, None)
-    v_bsnh = self._project(x_bsd, self.wv_dnh, self.bv_nh if self.use_bias else None)
-    if self.use_rope:
-      k_bsnh = rope(k_bsnh, positions_bs, self.rope_base)
-    return k_bsnh, v_bsnh
-
-  def query_key_value(self, x_btd: jax.Array, positions_bt: jax.Array | None = None):
-    """`query` and `key_value` of the same tokens as one matrix product (self-attention
-    while decoding, where three small products per step cost more than one wide one)."""
-    h = self.wq_dnh.shape[-1]
-    w_dnh3 = jnp.concatenate([weight(w) for w in (self.wq_dnh, self.wk_dnh, self.wv_dnh)], axis=-1)
-    q_btnh, k_btnh, v_btnh = (constrain(y_btnh, ("batch", "length", "heads", "kv"))
-                              for y_btnh in jnp.split(dense(x_btd, w_dnh3), [h, 2 * h], axis=-1))
-    if self.use_bias:
-      q_btnh = q_btnh + self.bq_nh[...].astype(x_btd.dtype)
-      v_btnh = v_btnh + self.bv_nh[...].astype(x_btd.dtype)
-    if self.use_rope:
-      q_btnh, k_btnh = rope(q_btnh, positions_bt, self.rope_base), rope(k_btnh, positions_bt, self.rope_base)
-    return q_btnh, k_btnh, v_btnh
-
-  def attend(self, q_btnh, k_bsnh, v_bsnh, mask: SegmentMask | jax.Array, rng: jax.Array | None = None) -> jax.Array:
-    """Attention then the output projection: [b, t, d]. `mask` as `attention` takes it."""
-    if self.record_weights:  # kept as an nnx.Intermediate; see Transformer.cross_attention_weights
-      mask_b1ts = mask.dense_b1ts() if isinstance(mask, SegmentMask) else mask
-      ctx_btnh, weights_bnts = explicit_attention(q_btnh, k_bsnh, v_bsnh, mask_b1ts, dropout_rate=self.dropout_rate,
-                                                  rng=rng, return_weights=True)
-      ctx_btnh = _zero_padding_queries(ctx_btnh, mask)
-      self.weights_bnts = nnx.Intermediate(weights_bnts)
-    else:
-      ctx_btnh = attention(q_btnh, k_bsnh, v_bsnh, mask, impl=self.impl, dropout_rate=self.dropout_rate, rng=rng)
-    y_btd = dense(ctx_btnh, weight(self.wo_nhd), contract=2)
-    return y_btd + self.bo_d[...].astype(y_btd.dtype) if self.use_bias else y_btd
-
-  def attend_cached(self, q_bnh, k_bnsh, v_bnsh, mask_bns) -> jax.Array:
-    """`attend` for one decoding position over a heads-first cache: [b, d]."""
-    ctx_bnh = single_query_attention(q_bnh, k_bnsh, v_bnsh, mask_bns)
-    y_bd = dense(ctx_bnh, weight(self.wo_nhd), contract=2)
-    return y_bd + self.bo_d[...].astype(y_bd.dtype) if self.use_bias else y_bd
-
-  def __call__(self, x_btd: jax.Array, context_bsd: jax.Array, mask: SegmentMask | jax.Array, *,
-               positions_bt: jax.Array | None = None, context_positions_bs: jax.Array | None = None,
-               rng: jax.Array | None = None) -> jax.Array:
-    """Attention of `x` over `context` (pass x itself for self-attention)."""
-    q_btnh = self.query(x_btd, positions_bt)
-    k_bsnh, v_bsnh = self.key_value(context_bsd, context_positions_bs)
-    return self.attend(q_btnh, k_bsnh, v_bsnh, mask, rng)

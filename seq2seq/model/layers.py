@@ -34,9 +34,11 @@ def weight(p: nnx.Param) -> jax.Array:
   return constrain(p[...], p.get_metadata()["axes"])
 
 
-def xavier(in_axis, out_axis):
-  """Glorot-uniform over the given fan-in / fan-out axes (Vaswani et al., fairseq)."""
-  return nnx.initializers.variance_scaling(1.0, "fan_avg", "uniform", in_axis=in_axis, out_axis=out_axis)
+def xavier(in_axis, out_axis, batch_axis=()):
+  """Glorot-uniform over the given fan-in / fan-out axes (Vaswani et al., fairseq); each
+  index of `batch_axis` is a matrix of its own (the q, k, v of a fused projection)."""
+  return nnx.initializers.variance_scaling(1.0, "fan_avg", "uniform", in_axis=in_axis, out_axis=out_axis,
+                                           batch_axis=batch_axis)
 
 
 def dropout(x: jax.Array, rate: float, rng: jax.Array | None) -> jax.Array:

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from seq2seq.model.attention import MultiHeadAttention, SegmentMask
+from seq2seq.model.attention import SegmentMask
 from seq2seq.model.config import ModelConfig
 from seq2seq.model.layers import (
   Embed,
@@ -35,6 +35,7 @@ from seq2seq.model.layers import (
   sinusoidal,
   weight,
 )
+from seq2seq.model.multihead import MultiHeadAttention
 from seq2seq.sharding import constrain
 
 Cache = dict[str, Any]
@@ -47,9 +48,9 @@ def _norm(cfg: ModelConfig, rngs: nnx.Rngs) -> Norm:
 
 def _attention(cfg: ModelConfig, rngs: nnx.Rngs, *, self_attention: bool) -> MultiHeadAttention:
   return MultiHeadAttention(cfg.d_model, cfg.num_heads, cfg.head_size, use_bias=cfg.use_bias,
-                            dropout_rate=cfg.attention_dropout_rate, rope_base=cfg.rope_base,
-                            use_rope=self_attention and cfg.positions == "rope", impl=cfg.attention_impl,
-                            rngs=rngs)
+                            dropout_rate=cfg.attention_dropout_rate, self_attention=self_attention,
+                            rope_base=cfg.rope_base, use_rope=self_attention and cfg.positions == "rope",
+                            impl=cfg.attention_impl, rngs=rngs)
 
 
 def _ffn(cfg: ModelConfig, rngs: nnx.Rngs) -> FeedForward:

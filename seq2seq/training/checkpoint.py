@@ -25,6 +25,7 @@ from orbax.checkpoint.checkpoint_managers import preservation_policy as policies
 from seq2seq import metrics
 from seq2seq.errors import CheckpointError, IdentityError
 from seq2seq.files import file_sha256, write_atomic
+from seq2seq.model import upgrade
 from seq2seq.model.config import ModelConfig
 
 CHECKSUMS = "seq2seq_checksums.json"
@@ -103,6 +104,16 @@ def check_identity(saved: dict, current: dict, where: str, allow_data_change: bo
                        "--config.train.allow_data_change=true to go on with the new settings")
     return data_diffs
   return []
+
+
+def restore_layout(restore, state_dir: pathlib.Path, target):
+  """`restore(tree)` (what orbax reads into the layout of `tree`) laid out like `target`. A
+  tree saved with separate q/k/v attention weights (orbax's metadata at `state_dir` says) is
+  read in that layout and fused (seq2seq.model.upgrade)."""
+  if not upgrade.is_old(ocp.PyTreeCheckpointHandler().metadata(state_dir)):
+    return restore(target)
+  _log.info("%s has separate q/k/v attention weights; fusing them as they are restored", state_dir)
+  return upgrade.fuse(target, restore(upgrade.split(target)))
 
 
 class Checkpoints:
@@ -233,28 +244,31 @@ class Checkpoints:
     """(state, data_state, step) of `step`, or of the newest intact checkpoint not in
     `skip`, laid out like `target_state`; damaged ones passed over are in `self.fallbacks`."""
     def read(step):
-      saved = self.manager.restore(step, args=ocp.args.Composite(identity=ocp.args.JsonRestore()))
+      saved = self.manager.restore(step, args=ocp.args.Composite(identity=ocp.args.JsonRestore(),
+                                                                 data=ocp.args.JsonRestore()))
       self.data_changes = check_identity(saved.identity, run_identity, str(self.directory / str(step)),
                                          self.allow_data_change)
-      return self.manager.restore(step, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(target_state), data=ocp.args.JsonRestore()))
+      state = restore_layout(lambda target: self.manager.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(target))).state, self.directory / str(step) / "state", target_state)
+      return state, saved.data
 
-    step, restored = self._newest_intact(read, step, skip)
-    return restored.state, restored.data, step
+    step, (state, data_state) = self._newest_intact(read, step, skip)
+    return state, data_state, step
 
   def restore_params(self, target_params, run_identity: dict, step: int | None = None):
     """(parameters, step) of `step`, or of the newest intact checkpoint (no optimizer
     state), laid out like `target_params`."""
-    target = {"params": target_params}
-
     def read(step):
       saved = self.manager.restore(step, args=ocp.args.Composite(identity=ocp.args.JsonRestore()))
       check_identity(saved.identity, run_identity, str(self.directory / str(step)))
-      return self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
-          target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True)))
 
-    step, restored = self._newest_intact(read, step)
-    return restored.state["params"], step
+      def params(target):
+        return self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+            target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True))).state
+      return restore_layout(params, self.directory / str(step) / "state", {"params": target_params})["params"]
+
+    step, params = self._newest_intact(read, step)
+    return params, step
 
   def wait(self) -> None:
     """Waits for the last save; raises CheckpointError if it failed."""
