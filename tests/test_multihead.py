@@ -20,7 +20,7 @@ def reference(x_btd, c_bsd, wq, wk, wv, wo, bq, bv, bo, mask_ts):
   q, k = np.einsum("btd,dnh->btnh", x_btd, wq) + bq, np.einsum("bsd,dnh->bsnh", c_bsd, wk)
   v = np.einsum("bsd,dnh->bsnh", c_bsd, wv) + bv
   logits = np.einsum("btnh,bsnh->bnts", q, k) / math.sqrt(q.shape[-1])
-  logits = np.where(mask_ts, logits, -np.inf)
+  logits = np.where(mask_ts, logits, -1e30)  # a fully masked (padding) query: uniform, not compared
   weights = np.exp(logits - logits.max(-1, keepdims=True))
   weights /= weights.sum(-1, keepdims=True)
   return np.einsum("bnts,bsnh,nhd->btd", weights, v, wo) + bo
@@ -31,8 +31,8 @@ def randomize(mha: MultiHeadAttention, seed: int) -> dict[str, np.ndarray]:
   rng = np.random.default_rng(seed)
   out = {}
   for path, var in nnx.to_flat_state(nnx.state(mha, nnx.Param)):
-    var.value = jnp.asarray(rng.standard_normal(var.value.shape) * 0.3, jnp.float32)
-    out[path[-1]] = np.asarray(var.value, np.float64)
+    var.set_value(jnp.asarray(rng.standard_normal(var.shape) * 0.3, jnp.float32))
+    out[path[-1]] = np.asarray(var[...], np.float64)
   return out
 
 
