@@ -1,6 +1,7 @@
 """Attention: masks, every attention path that runs on the CPU against `explicit_attention`
-(XLA with the dense mask, XLA given sequence lengths: the call cuDNN gets on GPU, and the TPU
-splash kernel in Pallas' interpreter), gradients, and the choice of implementation."""
+(XLA with the dense mask, XLA given sequence lengths: the call cuDNN gets on GPU, the GPU
+flash kernel and the TPU splash kernel in Pallas' interpreter), gradients, and the choice of
+implementation."""
 
 import jax
 import jax.numpy as jnp
@@ -15,6 +16,7 @@ from seq2seq.model.attention import (
   choose_implementation,
   dot_product_attention,
   explicit_attention,
+  flash_attention,
   lengths_attention,
   splash_attention,
 )
@@ -105,8 +107,8 @@ def segment_ids(rows, length):
 TGT_BT = segment_ids([(40, 50, 20), (70,), (128,), ()], 128)
 SRC_BS = segment_ids([(60, 100, 50), (256,), (10,), ()], 256)
 CASES = {"self": (TGT_BT, TGT_BT, False), "causal": (TGT_BT, TGT_BT, True), "cross": (TGT_BT, SRC_BS, False)}
-# f32: XLA computes what the explicit softmax does (equal to rounding); splash's online softmax
-# sums in another order (measured up to 1.2e-6). bf16: every path computes logits and softmax in f32 but rounds the weights
+# f32: XLA computes what the explicit softmax does (equal to rounding); splash's and flash's
+# online softmax sums in another order (measured up to 1.2e-6). bf16: every path computes logits and softmax in f32 but rounds the weights
 # and the output to bf16 at different points: up to two bf16 ulps (2 * 2^-7) where |out| < 2.
 TOLERANCE = {jnp.float32: dict(rtol=1e-5, atol=3e-6), jnp.bfloat16: dict(rtol=0, atol=2 * 2.0**-7)}
 
@@ -131,6 +133,7 @@ KERNELS = {
     "xla_mask": lambda q, k, v, mask: dot_product_attention(q, k, v, mask.dense_b1ts()),
     "xla_lengths": lambda q, k, v, mask: lengths_attention(q, k, v, mask, implementation="xla"),
     "splash": lambda q, k, v, mask: splash_attention(q, k, v, mask, interpret=True),
+    "flash": lambda q, k, v, mask: flash_attention(q, k, v, mask, interpret=True),
 }
 
 
@@ -210,7 +213,7 @@ def test_auto_falls_back_to_xla_when_cudnn_cannot_trace(monkeypatch):
     attention(q, k, v, mask, impl="cudnn")
 
 
-@pytest.mark.parametrize("impl, match", [("cudnn", "GPU only"), ("splash", "TPU only")])
+@pytest.mark.parametrize("impl, match", [("cudnn", "GPU only"), ("flash", "GPU only"), ("splash", "TPU only")])
 def test_a_requested_kernel_that_cannot_run_is_an_error_naming_the_setting(impl, match):
   mha = MultiHeadAttention(16, 2, 8, use_bias=False, dropout_rate=0.0, impl=impl, rngs=nnx.Rngs(0))
   x = jnp.ones((1, 4, 16), jnp.float32)
@@ -227,7 +230,12 @@ CHOICES = [
     ("auto", "gpu", BF16, 64, (40, 50), False, False, "cudnn"),
     ("auto", "gpu", jnp.float16, 128, (40, 50), False, False, "cudnn"),
     ("auto", "gpu", F32, 64, (40, 50), False, False, "xla"),  # cuDNN needs bf16/fp16
-    ("auto", "gpu", BF16, 64, (40, 50), True, False, "xla"),  # packed rows: dense mask
+    ("auto", "gpu", BF16, 64, (48, 64), True, False, "flash"),  # packed rows: the Pallas kernel
+    ("auto", "gpu", jnp.float16, 128, (256, 160), True, False, "flash"),
+    ("auto", "gpu", BF16, 64, (40, 50), True, False, "xla"),  # packed, lengths not multiples of 16
+    ("auto", "gpu", F32, 64, (48, 64), True, False, "xla"),  # packed, float32
+    ("auto", "gpu", BF16, 24, (48, 64), True, False, "xla"),  # packed, head dim not a power of two
+    ("flash", "gpu", BF16, 64, (48, 64), False, False, "flash"),
     ("auto", "gpu", BF16, 12, (40, 50), False, False, "xla"),  # head dim not a multiple of 8
     ("auto", "gpu", BF16, 256, (40, 50), False, False, "xla"),  # head dim over 128
     ("auto", "gpu", BF16, 64, (40, 50), False, True, "explicit"),  # attention dropout
@@ -265,7 +273,54 @@ def test_choose_implementation_edge_cases():
   with pytest.raises(ValueError, match="multiples of 128"):
     choose_implementation("splash", platform="tpu", **common | {"q_len": 64})
   with pytest.raises(ValueError, match="must be one of"):
-    choose_implementation("flash", platform="gpu", **common)
+    choose_implementation("flashy", platform="gpu", **common)
+  packed = common | {"packed": True}  # the flash kernel on several GPUs needs the mesh too
+  assert choose_implementation("auto", platform="gpu", device_count=8, **packed) == "xla"
+  assert choose_implementation("auto", platform="gpu", device_count=8, mesh_size=8, **packed) == "flash"
+  with pytest.raises(ValueError, match="flash kernel runs on GPU only"):
+    choose_implementation("flash", platform="cpu", **packed)
+
+
+def test_on_a_gpu_packed_rows_take_the_flash_kernel_unless_it_does_not_compile(monkeypatch, caplog):
+  """A "GPU" (this CPU posing as one; the kernel interpreted): "auto" runs the flash kernel
+  on packed bf16 rows; if the kernel did not compile there, XLA with a warning; a requested
+  "flash" that does not compile is an error naming the setting."""
+  from seq2seq.model import attention as attention_module
+  from seq2seq.model import flash
+
+  q, k, v, mask = qkv("cross", jnp.bfloat16)
+  run = lambda impl: np.asarray(jax.jit(lambda *a: attention(*a, impl=impl))(q, k, v, mask), np.float32)  # traced anew
+  want = run("xla")
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  ran = []
+  monkeypatch.setattr(attention_module, "flash_attention",
+                      lambda *a, **kw: ran.append(1) or flash_attention(*a, **kw, interpret=True))
+  monkeypatch.setattr(flash, "compiles", lambda dtype, head_dim: None)
+  got = run("auto")
+  assert ran and np.allclose(got, want, **TOLERANCE[jnp.bfloat16])
+  monkeypatch.setattr(flash, "compiles", lambda dtype, head_dim: "TritonError: unsupported")
+  ran.clear()
+  got = run("auto")
+  assert not ran and np.array_equal(got, want)
+  with pytest.raises(ValueError, match="attention_impl='flash' does not compile on this GPU: TritonError"):
+    attention(q, k, v, mask, impl="flash")
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "self"])
+def test_flash_gradients_equal_explicit_on_packed_rows(causal):
+  """Several segments a row and padding, causal or not: the kernel's backward (two Pallas
+  kernels, interpreted) equals autodiff through the explicit softmax on real queries."""
+  segments = segment_ids([(20, 30, 10), (64,)], 64)
+  mask = SegmentMask(segments, segments, causal=causal)
+  rng = np.random.default_rng(5)
+  q, k, v, dz = (jnp.asarray(rng.standard_normal((2, 64, 2, 16)), jnp.float32) for _ in range(4))
+  real = (segments != 0)[:, :, None, None]
+  grads = {}
+  for name, kernel in (("flash", KERNELS["flash"]), ("explicit", KERNELS["explicit"])):
+    _, vjp = jax.vjp(lambda q, k, v: jnp.where(real, kernel(q, k, v, mask), 0.0), q, k, v)
+    grads[name] = vjp(dz)
+  for got, want in zip(grads["flash"], grads["explicit"]):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_transformer_takes_the_packed_flag_and_the_implementation_setting():
@@ -286,7 +341,9 @@ import os
 os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 import jax, jax.numpy as jnp, numpy as np
 from seq2seq import sharding
-from seq2seq.model.attention import SegmentMask, explicit_attention, splash_attention
+import sys
+from seq2seq.model.attention import SegmentMask, explicit_attention, flash_attention, splash_attention
+kernel = {"splash": splash_attention, "flash": flash_attention}[sys.argv[1]]
 rng = np.random.default_rng(0)
 q, k, v = (jnp.asarray(rng.normal(size=(4, 128, 4, 16)), jnp.float32) for _ in range(3))
 seg = np.ones((4, 128), np.int32); seg[0, 60:] = 2; seg[1, 100:] = 0; seg = jnp.asarray(seg)
@@ -294,7 +351,7 @@ mask = SegmentMask(seg, seg, causal=True)
 mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
 def run(q, k, v, mask):
   with sharding.activation_mesh(mesh):
-    return splash_attention(q, k, v, mask, interpret=True)
+    return kernel(q, k, v, mask, interpret=True)
 real = (seg != 0)[:, :, None, None]  # padding queries: attention() zeroes them on every path
 got = jnp.where(real, jax.jit(run)(q, k, v, mask), 0.0)
 want = jnp.where(real, explicit_attention(q, k, v, mask.dense_b1ts()), 0.0)
@@ -303,7 +360,8 @@ print(float(jnp.max(jnp.abs(got - want))), "shard_map" in str(jax.make_jaxpr(run
 
 
 @pytest.mark.slow
-def test_splash_runs_per_device_in_shard_map_on_a_data_fsdp_tensor_mesh():
+@pytest.mark.parametrize("kernel", ["splash", "flash"])
+def test_pallas_kernels_run_per_device_in_shard_map_on_a_data_fsdp_tensor_mesh(kernel):
   """On a (2, 2, 2) mesh of fake CPU devices the Pallas kernel (interpreted) runs in
   shard_map on each device's rows and heads and equals explicit attention."""
   import subprocess
@@ -311,7 +369,7 @@ def test_splash_runs_per_device_in_shard_map_on_a_data_fsdp_tensor_mesh():
 
   from conftest import REPO
 
-  out = subprocess.run([sys.executable, "-c", SPLASH_ON_A_MESH], capture_output=True, text=True, timeout=300,
+  out = subprocess.run([sys.executable, "-c", SPLASH_ON_A_MESH, kernel], capture_output=True, text=True, timeout=300,
                        cwd=REPO)
   assert out.returncode == 0, out.stderr[-3000:]
   error, used_shard_map = out.stdout.split()

@@ -11,17 +11,18 @@ What runs (`config.model.attention_impl="auto"`, picked at trace time by
     dropout to the weights or returns them.
   - CPU: XLA, `jax.nn.dot_product_attention(implementation="xla")` with the dense
     [b, 1, t, s] boolean mask (logits [b, n, t, s] in f32 are materialised).
-  - GPU: cuDNN flash attention, `jax.nn.dot_product_attention(implementation="cudnn")`
-    with `query_seq_lengths` / `key_value_seq_lengths` and `is_causal` (no mask tensor),
-    when every row is one segment then padding (`SegmentMask.packed=False`), q/k/v are
-    bfloat16 or float16 and the head dim is a multiple of 8 and at most 128. Otherwise XLA
-    as on CPU: float32 inputs, and packed rows (the default `data.fill_rows`). For packed
-    rows the public API would take the mask only as an additive [b, 1, t, s] bias whose
-    gradient it always asks cuDNN for (`should_export_dbias` returns True in 0.10.2;
-    earlier JAX refused "bias gradient" unless the batch was 1), and cuDNN's own packed
-    layout (`q_offsets` / `kv_offsets` in the private
-    `jax._src.cudnn.fused_attention_stablehlo.dot_product_attention`) needs Hopper and a
-    static bound on segments per row; neither could be run here, so neither is used.
+  - GPU, unpacked rows: cuDNN flash attention, `jax.nn.dot_product_attention(
+    implementation="cudnn")` with `query_seq_lengths` / `key_value_seq_lengths` and
+    `is_causal` (no mask tensor), when every row is one segment then padding
+    (`SegmentMask.packed=False`), q/k/v are bfloat16 or float16 and the head dim is a
+    multiple of 8 and at most 128.
+  - GPU, packed rows (the default `data.fill_rows`): `seq2seq.model.flash`, a Pallas
+    (Triton) FlashAttention-2 kernel with separate query and key segment ids, so
+    self-attention (causal or not) and cross-attention alike, when q/k/v are bfloat16 or
+    float16, the head dim is 16, 32, 64 or 128 and both lengths are multiples of 16. It is
+    compiled once per process on a small problem first; if that fails, a warning and XLA.
+    On a mesh it runs in `jax.shard_map` like splash. (Why not JAX's shipped GPU kernel or
+    cuDNN's packed layout: seq2seq/model/flash.py.) Otherwise XLA as on CPU.
   - TPU: the Pallas splash-attention kernel
     (`jax.experimental.pallas.ops.tpu.splash_attention`) with segment ids and a static
     causal or full mask, when both lengths are multiples of 128 (its blocks are multiples
@@ -43,6 +44,7 @@ import jax
 import jax.numpy as jnp
 
 from seq2seq.errors import ConfigError
+from seq2seq.model import flash
 from seq2seq.model.layers import dropout
 from seq2seq.sharding import activation_spec, current_mesh
 
@@ -51,7 +53,7 @@ try:  # experimental API; absent or moved in other JAX versions: TPU then takes 
 except ImportError:  # pragma: no cover
   _splash = None
 
-IMPLEMENTATIONS = ("auto", "xla", "explicit", "cudnn", "splash")
+IMPLEMENTATIONS = ("auto", "xla", "explicit", "cudnn", "flash", "splash")
 _CUDNN_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 _SPLASH_BLOCK = 128  # splash's blocks are multiples of the 128 TPU lanes
 _warn_once = functools.cache(logging.getLogger(__name__).warning)
@@ -171,12 +173,25 @@ def splash_attention(q_btnh, k_bsnh, v_bsnh, mask: SegmentMask, *, interpret: bo
       return heads_first(out_nth)
     return jax.vmap(one)(q_btnh, k_bsnh, v_bsnh, q_segments_bt, k_segments_bs)
 
+  return _per_device(local, q_btnh, k_bsnh, v_bsnh, mask)
+
+
+def flash_attention(q_btnh, k_bsnh, v_bsnh, mask: SegmentMask, *, interpret: bool = False) -> jax.Array:
+  """The GPU flash kernel of `seq2seq.model.flash` (packed or not, causal or not, self or
+  cross), per device inside the train step's mesh."""
+  def local(q_btnh, k_bsnh, v_bsnh, q_segments_bt, k_segments_bs):
+    return flash.flash_attention(q_btnh, k_bsnh, v_bsnh, q_segments_bt, k_segments_bs, mask.causal, interpret)
+  return _per_device(local, q_btnh, k_bsnh, v_bsnh, mask)
+
+
+def _per_device(local, q_btnh, k_bsnh, v_bsnh, mask: SegmentMask) -> jax.Array:
+  """local(q, k, v, q_segments, k_segments) on the whole arrays, or inside the train step's
+  mesh in `jax.shard_map`, each device on its rows (data x fsdp) and heads (tensor), laid
+  out as `constrain` lays out activations: a Pallas call has no SPMD partitioning rule."""
   args = (q_btnh, k_bsnh, v_bsnh, mask.q_segments_bt, mask.k_segments_bs)
   mesh = current_mesh()
   if mesh is None or mesh.size == 1:
     return local(*args)
-  # On a mesh: one kernel call per device on its rows (data x fsdp) and heads (tensor),
-  # laid out as `constrain` lays out activations.
   spec_btnh = activation_spec(("batch", "length", "heads", "kv"), q_btnh.shape, mesh)
   spec_bsnh = activation_spec(("batch", "length", "heads", "kv"), k_bsnh.shape, mesh)
   spec_bt = activation_spec(("batch", "length"), mask.q_segments_bt.shape, mesh)
@@ -220,7 +235,7 @@ def _splash_blockers(*, platform, q_len, kv_len, segments, device_count, mesh_si
 def choose_implementation(requested: str, *, platform: str, dtype, head_dim: int, q_len: int, kv_len: int,
                           packed: bool, segments: bool = True, dropout: bool = False, record_weights: bool = False,
                           device_count: int = 1, mesh_size: int = 0) -> str:
-  """Which attention runs: "explicit", "xla", "cudnn" or "splash" (a pure function of static facts).
+  """Which attention runs: "explicit", "xla", "cudnn", "flash" or "splash" (a pure function of static facts).
 
   `requested` is `config.model.attention_impl`; "auto" takes the first kernel that can run
   on `platform` ("cpu" / "gpu" / "tpu", as `jax.default_backend()` names them), else XLA.
@@ -238,8 +253,13 @@ def choose_implementation(requested: str, *, platform: str, dtype, head_dim: int
                      "(config.model.attention_dropout_rate > 0): use 'auto' or 'explicit'")
   if requested in ("xla", "explicit"):
     return requested
+  on_mesh = [] if device_count == 1 or mesh_size >= 1 else [
+      f"a Pallas kernel on {device_count} devices needs the mesh (seq2seq.sharding.activation_mesh) to run in "
+      "jax.shard_map; it cannot be partitioned automatically"]
   blockers = {
       "cudnn": _cudnn_blockers(platform=platform, dtype=dtype, head_dim=head_dim, packed=packed, segments=segments),
+      "flash": flash.blockers(platform=platform, dtype=dtype, head_dim=head_dim, q_len=q_len, kv_len=kv_len,
+                              segments=segments) + on_mesh,
       "splash": _splash_blockers(platform=platform, q_len=q_len, kv_len=kv_len, segments=segments,
                                  device_count=device_count, mesh_size=mesh_size),
   }
@@ -248,7 +268,7 @@ def choose_implementation(requested: str, *, platform: str, dtype, head_dim: int
       raise ConfigError(f"config.model.attention_impl={requested!r} cannot run here: "
                        + "; ".join(blockers[requested]))
     return requested
-  return next((kernel for kernel in ("cudnn", "splash") if not blockers[kernel]), "xla")
+  return next((kernel for kernel in ("cudnn", "flash", "splash") if not blockers[kernel]), "xla")
 
 
 def _zero_padding_queries(out_btnh: jax.Array, mask) -> jax.Array:
@@ -281,6 +301,15 @@ def attention(q_btnh: jax.Array, k_bsnh: jax.Array, v_bsnh: jax.Array, mask: Seg
         raise
       _warn_once(f"cuDNN attention unavailable ({err}); using XLA")
       out_btnh = dot_product_attention(q_btnh, k_bsnh, v_bsnh, dense_b1ts())
+  elif choice == "flash":
+    problem = flash.compiles(jnp.dtype(q_btnh.dtype).name, h)
+    if problem and impl == "flash":
+      raise ConfigError(f"config.model.attention_impl='flash' does not compile on this GPU: {problem}")
+    if problem:
+      _warn_once(f"the flash attention kernel does not compile on this GPU ({problem}); using XLA")
+      out_btnh = dot_product_attention(q_btnh, k_bsnh, v_bsnh, dense_b1ts())
+    else:
+      out_btnh = flash_attention(q_btnh, k_bsnh, v_bsnh, mask)
   elif choice == "splash":
     out_btnh = splash_attention(q_btnh, k_bsnh, v_bsnh, mask)
   else:
