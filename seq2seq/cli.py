@@ -10,7 +10,8 @@
   workdir), or an OSError of the environment (disk full, no permission, a file-size limit),
   named by its file. Anything else is a bug and keeps its traceback (exit status 1).
 - Compiled programs are kept on disk (`--compilation_cache`, default
-  ~/.cache/seq2seq/xla/host-HASH, one folder per host instruction set): a second evaluation, a translation or a resumed
+  $SEQ2SEQ_CACHE/xla/host-HASH or ~/.cache/seq2seq/xla/host-HASH, one folder per host
+  instruction set; seq2seq/compilation.py): a second evaluation, a translation or a resumed
   run loads them instead of compiling again. `--compilation_cache=` turns it off;
   JAX_COMPILATION_CACHE_DIR, when set, wins.
 """
@@ -18,17 +19,15 @@
 from __future__ import annotations
 
 import difflib
-import hashlib
 import importlib.util
 import os
-import pathlib
 import re
 import shlex
 import sys
 
 from absl import app, flags
 
-from seq2seq import errors
+from seq2seq import compilation, errors
 from seq2seq.errors import ConfigError
 
 USAGE_ERROR = 2
@@ -166,32 +165,6 @@ def _set_log_level() -> None:
     flags.FLAGS.verbosity = LOG_LEVELS[flags.FLAGS.log_level]  # absl applies it to Python's logging (orbax, JAX)
 
 
-def default_compilation_cache() -> str:
-  """~/.cache/seq2seq/xla (or $XDG_CACHE_HOME/...) / one folder per host CPU type: XLA's CPU
-  programs use the host's instruction set, so a home directory shared by a cluster's
-  different machines must not mix them (accelerator programs are keyed by device already)."""
-  try:
-    cpu = pathlib.Path("/proc/cpuinfo").read_text()
-    cpu = next((line for line in cpu.splitlines() if line.startswith(("flags", "Features"))), cpu[:4096])
-  except OSError:
-    import platform
-
-    cpu = platform.processor() or platform.machine()
-  base = pathlib.Path(os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache")
-  return str(base / "seq2seq" / "xla" / f"host-{hashlib.sha256(cpu.encode()).hexdigest()[:12]}")
-
-
-def enable_compilation_cache(path: str) -> None:
-  """JAX's persistent compilation cache in `path` ("" turns it off), for programs that take
-  over 0.2 s to compile; JAX_COMPILATION_CACHE_DIR, when set, wins."""
-  if not path or os.environ.get("JAX_COMPILATION_CACHE_DIR"):
-    return
-  import jax
-
-  jax.config.update("jax_compilation_cache_dir", path)
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
-
-
 def run(main, module: str | None = None, argv=None) -> None:
   """`app.run(main)` with the shared flags, where bad input ends as `error: ...`, exit status 2.
   `module` (the command's module name) puts its flags first in --help."""
@@ -199,7 +172,7 @@ def run(main, module: str | None = None, argv=None) -> None:
     flags.DEFINE_enum("log_level", "WARNING", list(LOG_LEVELS), "Library log messages shown (absl, orbax, JAX); "
                       "the run's own lines always are. INFO shows the libraries' progress messages.")
   if "compilation_cache" not in flags.FLAGS:
-    flags.DEFINE_string("compilation_cache", default_compilation_cache(), "Folder of compiled programs kept "
+    flags.DEFINE_string("compilation_cache", compilation.default_folder(), "Folder of compiled programs kept "
                         "between runs (JAX's persistent compilation cache); empty: compile every time.")
   program = (argv or sys.argv)[0]
   shared = [flags.FLAGS[name] for name in ("coordinator_address", "num_processes", "process_id", "log_level",
@@ -208,7 +181,7 @@ def run(main, module: str | None = None, argv=None) -> None:
     flags.FLAGS.register_key_flag_for_module(program, flag)  # listed by --help, not only --helpfull
 
   def guarded(args):
-    enable_compilation_cache(flags.FLAGS.compilation_cache)
+    compilation.enable(flags.FLAGS.compilation_cache)
     try:
       return main(args)
     except errors.Error as err:  # the user's mistakes and the environment's refusals (seq2seq/errors.py)

@@ -70,16 +70,23 @@ def test_scores_are_the_models_log_probability_of_the_translation(tiny_run, beam
   translator = Translator.from_workdir(tiny_run, beam_size=beam, alpha=0.6, max_len_b=8, batch_size=4)
   sources = [s for s in SENTENCES if s]
   ids = translator.tok.encode(sources)
-  hyps, scores = translator._translate_ids(translator.params, ids, False)
+  hyps, scores = translator._translate_ids(translator.params, ids, False, nbest=beam)  # the n-best, n = beam
   model = nnx.merge(translator.graphdefs[0], translator.params)
-  for src, hyp, score in zip(ids, hyps, scores):
-    target = hyp + [1]  # the search's output ends with eos (id 1), which is scored too
-    logits_btv = model(jnp.asarray([src]), jnp.asarray([[1] + target[:-1]]))
-    logp = float(jnp.sum(jnp.take_along_axis(jax.nn.log_softmax(logits_btv[0]), jnp.asarray(target)[:, None], 1)))
-    expected = logp if beam == 1 else logp / float(decode.length_penalty(len(target), 0.6))
-    assert score == pytest.approx(expected, abs=1e-4)
-  text, text_scores = translator.translate(sources, return_scores=True)
-  assert text_scores == scores and text == [translator.tok.decode(h) for h in hyps]
+  for src, best, best_scores in zip(ids, hyps, scores):
+    assert len({tuple(h) for h in best}) == beam and best_scores == sorted(best_scores, reverse=True)
+    for hyp, score in zip(best, best_scores):
+      target = hyp + [1]  # the search's output ends with eos (id 1), which is scored too
+      logits_btv = model(jnp.asarray([src]), jnp.asarray([[1] + target[:-1]]))
+      logp = float(jnp.sum(jnp.take_along_axis(jax.nn.log_softmax(logits_btv[0]), jnp.asarray(target)[:, None], 1)))
+      expected = logp if beam == 1 else logp / float(decode.length_penalty(len(target), 0.6))
+      assert score == pytest.approx(expected, abs=1e-4)
+  text, text_scores = translator.translate(sources, return_scores=True)  # the 1-best search stops sooner: the same
+  assert text_scores == [s[0] for s in scores] and text == [translator.tok.decode(h[0]) for h in hyps]
+  if beam > 1:
+    nbest, nbest_scores = translator.translate(sources, return_scores=True, nbest=beam)
+    assert nbest_scores == scores and nbest == [[translator.tok.decode(h) for h in best] for best in hyps]
+    with pytest.raises(ValueError, match="nbest=4 must be between 1 and the beam size"):
+      translator.translate(sources, nbest=beam + 1)
 
 
 @pytest.fixture(scope="module")
@@ -165,6 +172,38 @@ def _imports(path: pathlib.Path, modules, top_level_only: bool = False) -> set[s
     elif isinstance(node, ast.Import):
       names |= {a.name for a in node.names if a.name.startswith("seq2seq")}
   return names
+
+
+CACHED_TRANSLATION = """
+import sys
+from seq2seq import Translator
+folder = {"default": {}, "off": {"compilation_cache": ""}}.get(sys.argv[2], {"compilation_cache": sys.argv[2]})
+print(Translator.from_workdir(sys.argv[1], beam_size=2, **folder).translate("A man is riding a bike."))
+"""
+
+
+@pytest.mark.slow
+def test_the_python_api_keeps_compiled_programs_where_the_commands_do(tiny_run, tmp_path):
+  """Translator.from_workdir uses the persistent compilation cache: by default in
+  $SEQ2SEQ_CACHE/xla/host-HASH (the commands' default), in a chosen folder, or not at all."""
+  import os
+
+  env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}  # that variable would win
+  outputs = {}
+  for choice in ("default", "off", str(tmp_path / "chosen")):
+    cache = tmp_path / f"seq2seq-cache-{len(outputs)}"
+    out = subprocess.run([sys.executable, "-c", CACHED_TRANSLATION, str(tiny_run), choice], capture_output=True,
+                         text=True, timeout=300, cwd=REPO, env=env | {"SEQ2SEQ_CACHE": str(cache)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    outputs[choice] = out.stdout
+    programs = [p for p in cache.rglob("*") if p.is_file()]
+    if choice == "default":
+      assert programs and all(p.relative_to(cache).parts[:2][0] == "xla" for p in programs)
+      assert programs[0].relative_to(cache).parts[1].startswith("host-")
+    else:
+      assert not programs
+  assert [p for p in (tmp_path / "chosen").rglob("*") if p.is_file()]
+  assert len(set(outputs.values())) == 1
 
 
 def test_the_layout_flows_one_way_without_import_cycles():

@@ -38,6 +38,19 @@ def test_translate_reads_stdin_and_writes_one_line_per_line(tiny_run, tmp_path):
 
 
 @pytest.mark.slow
+def test_translate_writes_the_n_best_with_line_numbers_and_scores(tiny_run, tmp_path):
+  lines = ["A man is riding a bike.", "Two dogs play in the snow."]
+  out = run(command("seq2seq-translate") + [f"--workdir={tiny_run}", "--beam_size=3", "--nbest=3"], tmp_path,
+            stdin="".join(line + "\n" for line in lines))
+  assert out.returncode == 0, out.stderr
+  rows = [line.split("\t") for line in out.stdout.splitlines()]
+  hyps, scores = Translator.from_workdir(tiny_run, beam_size=3).translate(lines, return_scores=True, nbest=3)
+  assert rows == [[str(n), f"{s:.4f}", h] for n, (best, best_scores) in enumerate(zip(hyps, scores), 1)
+                  for h, s in zip(best, best_scores)]
+  assert [h[0] for h in hyps] == Translator.from_workdir(tiny_run, beam_size=3).translate(lines)
+
+
+@pytest.mark.slow
 def test_translate_an_exported_model_with_scores(tiny_run, tmp_path):
   model_dir = export.export(tiny_run, tmp_path / "model")
   lines = ["A man is riding a bike.", "Two dogs play in the snow."]

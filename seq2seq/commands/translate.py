@@ -3,6 +3,7 @@
   seq2seq-translate --workdir=DIR [--checkpoint=best|STEP] < in.en > out.de
   seq2seq-translate --model=MODEL_DIR < in.en > out.de      # a `python -m seq2seq.export` folder
   echo "A man rides a bike." | seq2seq-translate --workdir=DIR --beam_size=1
+  seq2seq-translate --workdir=DIR --beam_size=5 --nbest=5 < in.en         # LINE<TAB>SCORE<TAB>TRANSLATION
 
 At a terminal each line is translated as it is typed; piped input is translated in batches.
 """
@@ -22,6 +23,8 @@ _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "With --workdir: 'best' or
 _BEAM_SIZE = flags.DEFINE_integer("beam_size", None, "Beam size (default: the config's eval.beam_size); 1 = greedy.")
 _ALPHA = flags.DEFINE_float("alpha", None, "Length penalty exponent (default: the config's eval.alpha).")
 _SCORES = flags.DEFINE_bool("scores", False, "Write SCORE<TAB>TRANSLATION lines (the search's score).")
+_NBEST = flags.DEFINE_integer("nbest", 1, "Write the N best translations of each line (N at most the beam size), "
+                              "best first, as N lines LINE<TAB>SCORE<TAB>TRANSLATION; LINE counts input lines from 1.")
 
 
 def main(argv) -> None:
@@ -35,6 +38,14 @@ def main(argv) -> None:
   else:
     translator = Translator.from_workdir(_WORKDIR.value, cli.checkpoint_choice(_CHECKPOINT.value), **settings)
   lines = sys.stdin
+  if _NBEST.value > 1:
+    sentences = list(evaluate.decoded_lines(lines))
+    hypotheses, scores = translator.translate(sentences, return_scores=True, nbest=_NBEST.value)
+    for number, (hyps, best_scores) in enumerate(zip(hypotheses, scores), 1):
+      for hyp, score in zip(hyps, best_scores):
+        sys.stdout.write(f"{number}\t{score:.4f}\t{hyp}\n")
+    sys.stdout.flush()
+    return
   if not _SCORES.value:
     evaluate.translate_stream(translator, translator.params, lines, sys.stdout)
     return

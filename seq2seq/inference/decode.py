@@ -257,17 +257,22 @@ def beam_search(stepper: Stepper, src_bs, limits_b, *, beam_size: int, alpha: fl
 
 
 def search(model, src_bs, limits_b, *, beam_size: int, alpha: float, max_len: int, min_len: int = 0,
-           use_cache: bool = True, compact: Sequence[int] = ()):
+           use_cache: bool = True, compact: Sequence[int] = (), nbest: int = 1):
   """(tokens [b, max_len], scores [b]) of the best output per sentence: its tokens end with eos,
   then padding; its score is the sum of its log-probabilities, divided by the GNMT length
   penalty for beam > 1. Beam 1 is greedy. `model` may be a list of models sharing the
   vocabulary: their ensemble is searched. A sentence stops once its best output is certain;
-  `compact` (see `beam_search`) moves the unfinished ones into smaller batches."""
+  `compact` (see `beam_search`) moves the unfinished ones into smaller batches.
+  `nbest` > 1 (at most `beam_size`): the `nbest` best finished hypotheses, best first,
+  (tokens [b, nbest, max_len], scores [b, nbest]); the search goes on until all of them are
+  certain, so the first is the 1-best exactly."""
+  if not 1 <= nbest <= beam_size:
+    raise ConfigError(f"nbest={nbest} must be between 1 and the beam size ({beam_size})")
   models = list(model) if isinstance(model, (list, tuple)) else [model]
   stepper = ensemble([(cached if use_cache else uncached)(m, max_len) for m in models])
   ids = dict(bos_id=1, eos_id=1, pad_id=models[0].cfg.pad_id)
   if beam_size == 1:
     return greedy(stepper, src_bs, limits_b, max_len=max_len, min_len=min_len, compact=compact, **ids)
   tokens_bkl, scores_bk = beam_search(stepper, src_bs, limits_b, beam_size=beam_size, alpha=alpha, max_len=max_len,
-                                      min_len=min_len, final=1, compact=compact, **ids)
-  return tokens_bkl[:, 0], scores_bk[:, 0]
+                                      min_len=min_len, final=nbest, compact=compact, **ids)
+  return (tokens_bkl[:, 0], scores_bk[:, 0]) if nbest == 1 else (tokens_bkl[:, :nbest], scores_bk[:, :nbest])

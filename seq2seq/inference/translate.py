@@ -27,8 +27,8 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+from seq2seq import compilation, sharding
 from seq2seq.errors import ConfigError
-from seq2seq import sharding
 from seq2seq.data.tokenizer import EOS_ID, Tokenizer
 from seq2seq.inference import decode
 from seq2seq.model.config import ModelConfig
@@ -90,14 +90,14 @@ class Translator:
     self.dp = dp
     self.truncated = 0  # sources of the last call cut to `source_limit` tokens
     self._batch_sharding = sharding.batch_sharding(mesh)
-    self._search = jax.jit(self._search_fn, static_argnames=("max_len",),
+    self._search = jax.jit(self._search_fn, static_argnames=("max_len", "nbest"),
                            out_shardings=NamedSharding(mesh, PartitionSpec()))
 
-  def _search_fn(self, params, src_bs, limits_b, max_len: int):
+  def _search_fn(self, params, src_bs, limits_b, max_len: int, nbest: int = 1):
     models = [nnx.merge(g, p) for g, p in zip(self.graphdefs, params if self.ensemble else [params])]
     s = self.settings
     return decode.search(models, src_bs, limits_b, beam_size=s["beam_size"], alpha=s["alpha"], max_len=max_len,
-                         min_len=s["min_len"], use_cache=self.use_cache, compact=self.compact)
+                         min_len=s["min_len"], use_cache=self.use_cache, compact=self.compact, nbest=nbest)
 
   def _max_output(self, src_len: int) -> int:
     out = int(self.settings["max_len_a"] * src_len) + self.settings["max_len_b"]
@@ -109,12 +109,16 @@ class Translator:
 
   @classmethod
   def from_workdir(cls, workdir, checkpoint: None | str | int = None, *, beam_size: int | None = None,
-                   alpha: float | None = None, mesh=None, **settings) -> Translator:
+                   alpha: float | None = None, mesh=None, compilation_cache: str | None = None,
+                   **settings) -> Translator:
     """The model of a training run: `checkpoint` None (the newest intact one), "best" (lowest
     validation loss) or a step. Search settings default to the run's config.eval; `settings`
-    may set max_len_a, max_len_b, batch_size and min_len. `mesh` defaults to config.mesh."""
+    may set max_len_a, max_len_b, batch_size, min_len and max_source_len. `mesh` defaults to
+    config.mesh. Compiled searches are kept on disk as the commands keep them
+    (`compilation_cache`: None the default folder, "" off; seq2seq/compilation.py)."""
     from seq2seq.inference import load
 
+    compilation.enable(compilation_cache)
     if checkpoint is not None and checkpoint != "best" and not isinstance(checkpoint, int):
       raise ConfigError(f"checkpoint must be None, 'best' or a step number, got {checkpoint!r}")
     config = load.run_config(workdir)
@@ -126,11 +130,12 @@ class Translator:
 
   @classmethod
   def from_pretrained(cls, model_dir, *, beam_size: int | None = None, alpha: float | None = None, mesh=None,
-                      **settings) -> Translator:
+                      compilation_cache: str | None = None, **settings) -> Translator:
     """The model of a folder written by `python -m seq2seq.export` (safetensors, no orbax);
     it translates exactly as `from_workdir` on the checkpoint that was exported."""
     from seq2seq import export
 
+    compilation.enable(compilation_cache)
     config, model_cfg, tok, label = export.read_model_dir(model_dir)
     mesh = sharding.make_mesh(config.mesh) if mesh is None else mesh
     graphdef, params = export.load_params(model_dir, model_cfg, mesh)
@@ -144,21 +149,24 @@ class Translator:
     translator.checkpoint, translator.config = label, config
     return translator
 
-  def translate(self, sentences: list[str] | str, *, return_scores: bool = False, progress: bool = False):
+  def translate(self, sentences: list[str] | str, *, return_scores: bool = False, progress: bool = False,
+                nbest: int = 1):
     """Translations of `sentences` (a string gives a string); with return_scores, also each
-    translation's score: its log-probability, divided by the GNMT length penalty for beam > 1."""
+    translation's score: its log-probability, divided by the GNMT length penalty for beam > 1.
+    `nbest` > 1 (at most the beam size): each sentence gets a list of its `nbest` best
+    translations (and scores), best first; the first is what nbest=1 gives."""
     if self.params is None:
       raise ValueError("this Translator holds no parameters: build it with Translator.from_workdir or "
                        "Translator.from_pretrained, or call it as translator(params, sentences)")
     one = isinstance(sentences, str)
-    hypotheses, scores = self._translate(self.params, [sentences] if one else list(sentences), progress)
+    hypotheses, scores = self._translate(self.params, [sentences] if one else list(sentences), progress, nbest)
     if one:
       hypotheses, scores = hypotheses[0], scores[0]
     return (hypotheses, scores) if return_scores else hypotheses
 
   def translate_ids(self, params, sources: list[list[int]], *, progress: bool = False) -> list[list[int]]:
     """Output ids (without eos) of each source id sequence (with eos), in input order."""
-    return self._translate_ids(params, sources, progress)[0]
+    return [best[0] for best in self._translate_ids(params, sources, progress)[0]]
 
   def rows_for(self, width: int) -> int:
     """Sentences in a batch of sources padded to `width` tokens: `batch_size` up to
@@ -176,8 +184,8 @@ class Translator:
     self.truncated = len(cut)
     return [s if len(s) <= limit else s[:limit - 1] + [EOS_ID] for s in sources], cut
 
-  def _decode_rows(self, params, sources, rows: list[int], batch: int):
-    """(tokens, score) of each source in `rows`, decoded as a batch of `batch` sentences. A
+  def _decode_rows(self, params, sources, rows: list[int], batch: int, nbest: int = 1):
+    """[(tokens, score), ...] (the `nbest` best) of each source in `rows`, decoded as a batch of `batch` sentences. A
     batch the device has no memory for is decoded again in halves (one process only: the
     processes of a multi-host run must run the same programs)."""
     width = source_bucket(max(len(sources[i]) for i in rows))
@@ -192,7 +200,7 @@ class Translator:
     limits[len(rows):] = 1
     try:
       tokens_bl, scores_b = jax.device_get(self._search(params, self._put(src_bs), self._put(limits),
-                                                        max_len=max_len))
+                                                        max_len=max_len, nbest=nbest))
     except jax.errors.JaxRuntimeError as err:
       half = self.dp * (batch // 2 // self.dp)
       if not out_of_memory(err) or half < 1 or jax.process_count() > 1:
@@ -200,15 +208,18 @@ class Translator:
       if jax.process_index() == 0:
         print(f"warning: out of memory decoding {len(rows)} sentences of up to {width} tokens in batches of {batch}; "
               f"retrying in batches of {half}", file=sys.stderr, flush=True)
-      return [out for part in (rows[:half], rows[half:]) if part for out in self._decode_rows(params, sources, part,
-                                                                                              half)]
-    return [(np.asarray(tokens_bl[r]).tolist(), float(scores_b[r])) for r in range(len(rows))]
+      return [out for part in (rows[:half], rows[half:]) if part
+              for out in self._decode_rows(params, sources, part, half, nbest)]
+    tokens_bnl, scores_bn = (tokens_bl[:, None], scores_b[:, None]) if nbest == 1 else (tokens_bl, scores_b)
+    return [[(np.asarray(tokens_bnl[r, j]).tolist(), float(scores_bn[r, j])) for j in range(nbest)
+             if scores_bn[r, j] > decode.NEG_INF / 2] for r in range(len(rows))]
 
-  def _translate_ids(self, params, sources: list[list[int]], progress: bool) -> tuple[list[list[int]], list[float]]:
+  def _translate_ids(self, params, sources: list[list[int]], progress: bool, nbest: int = 1):
+    """(ids, score) lists of the `nbest` best outputs of each source, in input order."""
     sources, _ = self._truncate(list(sources))
     order = sorted(range(len(sources)), key=lambda i: -len(sources[i]))  # longest first: memory errors show early
-    outputs: list[list[int]] = [[] for _ in sources]
-    scores = [0.0] * len(sources)
+    outputs: list[list[list[int]]] = [[] for _ in sources]
+    scores: list[list[float]] = [[] for _ in sources]
     from tqdm import tqdm
 
     bar = tqdm(total=len(sources), unit="sent", dynamic_ncols=True, leave=False,
@@ -220,11 +231,11 @@ class Translator:
       start += size
     pool = concurrent.futures.ThreadPoolExecutor(self.workers)
     try:
-      decoded = pool.map(lambda batch: self._decode_rows(params, sources, *batch), batches)
+      decoded = pool.map(lambda batch: self._decode_rows(params, sources, *batch, nbest), batches)
       for (rows, _), results in zip(batches, decoded):
-        for i, (row, score) in zip(rows, results):
-          outputs[i] = row[:row.index(EOS_ID)] if EOS_ID in row else row
-          scores[i] = score
+        for i, best in zip(rows, results):
+          outputs[i] = [row[:row.index(EOS_ID)] if EOS_ID in row else row for row, _ in best]
+          scores[i] = [score for _, score in best]
         bar.update(len(rows))
     finally:
       pool.shutdown(cancel_futures=True)  # after an error, the batches not started are dropped
@@ -235,7 +246,8 @@ class Translator:
     """Detokenized translations; blank sources give blank outputs without running the model."""
     return self._translate(params, sentences, progress)[0]
 
-  def _translate(self, params, sentences: list[str], progress: bool) -> tuple[list[str], list[float]]:
+  def _translate(self, params, sentences: list[str], progress: bool, nbest: int = 1):
+    """(translations, scores) of `sentences`: strings and floats, or lists of `nbest` of them."""
     nonblank = [i for i, s in enumerate(sentences) if s.strip()]
     ids = self.tok.encode([sentences[i] for i in nonblank]) if nonblank else []
     if jax.process_index() == 0:
@@ -248,10 +260,12 @@ class Translator:
               f"first {self.source_limit} (eval.max_source_len" + (", the learned position table" if
                                                                     self.position_limit else "") + ")",
               file=sys.stderr, flush=True)
-    out, scores = [""] * len(sentences), [0.0] * len(sentences)
-    hypotheses, hyp_scores = self._translate_ids(params, ids, progress)
-    for i, hyp, score in zip(nonblank, hypotheses, hyp_scores):
-      out[i], scores[i] = self.tok.decode(hyp), score
+    out, scores = [[""]] * len(sentences), [[0.0]] * len(sentences)  # blank sources: one blank translation
+    hypotheses, hyp_scores = self._translate_ids(params, ids, progress, nbest)
+    for i, hyps, best_scores in zip(nonblank, hypotheses, hyp_scores):
+      out[i], scores[i] = [self.tok.decode(hyp) for hyp in hyps], best_scores
+    if nbest == 1:
+      return [o[0] for o in out], [s[0] for s in scores]
     return out, scores
 
 

@@ -1,0 +1,48 @@
+"""JAX's persistent compilation cache, as the commands and the Python API use it: compiled
+programs are kept on disk, so a second evaluation, a translation or a resumed run loads them
+instead of compiling again (a wmt14_base beam search takes tens of seconds to compile).
+
+The default folder is $SEQ2SEQ_CACHE/xla/host-HASH (else $XDG_CACHE_HOME/seq2seq/..., else
+~/.cache/seq2seq/...), one folder per host CPU type. The commands' `--compilation_cache`
+and `Translator.from_workdir(..., compilation_cache=...)` choose another; an empty value
+turns it off. JAX_COMPILATION_CACHE_DIR, when set, wins over both.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pathlib
+
+MIN_COMPILE_SECONDS = 0.2  # programs that compile faster are not worth a disk read
+
+
+def default_folder() -> str:
+  """The default cache folder. One per host CPU type: XLA's CPU programs use the host's
+  instruction set, so a home directory shared by a cluster's different machines must not
+  mix them (accelerator programs are keyed by device already)."""
+  try:
+    cpu = pathlib.Path("/proc/cpuinfo").read_text()
+    cpu = next((line for line in cpu.splitlines() if line.startswith(("flags", "Features"))), cpu[:4096])
+  except OSError:
+    import platform
+
+    cpu = platform.processor() or platform.machine()
+  base = os.environ.get("SEQ2SEQ_CACHE") or pathlib.Path(os.environ.get("XDG_CACHE_HOME") or
+                                                         pathlib.Path.home() / ".cache") / "seq2seq"
+  return str(pathlib.Path(os.path.expanduser(str(base))) / "xla" / f"host-{hashlib.sha256(cpu.encode()).hexdigest()[:12]}")
+
+
+def enable(folder: str | None = None) -> str:
+  """Keeps compiled programs in `folder` (None: `default_folder()`; "": off). Returns the
+  folder in use ("" when off). JAX_COMPILATION_CACHE_DIR, when set, wins."""
+  if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+    return os.environ["JAX_COMPILATION_CACHE_DIR"]
+  folder = default_folder() if folder is None else folder
+  if not folder:
+    return ""
+  import jax
+
+  jax.config.update("jax_compilation_cache_dir", folder)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)
+  return folder
