@@ -34,14 +34,17 @@ def default_folder() -> str:
 
 
 def enable(folder: str | None = None) -> str:
-  """Keeps compiled programs in `folder` (None: `default_folder()`; "": off). Returns the
-  folder in use ("" when off). JAX_COMPILATION_CACHE_DIR, when set, wins."""
+  """Keeps compiled programs in `folder` ("": off; None: the folder already configured in
+  this process, else `default_folder()`). Returns the folder in use ("" when off).
+  JAX_COMPILATION_CACHE_DIR, when set, wins."""
   if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
     return os.environ["JAX_COMPILATION_CACHE_DIR"]
-  folder = default_folder() if folder is None else folder
+  import jax
+
+  if folder is None:
+    folder = jax.config.jax_compilation_cache_dir or default_folder()
   if not folder:
     return ""
-  import jax
 
   jax.config.update("jax_compilation_cache_dir", folder)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)

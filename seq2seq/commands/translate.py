@@ -30,7 +30,8 @@ _NBEST = flags.DEFINE_integer("nbest", 1, "Write the N best translations of each
 def main(argv) -> None:
   if (_WORKDIR.value is None) == (_MODEL.value is None):
     raise ConfigError("give one of --workdir=DIR (a training run) and --model=MODEL_DIR (an exported model)")
-  settings = dict(beam_size=_BEAM_SIZE.value, alpha=_ALPHA.value)
+  settings = dict(beam_size=_BEAM_SIZE.value, alpha=_ALPHA.value,
+                  compilation_cache=flags.FLAGS.compilation_cache)  # "" (off) stays off
   if _MODEL.value:
     if _CHECKPOINT.value is not None:
       raise ConfigError("--checkpoint chooses within a --workdir; an exported --model has one")

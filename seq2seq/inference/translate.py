@@ -115,7 +115,8 @@ class Translator:
     validation loss) or a step. Search settings default to the run's config.eval; `settings`
     may set max_len_a, max_len_b, batch_size, min_len and max_source_len. `mesh` defaults to
     config.mesh. Compiled searches are kept on disk as the commands keep them
-    (`compilation_cache`: None the default folder, "" off; seq2seq/compilation.py)."""
+    (`compilation_cache`: None the folder this process uses already, else the default one; ""
+    off; a path; seq2seq/compilation.py)."""
     from seq2seq.inference import load
 
     compilation.enable(compilation_cache)
