@@ -178,6 +178,15 @@ class Translator:
     rows = 2 ** int(math.log2(max(self.batch_size * FULL_ROWS_WIDTH // width, 1)))
     return self.dp * max(math.ceil(rows / self.dp), 1)
 
+  def _warn_truncated(self, cut: list[tuple[int, int]]) -> None:
+    """A warning naming each truncated source (its line number and token count), at most MAX_WARNINGS."""
+    limit = "eval.max_source_len" + (", the learned position table" if self.position_limit else "")
+    for line, length in cut[:MAX_WARNINGS]:
+      print(f"warning: line {line}: {length} tokens, longer than the model takes: translating its first "
+            f"{self.source_limit} ({limit})", file=sys.stderr, flush=True)
+    if len(cut) > MAX_WARNINGS:
+      print(f"warning: {len(cut) - MAX_WARNINGS} more sources truncated", file=sys.stderr, flush=True)
+
   def _truncate(self, sources: list[list[int]]) -> tuple[list[list[int]], list[int]]:
     """Sources cut to `source_limit` tokens (eos kept), and the indices of those cut."""
     limit = self.source_limit
@@ -215,9 +224,14 @@ class Translator:
     return [[(np.asarray(tokens_bnl[r, j]).tolist(), float(scores_bn[r, j])) for j in range(nbest)
              if scores_bn[r, j] > decode.NEG_INF / 2] for r in range(len(rows))]
 
-  def _translate_ids(self, params, sources: list[list[int]], progress: bool, nbest: int = 1):
-    """(ids, score) lists of the `nbest` best outputs of each source, in input order."""
-    sources, _ = self._truncate(list(sources))
+  def _translate_ids(self, params, sources: list[list[int]], progress: bool, nbest: int = 1,
+                     lines: list[int] | None = None):
+    """(ids, score) lists of the `nbest` best outputs of each source, in input order. With
+    `lines` (each source's input line number), truncated sources are named in warnings."""
+    lengths = [len(source) for source in sources]
+    sources, cut = self._truncate(list(sources))
+    if lines is not None and jax.process_index() == 0:
+      self._warn_truncated([(lines[i], lengths[i]) for i in cut])
     order = sorted(range(len(sources)), key=lambda i: -len(sources[i]))  # longest first: memory errors show early
     outputs: list[list[list[int]]] = [[] for _ in sources]
     scores: list[list[float]] = [[] for _ in sources]
@@ -251,18 +265,8 @@ class Translator:
     """(translations, scores) of `sentences`: strings and floats, or lists of `nbest` of them."""
     nonblank = [i for i, s in enumerate(sentences) if s.strip()]
     ids = self.tok.encode([sentences[i] for i in nonblank]) if nonblank else []
-    if jax.process_index() == 0:
-      _, cut = self._truncate(ids)
-      for n, i in enumerate(cut):
-        if n == MAX_WARNINGS:
-          print(f"warning: {len(cut) - n} more sources truncated", file=sys.stderr, flush=True)
-          break
-        print(f"warning: line {nonblank[i] + 1}: {len(ids[i])} tokens, longer than the model takes: translating its "
-              f"first {self.source_limit} (eval.max_source_len" + (", the learned position table" if
-                                                                    self.position_limit else "") + ")",
-              file=sys.stderr, flush=True)
     out, scores = [[""]] * len(sentences), [[0.0]] * len(sentences)  # blank sources: one blank translation
-    hypotheses, hyp_scores = self._translate_ids(params, ids, progress, nbest)
+    hypotheses, hyp_scores = self._translate_ids(params, ids, progress, nbest, lines=[i + 1 for i in nonblank])
     for i, hyps, best_scores in zip(nonblank, hypotheses, hyp_scores):
       out[i], scores[i] = [self.tok.decode(hyp) for hyp in hyps], best_scores
     if nbest == 1:
