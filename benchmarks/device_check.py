@@ -52,7 +52,9 @@ FULL = dict(config="configs/wmt14_base.py", shape="96x256x256", timed_steps=20, 
             peak_repeats=10)
 SMOKE = dict(config="configs/tiny.py", shape="8x32x32", timed_steps=2, train_steps=10, train_pairs=3000,
              train_dtype="float32", peers="torch,flax-wmt", peer_steps=2, budget_s=480.0, peak_repeats=3)
-CAPS_S = {"steps_bfloat16": 150, "peers": 200, "train": 180, "steps_float32": 150}  # each section's own limit
+CAPS_S = {"flash": 90, "steps_bfloat16": 150, "decode": 240, "peers": 200, "train": 180,
+          "steps_float32": 150}  # each section's own limit
+SECTIONS = "flash,steps_bfloat16,decode,peers,train,steps_float32"  # the default order
 MIN_SECTION_S = 15.0  # a section that would start with less left is skipped
 # seq2seq-train settings of the train section besides the corpus: two row lengths (two
 # compilations instead of eight, ~30 s each on an H200); 20000 pieces, since newstest's
@@ -121,6 +123,85 @@ def step_rows(config_path: str, dtype: str, shape: tuple[int, int, int], count: 
     print(json.dumps(row), flush=True)
 
 
+def _packed_segments(rng, rows: int, length: int, counts=None):
+  """Segment ids of rows packed with sentences of 5 to length/2 tokens, then padding; with
+  `counts`, row r holds counts[r] sentences (the sources of a packed row's targets)."""
+  import numpy as np
+
+  out = np.zeros((rows, length), np.int32)
+  for r in range(rows):
+    start, i = 0, 1
+    while (start < length - 8) if counts is None else (i <= counts[r]):
+      n = int(rng.integers(5, length // 2)) if counts is None else (length - 8) // counts[r]
+      out[r, start:start + n] = i
+      start, i = start + n, i + 1
+  return out
+
+
+def flash_rows(repeats: int = 20) -> None:
+  """Prints JSON lines: the Pallas flash kernel against explicit attention on this GPU
+  (outputs and gradients on real queries, packed rows, self/causal/cross), then the time of
+  its forward+backward against XLA attention at the wmt14_base shape."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  from seq2seq.model import attention as att
+
+  rng = np.random.default_rng(0)
+  for dtype in (jnp.bfloat16, jnp.float16):
+    for case, (t, s, causal) in {"self": (256, 256, False), "causal": (256, 256, True),
+                                 "cross": (256, 384, False)}.items():
+      try:
+        q_seg = _packed_segments(rng, 4, t)
+        k_seg = q_seg if s == t else _packed_segments(rng, 4, s, counts=q_seg.max(axis=1))  # every query has keys
+        mask = att.SegmentMask(jnp.asarray(q_seg), jnp.asarray(k_seg), causal=causal)
+        q, k, v = (jnp.asarray(rng.standard_normal(shape), dtype) for shape in [(4, t, 8, 64), (4, s, 8, 64), (4, s, 8, 64)])
+        real = jnp.asarray(q_seg != 0)[:, :, None, None]
+        dz = jnp.asarray(rng.standard_normal(q.shape), dtype) * real
+
+        def both(q, k, v, mask=mask, dz=dz):
+          outs = {}
+          for name, fn in (("flash", lambda q, k, v: att.flash_attention(q, k, v, mask)),
+                           ("explicit", lambda q, k, v: att.explicit_attention(q, k, v, mask.dense_b1ts()))):
+            out, vjp = jax.vjp(fn, q, k, v)
+            outs[name] = (out, *vjp(dz))
+          return outs
+
+        outs = jax.jit(both)(q, k, v)
+        real_np = np.asarray(q_seg != 0)
+        row = {"dtype": jnp.dtype(dtype).name, "case": case}
+        for i, name in enumerate(("out", "dq", "dk", "dv")):
+          got, want = (np.asarray(outs[n][i], np.float32) for n in ("flash", "explicit"))
+          if name == "out":
+            got, want = got[real_np], want[real_np]
+          row[f"{name}_max_abs_err"] = float(np.max(np.abs(got - want)))
+          row[f"{name}_max_abs"] = float(np.max(np.abs(want)))
+        row["out_within_2_bf16_ulps"] = row["out_max_abs_err"] <= 2 * 2.0**-7
+      except Exception as err:  # noqa: BLE001  (a record, not a failure)
+        row = {"dtype": jnp.dtype(dtype).name, "case": case, "error": f"{type(err).__name__}: {err}"[:2000]}
+      print(json.dumps(row), flush=True)
+  b, t = 96, 256  # the train step's shape: forward + backward of one self-attention, flash vs XLA
+  q_seg = jnp.asarray(_packed_segments(rng, b, t))
+  mask = att.SegmentMask(q_seg, q_seg, causal=True)
+  q, k, v = (jnp.asarray(rng.standard_normal((b, t, 8, 64)), jnp.bfloat16) for _ in range(3))
+  for impl in ("flash", "xla"):
+    try:
+      def loss(q, k, v, impl=impl):
+        return jnp.sum(att.attention(q, k, v, mask, impl=impl).astype(jnp.float32))
+
+      step = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+      jax.block_until_ready(step(q, k, v))
+      start = time.perf_counter()
+      for _ in range(repeats):
+        out = step(q, k, v)
+      jax.block_until_ready(out)
+      print(json.dumps({"timing": impl, "shape": [b, t, 8, 64], "causal_packed_fwd_bwd_ms":
+                        (time.perf_counter() - start) / repeats * 1e3}), flush=True)
+    except Exception as err:  # noqa: BLE001
+      print(json.dumps({"timing": impl, "error": f"{type(err).__name__}: {err}"[:2000]}), flush=True)
+
+
 # -- in the parent -------------------------------------------------------------------------
 def run_child(command: list[str], timeout: float, cwd: pathlib.Path | None = None) -> dict:
   """Runs `command` in its own process group, killed after `timeout` s: its return code, the
@@ -169,6 +250,27 @@ def steps_section(args, dtype: str, timeout: float) -> dict:
   for layout in ("packed", "unpacked"):
     result.setdefault(layout, {"error": _failure(child, timeout)})
   return result
+
+
+def flash_section(args, timeout: float) -> dict:
+  command = [sys.executable, str(pathlib.Path(__file__).resolve()), "--section=flash"]
+  child = run_child(command, timeout)
+  rows = child["objects"]
+  result = {"command": shlex.join(command), "checks": [r for r in rows if "case" in r],
+            "timing": {r.pop("timing"): r for r in rows if "timing" in r}}
+  return result if rows else result | {"error": _failure(child, timeout)}
+
+
+def decode_section(args, timeout: float) -> dict:
+  """benchmarks/decode_programs.py: newstest2014's compiled programs and sentences/s."""
+  with tempfile.TemporaryDirectory(prefix="device_check_") as tmp:
+    out = pathlib.Path(tmp) / "decode.json"
+    command = [sys.executable, str(pathlib.Path(__file__).resolve()), "--section=decode", f"--out={out}",
+               *(["--sentences=64", "--config=configs/tiny.py"] if args.smoke else [])]
+    child = run_child(command, timeout)
+    if out.is_file():
+      return json.loads(out.read_text()) | {"command": shlex.join(command)}
+  return {"command": shlex.join(command), "error": _failure(child, timeout), "stdout_tail": child["stdout_tail"]}
 
 
 def tiled_newstest(data_dir: pathlib.Path, pairs: int, out: pathlib.Path) -> str:
@@ -311,11 +413,14 @@ def device_of(sections: dict) -> dict:
 def check(args) -> dict:
   start = time.monotonic()
   deadline = start + args.budget_s
+  run = {"flash": lambda s: flash_section(args, s), "steps_bfloat16": lambda s: steps_section(args, "bfloat16", s),
+         "decode": lambda s: decode_section(args, s), "peers": lambda s: peers_section(args, s),
+         "train": lambda s: train_section(args, s), "steps_float32": lambda s: steps_section(args, "float32", s)}
   sections = {}
-  sections["steps_bfloat16"] = guarded("steps_bfloat16", lambda s: steps_section(args, "bfloat16", s), deadline)
-  sections["peers"] = guarded("peers", lambda s: peers_section(args, s), deadline)
-  sections["train"] = guarded("train", lambda s: train_section(args, s), deadline)
-  sections["steps_float32"] = guarded("steps_float32", lambda s: steps_section(args, "float32", s), deadline)
+  for name in args.sections.split(","):
+    if name not in run:
+      raise SystemExit(f"error: unknown section {name!r}; known: {', '.join(run)}")
+    sections[name] = guarded(name, run[name], deadline)
   return {"check": "benchmarks/device_check.py", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
           "smoke": args.smoke, "command": shlex.join([sys.executable, *sys.argv]), "config": args.config,
           "shape": [int(x) for x in args.shape.split("x")], **device_of(sections), "versions": versions(),
@@ -333,7 +438,8 @@ def parse(argv: list[str]):
   parser.add_argument("--flax_models", type=pathlib.Path, default=None,
                       help="the Flax WMT example's models.py (default SHARED/bench/flax_wmt_models.py)")
   parser.add_argument("--out", default="", help="default benchmarks/results/device_check_<device>[_smoke].json")
-  parser.add_argument("--section", default="", help=argparse.SUPPRESS)  # a child: steps
+  parser.add_argument("--sections", default=SECTIONS, help=f"sections to run, in order (default {SECTIONS})")
+  parser.add_argument("--section", default="", help=argparse.SUPPRESS)  # a child: steps or flash
   parser.add_argument("--dtype", default="bfloat16", help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   for name, value in (SMOKE if args.smoke else FULL).items():
@@ -351,7 +457,14 @@ def main() -> None:
 
     sys.argv = ["seq2seq-train", *sys.argv[2:]]
     return train.run()
+  if sys.argv[1:2] == ["--section=decode"]:  # a child: benchmarks/decode_programs.py
+    import decode_programs
+
+    sys.argv = ["decode_programs.py", *sys.argv[2:]]
+    return decode_programs.main()
   args = parse(sys.argv[1:])
+  if args.section == "flash":
+    return flash_rows()
   if args.section == "steps":
     return step_rows(str(REPO / args.config), args.dtype, tuple(int(x) for x in args.shape.split("x")),
                      args.timed_steps, args.peak_repeats)

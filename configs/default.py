@@ -129,6 +129,7 @@ def get_config() -> ml_collections.ConfigDict:
       max_len_b=50,
       batch_size=64,  # sentences per batch up to 128 source tokens; fewer for longer ones (same tokens)
       max_source_len=1024,  # longer sources are cut to this many tokens, with a warning (learned positions: less)
+      max_programs=3,  # compiled searches per test set: source widths fitted to its lengths (0: one per bucket)
       # Validation BLEU during training, on the first N sentences of the validation split.
       val_bleu_sentences=0,  # 0 = off
       val_beam_size=1,  # 1 = greedy (fast); the length settings above apply

@@ -165,9 +165,10 @@ def _set_log_level() -> None:
     flags.FLAGS.verbosity = LOG_LEVELS[flags.FLAGS.log_level]  # absl applies it to Python's logging (orbax, JAX)
 
 
-def run(main, module: str | None = None, argv=None) -> None:
+def run(main, module: str | None = None, argv=None, *, also: tuple[str, ...] = ()) -> None:
   """`app.run(main)` with the shared flags, where bad input ends as `error: ...`, exit status 2.
-  `module` (the command's module name) puts its flags first in --help."""
+  `module` (the command's module name) puts its flags first in --help, then those of the
+  modules `also` names."""
   if "log_level" not in flags.FLAGS:
     flags.DEFINE_enum("log_level", "WARNING", list(LOG_LEVELS), "Library log messages shown (absl, orbax, JAX); "
                       "the run's own lines always are. INFO shows the libraries' progress messages.")
@@ -177,7 +178,8 @@ def run(main, module: str | None = None, argv=None) -> None:
   program = (argv or sys.argv)[0]
   shared = [flags.FLAGS[name] for name in ("coordinator_address", "num_processes", "process_id", "log_level",
                                            "compilation_cache", "verbosity") if name in flags.FLAGS]
-  for flag in [*flags.FLAGS.flags_by_module_dict().get(module, []), *shared]:
+  by_module = flags.FLAGS.flags_by_module_dict()
+  for flag in [*by_module.get(module, []), *(f for name in also for f in by_module.get(name, [])), *shared]:
     flags.FLAGS.register_key_flag_for_module(program, flag)  # listed by --help, not only --helpfull
 
   def guarded(args):

@@ -108,7 +108,7 @@ def test_validation_with_the_test_beam_compiles_the_programs_eval_runs(run):
     src_bs = np.zeros((translator.batch_size, width), np.int32)
     src_bs[:, 0] = EOS_ID
     limits_b = np.ones((translator.batch_size,), np.int32)
-    return translator._search.lower(params, translator._put(src_bs), translator._put(limits_b),
+    return translator.programs.fn.lower(params, translator._put(src_bs), translator._put(limits_b),
                                     max_len=translator._max_output(width)).as_text()
 
   texts = {}

@@ -264,12 +264,12 @@ def test_a_batch_out_of_device_memory_is_decoded_again_in_halves_with_the_same_o
   expected = translator.translate(sentences)
   search, tried, decoded = translator._search, [], []
 
-  def small_memory(params, src_bs, limits, **static):
+  def small_memory(params, src_bs, *rest):
     tried.append(src_bs.shape[0])
     if src_bs.shape[0] > 2:
       raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 55990814760 bytes")
     decoded.append(src_bs.shape[0])
-    return search(params, src_bs, limits, **static)
+    return search(params, src_bs, *rest)
 
   monkeypatch.setattr(translator, "_search", small_memory)
   assert translator.translate(sentences) == expected

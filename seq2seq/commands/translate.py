@@ -1,64 +1,138 @@
-"""Translates stdin to stdout, one output line per input line:
+"""Translates text, one output line per input line (stdin to stdout by default):
 
-  seq2seq-translate --workdir=DIR [--checkpoint=best|STEP] < in.en > out.de
-  seq2seq-translate --model=MODEL_DIR < in.en > out.de      # a `python -m seq2seq.export` folder
-  echo "A man rides a bike." | seq2seq-translate --workdir=DIR --beam_size=1
-  seq2seq-translate --workdir=DIR --beam_size=5 --nbest=5 < in.en         # LINE<TAB>SCORE<TAB>TRANSLATION
+  seq2seq-translate --workdir=DIR [--checkpoint=best|STEP | --average_last=K] < in.en > out.de
+  seq2seq-translate --workdir=DIR --input=in.en --output=out.de [--ensemble=DIR2 ...]
+  seq2seq-translate --model=MODEL_DIR < in.en > out.de            # a `python -m seq2seq.export` folder
+  seq2seq-translate --workdir=DIR                                 # at a terminal: a prompt, line by line
+  seq2seq-translate --workdir=DIR --beam_size=5 --nbest=5 < in.en  # LINE<TAB>SCORE<TAB>TRANSLATION
+  seq2seq-translate --workdir=DIR --sampling --top_p=0.9 --temperature=0.8 --seed=1 --nbest=3 < in.en
+  seq2seq-translate --workdir=DIR --score_reference=ref.de < in.en  # SCORE<TAB>REFERENCE
 
-At a terminal each line is translated as it is typed; piped input is translated in batches.
+Output formats:
+- default: the translation;
+- --scores: SCORE<TAB>TRANSLATION, the search's score (log-probability, divided by the GNMT
+  length penalty for beam > 1; plain for greedy search and sampling);
+- --nbest=N: N lines LINE<TAB>SCORE<TAB>TRANSLATION per input line, best first (LINE counts
+  input lines from 1; with --sampling, N drawn translations, most likely first);
+- --score_reference=FILE: SCORE<TAB>REFERENCE, the log-probability the model gives each line
+  of FILE as the translation of the same input line (normalised as beam scores are;
+  --normalize=false: the plain log-probability).
+
+The model and search flags (--beam_size, --alpha, --max_len_a, --max_len_b, --batch_size,
+--average_last, --ensemble, --quiet) are seq2seq-eval's (seq2seq/commands/decoding.py).
+Input from a file or a pipe is translated in batches, with progress on stderr (--quiet: none).
 """
 
+import contextlib
+import pathlib
 import sys
 
 from absl import flags
 
+from seq2seq import cli, files
+from seq2seq.commands import decoding
 from seq2seq.errors import ConfigError
-from seq2seq import cli
 from seq2seq.inference import evaluate
+from seq2seq.inference.decode import Sampling
 from seq2seq.inference.translate import Translator
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A training run's directory.")
 _MODEL = flags.DEFINE_string("model", None, "A model directory written by `python -m seq2seq.export`.")
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "With --workdir: 'best' or a step (default: the newest).")
-_BEAM_SIZE = flags.DEFINE_integer("beam_size", None, "Beam size (default: the config's eval.beam_size); 1 = greedy.")
-_ALPHA = flags.DEFINE_float("alpha", None, "Length penalty exponent (default: the config's eval.alpha).")
+_INPUT = flags.DEFINE_string("input", "-", "Text to translate, one sentence per line (plain, .gz or .sgm); '-': stdin.")
+_OUTPUT = flags.DEFINE_string("output", "-", "Where the translations go; '-': stdout.")
 _SCORES = flags.DEFINE_bool("scores", False, "Write SCORE<TAB>TRANSLATION lines (the search's score).")
 _NBEST = flags.DEFINE_integer("nbest", 1, "Write the N best translations of each line (N at most the beam size), "
                               "best first, as N lines LINE<TAB>SCORE<TAB>TRANSLATION; LINE counts input lines from 1.")
+_SAMPLING = flags.DEFINE_bool("sampling", False, "Draw translations from the model instead of searching (--nbest "
+                              "draws per line); seeded by --seed and each line's number.")
+_TEMPERATURE = flags.DEFINE_float("temperature", 1.0, "With --sampling: divides the log-probabilities (< 1 sharper).")
+_TOP_K = flags.DEFINE_integer("top_k", 0, "With --sampling: draw among the K most likely tokens only (0: all).")
+_TOP_P = flags.DEFINE_float("top_p", 1.0, "With --sampling: draw within the smallest set of tokens whose probability "
+                            "reaches P (nucleus sampling; 1: all).")
+_SEED = flags.DEFINE_integer("seed", 0, "With --sampling: the draws' seed.")
+_SCORE_REFERENCE = flags.DEFINE_string("score_reference", None, "Score this file's lines as translations of the "
+                                       "input's (teacher forcing): SCORE<TAB>REFERENCE lines.")
+_NORMALIZE = flags.DEFINE_bool("normalize", None, "With --score_reference: divide by the GNMT length penalty "
+                               "(default: as beam search scores are, i.e. for beam > 1).")
+
+PROMPT = "> "
 
 
-def main(argv) -> None:
+def make_translator() -> Translator:
   if (_WORKDIR.value is None) == (_MODEL.value is None):
     raise ConfigError("give one of --workdir=DIR (a training run) and --model=MODEL_DIR (an exported model)")
-  settings = dict(beam_size=_BEAM_SIZE.value, alpha=_ALPHA.value,
-                  compilation_cache=flags.FLAGS.compilation_cache)  # "" (off) stays off
   if _MODEL.value:
     if _CHECKPOINT.value is not None:
       raise ConfigError("--checkpoint chooses within a --workdir; an exported --model has one")
-    translator = Translator.from_pretrained(_MODEL.value, **settings)
-  else:
-    translator = Translator.from_workdir(_WORKDIR.value, cli.checkpoint_choice(_CHECKPOINT.value), **settings)
-  lines = sys.stdin
-  if _NBEST.value > 1:
-    sentences = list(evaluate.decoded_lines(lines))
-    hypotheses, scores = translator.translate(sentences, return_scores=True, nbest=_NBEST.value)
-    for number, (hyps, best_scores) in enumerate(zip(hypotheses, scores), 1):
-      for hyp, score in zip(hyps, best_scores):
-        sys.stdout.write(f"{number}\t{score:.4f}\t{hyp}\n")
+    return decoding.translator_for_export(_MODEL.value)
+  choice = cli.checkpoint_choice(_CHECKPOINT.value)
+  return decoding.translator_for_run(_WORKDIR.value, step=choice if isinstance(choice, int) else None,
+                                     best=choice == "best")[0]
+
+
+def sampling() -> Sampling | None:
+  if not _SAMPLING.value:
+    if (_TEMPERATURE.value, _TOP_K.value, _TOP_P.value) != (1.0, 0, 1.0):
+      raise ConfigError("--temperature, --top_k and --top_p shape --sampling; add --sampling")
+    return None
+  return Sampling(_TEMPERATURE.value, _TOP_K.value, _TOP_P.value, _SEED.value).check()
+
+
+def lines_of(translator: Translator, sentences: list[str], progress: bool) -> list[str]:
+  """The output lines of `sentences` (one input line each, or `--nbest` each), as the flags ask."""
+  nbest, draws = _NBEST.value, sampling()
+  if _SCORE_REFERENCE.value is not None:
+    references = evaluate.read_text(_SCORE_REFERENCE.value)
+    if len(references) != len(sentences):
+      raise ConfigError(f"--score_reference={_SCORE_REFERENCE.value} has {len(references)} lines but the input has "
+                        f"{len(sentences)}; they must be parallel")
+    scores = translator.score(sentences, references, normalize=_NORMALIZE.value)
+    return [f"{score:.4f}\t{reference}" for score, reference in zip(scores, references)]
+  hypotheses, scores = translator.translate(sentences, return_scores=True, nbest=nbest, sampling=draws,
+                                            progress=progress)
+  if nbest > 1:
+    return [f"{number}\t{score:.4f}\t{hyp}" for number, (hyps, best) in enumerate(zip(hypotheses, scores), 1)
+            for hyp, score in zip(hyps, best)]
+  return [f"{score:.4f}\t{hyp}" if _SCORES.value else hyp for hyp, score in zip(hypotheses, scores)]
+
+
+def interactive(translator: Translator, stdin, out, prompt_to) -> None:
+  """At a terminal: a prompt, and each line's translation as soon as it is typed."""
+  while True:
+    prompt_to.write(PROMPT)
+    prompt_to.flush()
+    line = stdin.readline()
+    if not line:
+      prompt_to.write("\n")
+      return
+    for text in lines_of(translator, [line.rstrip("\r\n")], progress=False):
+      out.write(text + "\n")
+    out.flush()
+
+
+def main(argv) -> None:
+  if _SCORE_REFERENCE.value is not None and (_NBEST.value > 1 or _SAMPLING.value or _SCORES.value):
+    raise ConfigError("--score_reference scores given translations; it goes with neither --nbest, --sampling nor "
+                      "--scores")
+  sampling()  # bad sampling settings fail before the model loads
+  translator = make_translator()
+  if _INPUT.value == "-" and sys.stdin.isatty() and _SCORE_REFERENCE.value is None:
+    print(f"Translating with {translator.checkpoint}: type a sentence and Enter (Ctrl-D ends).", file=sys.stderr)
+    with contextlib.ExitStack() as stack:
+      out = sys.stdout if _OUTPUT.value == "-" else stack.enter_context(open(_OUTPUT.value, "a", encoding="utf-8"))
+      return interactive(translator, sys.stdin, out, sys.stderr)
+  sentences = list(evaluate.decoded_lines(sys.stdin)) if _INPUT.value == "-" else evaluate.read_text(_INPUT.value)
+  text = "".join(line + "\n" for line in lines_of(translator, sentences, progress=not decoding.QUIET.value))
+  if _OUTPUT.value == "-":
+    sys.stdout.write(text)
     sys.stdout.flush()
-    return
-  if not _SCORES.value:
-    evaluate.translate_stream(translator, translator.params, lines, sys.stdout)
-    return
-  sentences = list(evaluate.decoded_lines(lines))
-  hypotheses, scores = translator.translate(sentences, return_scores=True)
-  for hyp, score in zip(hypotheses, scores):
-    sys.stdout.write(f"{score:.4f}\t{hyp}\n")
-  sys.stdout.flush()
+  else:  # written whole once translated: a failed run leaves an older file as it was
+    files.write_atomic(pathlib.Path(_OUTPUT.value), text.encode("utf-8"))
 
 
 def run() -> None:
-  cli.run(main, __name__)
+  cli.run(main, __name__, also=(decoding.__name__,))
 
 
 if __name__ == "__main__":

@@ -133,6 +133,78 @@ def greedy(stepper: Stepper, src_bs, limits_b, *, max_len: int, min_len: int = 0
   return tokens_bl[:, 1:], logp_b
 
 
+class Sampling(NamedTuple):
+  """Ancestral sampling instead of search: each next token is drawn from the model's
+  distribution with the length rules applied, sharpened or flattened by `temperature`, kept
+  to the `top_k` most likely tokens (0: all) and to the smallest set whose probability
+  reaches `top_p` (1: all; Holtzman et al. 2020). Draws follow `seed` and each sentence's
+  number, so they do not depend on batching."""
+  temperature: float = 1.0
+  top_k: int = 0
+  top_p: float = 1.0
+  seed: int = 0
+
+  def check(self) -> Sampling:
+    if not self.temperature > 0 or self.top_k < 0 or not 0 < self.top_p <= 1:
+      raise ConfigError(f"sampling needs temperature > 0, top_k >= 0 and 0 < top_p <= 1, got {self.temperature}, "
+                        f"{self.top_k} and {self.top_p}")
+    return self
+
+
+def filtered_logits(logp_xv, sampling: Sampling):
+  """What a token is drawn from: log-probabilities / temperature, outside the top-k and the
+  top-p nucleus set to NEG_INF (the most likely token is always kept)."""
+  x_xv = logp_xv / sampling.temperature
+  if sampling.top_k:
+    kth_x = jax.lax.top_k(x_xv, min(sampling.top_k, x_xv.shape[-1]))[0][:, -1]
+    x_xv = jnp.where(x_xv < kth_x[:, None], NEG_INF, x_xv)
+  if sampling.top_p < 1.0:
+    sorted_xv = jnp.sort(x_xv, axis=-1)[:, ::-1]
+    p_xv = jax.nn.softmax(sorted_xv, axis=-1)
+    before_xv = jnp.cumsum(p_xv, axis=-1) - p_xv  # probability of the more likely tokens
+    cut_x = jnp.min(jnp.where(before_xv < sampling.top_p, sorted_xv, jnp.inf), axis=-1)  # least likely one kept
+    x_xv = jnp.where(x_xv < cut_x[:, None], NEG_INF, x_xv)
+  return x_xv
+
+
+def sample(stepper: Stepper, src_bs, limits_b, keys_b2, *, max_len: int, sampling: Sampling, min_len: int = 0,
+           bos_id: int = 1, eos_id: int = 1, pad_id: int = 0, compact: Sequence[int] = ()):
+  """One drawn output per row: (tokens [b, max_len], log-probabilities [b] under the model,
+  length rules applied). `keys_b2`: each row's PRNG key data; step t draws with
+  fold_in(key, t). `compact`: see `beam_search`."""
+  b = src_bs.shape[0]
+  tokens_bl = jnp.full((b, max_len + 1), pad_id, jnp.int32).at[:, 0].set(bos_id)
+
+  def active(carry, limits_b):
+    return ~carry[1][1]
+
+  def body(carry, limits_b):
+    t, (tokens_bl, done_b, logp_b, keys_b2), state = carry
+    logits_bv, state = stepper.step(tokens_bl[:, t], state)
+    logp_bv = _log_probs(logits_bv, t, limits_b, min_len, pad_id, eos_id)
+    keys = jax.vmap(lambda k: jax.random.fold_in(jax.random.wrap_key_data(k), t))(keys_b2)
+    next_b = jax.vmap(jax.random.categorical)(keys, filtered_logits(logp_bv, sampling)).astype(jnp.int32)
+    logp_b = logp_b + jnp.where(done_b, 0.0, jnp.take_along_axis(logp_bv, next_b[:, None], axis=1)[:, 0])
+    next_b = jnp.where(done_b, pad_id, next_b)
+    tokens_bl = tokens_bl.at[:, t + 1].set(next_b)
+    return t + 1, (tokens_bl, done_b | (next_b == eos_id), logp_b, keys_b2), state
+
+  search_b = (tokens_bl, jnp.zeros((b,), bool), jnp.zeros((b,), jnp.float32), keys_b2)
+  carry = (jnp.int32(0), search_b, stepper.init(src_bs))
+  _, (tokens_bl, _, logp_b, _), _ = _loop(carry, limits_b, active, body, max_len, tuple(compact), beams=1)
+  return tokens_bl[:, 1:], logp_b
+
+
+def sentence_keys(seed, ids_b, samples: int):
+  """PRNG key data [b * samples, 2]: sample j of sentence ids_b[i] draws from
+  fold_in(fold_in(key(seed), ids_b[i]), j), whatever batch it is in."""
+  def one(i):
+    key = jax.random.fold_in(jax.random.key(seed), i)
+    return jax.vmap(lambda j: jax.random.key_data(jax.random.fold_in(key, j)))(jnp.arange(samples))
+
+  return jax.vmap(one)(ids_b).reshape(-1, 2)
+
+
 def _loop(carry, limits_b, active, body, max_len: int, compact: tuple[int, ...], *, beams: int):
   """`while t < max_len and a sentence is active: carry = body(carry)` on a carry
   (t, search arrays [b, ...], stepper state). With `compact` = (n, ...), once at most n
@@ -257,7 +329,8 @@ def beam_search(stepper: Stepper, src_bs, limits_b, *, beam_size: int, alpha: fl
 
 
 def search(model, src_bs, limits_b, *, beam_size: int, alpha: float, max_len: int, min_len: int = 0,
-           use_cache: bool = True, compact: Sequence[int] = (), nbest: int = 1):
+           use_cache: bool = True, compact: Sequence[int] = (), nbest: int = 1, sampling: Sampling | None = None,
+           ids_b=None, seed=None):
   """(tokens [b, max_len], scores [b]) of the best output per sentence: its tokens end with eos,
   then padding; its score is the sum of its log-probabilities, divided by the GNMT length
   penalty for beam > 1. Beam 1 is greedy. `model` may be a list of models sharing the
@@ -265,10 +338,24 @@ def search(model, src_bs, limits_b, *, beam_size: int, alpha: float, max_len: in
   `compact` (see `beam_search`) moves the unfinished ones into smaller batches.
   `nbest` > 1 (at most `beam_size`): the `nbest` best finished hypotheses, best first,
   (tokens [b, nbest, max_len], scores [b, nbest]); the search goes on until all of them are
-  certain, so the first is the 1-best exactly."""
+  certain, so the first is the 1-best exactly.
+  `sampling`: draw `nbest` outputs per sentence instead (`Sampling`; `ids_b`: each sentence's
+  number, which with the seed decides its draws; `seed` overrides `sampling.seed`, and may be
+  traced), most likely first; scores are plain log-probabilities; the beam size plays no part."""
+  models = list(model) if isinstance(model, (list, tuple)) else [model]
+  if sampling is not None:
+    stepper = ensemble([(cached if use_cache else uncached)(m, max_len) for m in models])
+    b = src_bs.shape[0]
+    ids_b = jnp.arange(b) if ids_b is None else ids_b
+    tokens_xl, logp_x = sample(stepper, jnp.repeat(src_bs, nbest, axis=0), jnp.repeat(limits_b, nbest), sentence_keys(
+        sampling.seed if seed is None else seed, ids_b, nbest), max_len=max_len, min_len=min_len, sampling=sampling.check(),
+        compact=[n * nbest for n in compact], pad_id=models[0].cfg.pad_id)
+    if nbest == 1:
+      return tokens_xl, logp_x
+    logp_bn, order_bn = jax.lax.top_k(logp_x.reshape(b, nbest), nbest)
+    return jnp.take_along_axis(tokens_xl.reshape(b, nbest, -1), order_bn[:, :, None], axis=1), logp_bn
   if not 1 <= nbest <= beam_size:
     raise ConfigError(f"nbest={nbest} must be between 1 and the beam size ({beam_size})")
-  models = list(model) if isinstance(model, (list, tuple)) else [model]
   stepper = ensemble([(cached if use_cache else uncached)(m, max_len) for m in models])
   ids = dict(bos_id=1, eos_id=1, pad_id=models[0].cfg.pad_id)
   if beam_size == 1:

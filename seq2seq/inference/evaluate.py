@@ -79,15 +79,16 @@ def search_name(settings: dict) -> str:
 
 def evaluate(translator: Translator, params, sources: list[str], references: list[str], *, name: str, label: str,
              outdir: pathlib.Path, output: str = "", tokenize: str = "13a", lowercase: bool = False,
-             extra: dict | None = None) -> dict:
+             extra: dict | None = None, progress: bool = True) -> dict:
   """Translates, scores and writes DIR/eval/NAME.CHECKPOINT.SEARCH.{hyp,json}; returns the result."""
   start = time.perf_counter()
-  hypotheses = translator(params, sources, progress=True)
+  hypotheses = translator(params, sources, progress=progress)
   seconds = time.perf_counter() - start
   result = score(hypotheses, references, tokenize=tokenize, lowercase=lowercase) | {
       "name": name, "checkpoint": label, "sentences": len(sources), "seconds": seconds,
       "sentences_per_s": len(sources) / max(seconds, 1e-9), "decode": translator.settings,
-      "workers": translator.workers,
+      "workers": translator.workers, "compiled_programs": translator.compiled_programs,
+      "compile_seconds": translator.compile_seconds,
       "truncated_sources": translator.truncated, "hardware": hardware()} | (extra or {})
   if jax.process_index() == 0:
     outdir.mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import concurrent.futures
 import math
 import sys
+from typing import NamedTuple
 
 import jax
 import numpy as np
@@ -31,34 +32,27 @@ from seq2seq import compilation, sharding
 from seq2seq.errors import ConfigError
 from seq2seq.data.tokenizer import EOS_ID, Tokenizer
 from seq2seq.inference import decode
+from seq2seq.inference.programs import Programs, plan_widths, signature, source_bucket, step_cost, width_for
+from seq2seq.inference.progress import Progress
 from seq2seq.model.config import ModelConfig
 
-# Padded source lengths: each batch uses the smallest that fits, so a test set compiles
-# at most a handful of programs however its lengths are spread.
-SOURCE_BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 # Batches of sources up to this many tokens hold `batch_size` sentences; longer ones hold as
 # many source tokens, in fewer sentences (a power of two): one long line cannot make a batch
 # that needs more memory than a batch of ordinary ones.
 FULL_ROWS_WIDTH = 128
 
 
-def source_bucket(length: int) -> int:
-  for b in SOURCE_BUCKETS:
-    if length <= b:
-      return b
-  return 128 * math.ceil(length / 128)
-
-
 class Translator:
-  """Batched, jit-compiled translation of sentences; one compiled search per source bucket."""
+  """Batched, jit-compiled translation of sentences: at most `max_programs` compiled searches
+  per call (seq2seq/inference/programs.py; 0: one per source bucket), compiled ahead."""
 
   def __init__(self, model_cfg: ModelConfig | list[ModelConfig], graphdef, tok: Tokenizer, mesh, *,
                beam_size: int = 4, alpha: float = 0.6, max_len_a: float = 1.0, max_len_b: int = 50,
                batch_size: int = 64, min_len: int = 0, use_cache: bool = True, compact: tuple[int, ...] | None = None,
-               workers: int | None = None, max_source_len: int = 1024, params=None):
-    if beam_size < 1 or batch_size < 1 or max_source_len < 2:
-      raise ConfigError(f"beam_size and batch_size must be >= 1 and max_source_len >= 2, got {beam_size}, "
-                        f"{batch_size} and {max_source_len}")
+               workers: int | None = None, max_source_len: int = 1024, max_programs: int = 3, params=None):
+    if beam_size < 1 or batch_size < 1 or max_source_len < 2 or max_programs < 0:
+      raise ConfigError(f"beam_size and batch_size must be >= 1, max_source_len >= 2 and max_programs >= 0, got "
+                        f"{beam_size}, {batch_size}, {max_source_len} and {max_programs}")
     self.ensemble = isinstance(model_cfg, list)
     cfgs, graphdefs = (model_cfg, graphdef) if self.ensemble else ([model_cfg], [graphdef])
     if not cfgs or len(cfgs) != len(graphdefs) or len({c.vocab_size for c in cfgs}) != 1:
@@ -88,20 +82,41 @@ class Translator:
     if self.workers < 1 or (self.workers > 1 and jax.process_count() > 1):
       raise ConfigError(f"workers must be >= 1, and 1 when several processes decode together, got {self.workers}")
     self.dp = dp
+    self.max_programs = max_programs
+    self._score_fn = None  # jitted on first use (`score`)
     self.truncated = 0  # sources of the last call cut to `source_limit` tokens
+    self.compiled_programs, self.compile_seconds = 0, 0.0  # the last call's search programs, and their compile time
     self._batch_sharding = sharding.batch_sharding(mesh)
-    self._search = jax.jit(self._search_fn, static_argnames=("max_len", "nbest"),
-                           out_shardings=NamedSharding(mesh, PartitionSpec()))
+    self.programs = Programs(jax.jit(self._search_fn, static_argnames=("max_len", "nbest", "sampling"),
+                                     out_shardings=NamedSharding(mesh, PartitionSpec())))
 
-  def _search_fn(self, params, src_bs, limits_b, max_len: int, nbest: int = 1):
+  def _search_fn(self, params, src_bs, limits_b, ids_b, seed, max_len: int, nbest: int = 1,
+                 sampling: decode.Sampling | None = None):
     models = [nnx.merge(g, p) for g, p in zip(self.graphdefs, params if self.ensemble else [params])]
     s = self.settings
     return decode.search(models, src_bs, limits_b, beam_size=s["beam_size"], alpha=s["alpha"], max_len=max_len,
-                         min_len=s["min_len"], use_cache=self.use_cache, compact=self.compact, nbest=nbest)
+                         min_len=s["min_len"], use_cache=self.use_cache, compact=self.compact, nbest=nbest,
+                         sampling=sampling, ids_b=ids_b, seed=seed)
 
   def _max_output(self, src_len: int) -> int:
     out = int(self.settings["max_len_a"] * src_len) + self.settings["max_len_b"]
     return out if self.position_limit is None else min(out, self.position_limit)
+
+  def _program_key(self, params, batch: int, width: int, want: Want):
+    """The compiled search of a batch shape (started now if it is not compiled or compiling)."""
+    nbest, sampling = want.nbest, want.sampling and want.sampling._replace(seed=0)  # the seed is an input
+    key = (signature(params), batch, width, nbest, sampling)
+    spec = lambda *shape: jax.ShapeDtypeStruct(shape, np.int32, sharding=self._batch_sharding)
+    seed = jax.ShapeDtypeStruct((), np.int32, sharding=NamedSharding(self.mesh, PartitionSpec()))
+    self.programs.prepare(key, (params, spec(batch, width), spec(batch), spec(batch), seed),
+                          max_len=self._max_output(width), nbest=nbest, sampling=sampling)
+    return key
+
+  def _search(self, params, src_bs, limits_b, ids_b, want: Want):
+    """(tokens, scores) of a batch: its compiled search (compiled first if need be)."""
+    key = self._program_key(params, *src_bs.shape, want)
+    seed = jax.device_put(np.int32(want.sampling.seed if want.sampling else 0), NamedSharding(self.mesh, PartitionSpec()))
+    return self.programs.get(key)(params, src_bs, limits_b, ids_b, seed)
 
   def _put(self, x: np.ndarray) -> jax.Array:
     """A global array from the full batch every process holds (each places its own shards)."""
@@ -151,16 +166,20 @@ class Translator:
     return translator
 
   def translate(self, sentences: list[str] | str, *, return_scores: bool = False, progress: bool = False,
-                nbest: int = 1):
+                nbest: int = 1, sampling: decode.Sampling | None = None):
     """Translations of `sentences` (a string gives a string); with return_scores, also each
     translation's score: its log-probability, divided by the GNMT length penalty for beam > 1.
     `nbest` > 1 (at most the beam size): each sentence gets a list of its `nbest` best
-    translations (and scores), best first; the first is what nbest=1 gives."""
+    translations (and scores), best first; the first is what nbest=1 gives.
+    `sampling` (a `decode.Sampling`): outputs drawn from the model instead, `nbest` of them
+    per sentence (any number), most likely first, scored by their plain log-probability;
+    sentence i (counted from 1) draws as it does in any batch, for a given seed."""
     if self.params is None:
       raise ValueError("this Translator holds no parameters: build it with Translator.from_workdir or "
                        "Translator.from_pretrained, or call it as translator(params, sentences)")
     one = isinstance(sentences, str)
-    hypotheses, scores = self._translate(self.params, [sentences] if one else list(sentences), progress, nbest)
+    hypotheses, scores = self._translate(self.params, [sentences] if one else list(sentences), progress,
+                                         Want(nbest, sampling))
     if one:
       hypotheses, scores = hypotheses[0], scores[0]
     return (hypotheses, scores) if return_scores else hypotheses
@@ -168,6 +187,52 @@ class Translator:
   def translate_ids(self, params, sources: list[list[int]], *, progress: bool = False) -> list[list[int]]:
     """Output ids (without eos) of each source id sequence (with eos), in input order."""
     return [best[0] for best in self._translate_ids(params, sources, progress)[0]]
+
+  def score(self, sources: list[str], targets: list[str], *, normalize: bool | None = None,
+            params=None) -> list[float]:
+    """The log-probability of each target (with its eos) given its source, by teacher forcing
+    (seq2seq/inference/forced.py): what training's loss sums, negated. `normalize` divides
+    it by the GNMT length penalty with this Translator's alpha (None: as its beam search
+    scores are, i.e. for beam > 1). An ensemble scores with the mean of its probabilities."""
+    from seq2seq.inference import forced
+
+    params = self.params if params is None else params
+    if params is None:
+      raise ValueError("this Translator holds no parameters: pass params=")
+    if len(sources) != len(targets):
+      raise ConfigError(f"score needs one target per source, got {len(sources)} sources and {len(targets)} targets")
+    encode = lambda texts: self.tok.encode(list(texts)) if texts else []
+    return self.score_ids(params, encode(sources), encode(targets), normalize=normalize)
+
+  def score_ids(self, params, src_ids: list[list[int]], tgt_ids: list[list[int]], *,
+                normalize: bool | None = None) -> list[float]:
+    """`score` of id sequences (with eos)."""
+    from seq2seq.inference import forced
+
+    normalize = self.settings["beam_size"] > 1 if normalize is None else normalize
+    src_ids, _ = self._truncate(list(src_ids))
+    if self._score_fn is None:
+      self._score_fn = jax.jit(lambda params, src_bs, tgt_bt, alpha, normalize: forced.log_probs(
+          self.graphdefs, params if self.ensemble else [params], src_bs, tgt_bt, alpha=alpha, normalize=normalize),
+          static_argnames=("alpha", "normalize"), out_shardings=NamedSharding(self.mesh, PartitionSpec()))
+    order = sorted(range(len(src_ids)), key=lambda i: -max(len(src_ids[i]), len(tgt_ids[i])))
+    out = [0.0] * len(src_ids)
+    start = 0
+    while start < len(order):
+      rows = self.rows_for(source_bucket(max(len(src_ids[order[start]]), len(tgt_ids[order[start]]))))
+      part = order[start:start + rows]
+      arrays = []
+      for ids in (src_ids, tgt_ids):
+        x = np.zeros((rows, source_bucket(max(len(ids[i]) for i in part))), np.int32)
+        x[len(part):, 0] = EOS_ID  # filler rows: an empty sentence
+        for r, i in enumerate(part):
+          x[r, :len(ids[i])] = ids[i]
+        arrays.append(self._put(x))
+      logp_b = jax.device_get(self._score_fn(params, *arrays, alpha=float(self.settings["alpha"]), normalize=normalize))
+      for r, i in enumerate(part):
+        out[i] = float(logp_b[r])
+      start += rows
+    return out
 
   def rows_for(self, width: int) -> int:
     """Sentences in a batch of sources padded to `width` tokens: `batch_size` up to
@@ -177,6 +242,21 @@ class Translator:
       return self.batch_size
     rows = 2 ** int(math.log2(max(self.batch_size * FULL_ROWS_WIDTH // width, 1)))
     return self.dp * max(math.ceil(rows / self.dp), 1)
+
+  def _batches(self, lengths: list[int]) -> list[tuple[range, int, int]]:
+    """(positions, sentences, width) of each batch of sources of these lengths (longest first):
+    consecutive positions, as many as `rows_for` the width of the first, the smallest of
+    `plan_widths` that holds it."""
+    a, b = self.settings["max_len_a"], self.settings["max_len_b"]
+    widths = plan_widths(lengths, self.max_programs, lambda w: step_cost(w, self._max_output(w)),
+                         weight=lambda n: max(1, min(int(a * n) + b, self._max_output(source_bucket(n)))))
+    batches, start = [], 0
+    while start < len(lengths):
+      width = width_for(lengths[start], widths)
+      size = self.rows_for(width)
+      batches.append((range(start, min(start + size, len(lengths))), size, width))
+      start += size
+    return batches
 
   def _warn_truncated(self, cut: list[tuple[int, int]]) -> None:
     """A warning naming each truncated source (its line number and token count), at most MAX_WARNINGS."""
@@ -194,23 +274,23 @@ class Translator:
     self.truncated = len(cut)
     return [s if len(s) <= limit else s[:limit - 1] + [EOS_ID] for s in sources], cut
 
-  def _decode_rows(self, params, sources, rows: list[int], batch: int, nbest: int = 1):
-    """[(tokens, score), ...] (the `nbest` best) of each source in `rows`, decoded as a batch of `batch` sentences. A
+  def _decode_rows(self, params, sources, ids: list[int], rows: list[int], batch: int, width: int, want: Want):
+    """[(tokens, score), ...] (the `nbest` best) of each source in `rows` (numbered `ids`), decoded as a batch of
+    `batch` sentences. A
     batch the device has no memory for is decoded again in halves (one process only: the
     processes of a multi-host run must run the same programs)."""
-    width = source_bucket(max(len(sources[i]) for i in rows))
     src_bs = np.zeros((batch, width), np.int32)
     src_bs[:, 0] = EOS_ID  # filler rows: an empty sentence, finished after one step
-    lengths = np.ones((batch,), np.int32)
+    lengths, ids_b = np.ones((batch,), np.int32), np.zeros((batch,), np.int32)
     for r, i in enumerate(rows):
       src_bs[r, :len(sources[i])] = sources[i]
-      lengths[r] = len(sources[i])
+      lengths[r], ids_b[r] = len(sources[i]), ids[i]
     max_len = self._max_output(width)
     limits = np.array(decode.output_limits(lengths, self.settings["max_len_a"], self.settings["max_len_b"], max_len))
     limits[len(rows):] = 1
     try:
-      tokens_bl, scores_b = jax.device_get(self._search(params, self._put(src_bs), self._put(limits),
-                                                        max_len=max_len, nbest=nbest))
+      tokens_bl, scores_b = jax.device_get(self._search(params, self._put(src_bs), self._put(limits), self._put(ids_b),
+                                                        want))
     except jax.errors.JaxRuntimeError as err:
       half = self.dp * (batch // 2 // self.dp)
       if not out_of_memory(err) or half < 1 or jax.process_count() > 1:
@@ -219,62 +299,81 @@ class Translator:
         print(f"warning: out of memory decoding {len(rows)} sentences of up to {width} tokens in batches of {batch}; "
               f"retrying in batches of {half}", file=sys.stderr, flush=True)
       return [out for part in (rows[:half], rows[half:]) if part
-              for out in self._decode_rows(params, sources, part, half, nbest)]
-    tokens_bnl, scores_bn = (tokens_bl[:, None], scores_b[:, None]) if nbest == 1 else (tokens_bl, scores_b)
-    return [[(np.asarray(tokens_bnl[r, j]).tolist(), float(scores_bn[r, j])) for j in range(nbest)
+              for out in self._decode_rows(params, sources, ids, part, half, width, want)]
+    tokens_bnl, scores_bn = (tokens_bl[:, None], scores_b[:, None]) if want.nbest == 1 else (tokens_bl, scores_b)
+    return [[(np.asarray(tokens_bnl[r, j]).tolist(), float(scores_bn[r, j])) for j in range(want.nbest)
              if scores_bn[r, j] > decode.NEG_INF / 2] for r in range(len(rows))]
 
-  def _translate_ids(self, params, sources: list[list[int]], progress: bool, nbest: int = 1,
+  def _translate_ids(self, params, sources: list[list[int]], progress: bool, want: Want = None,
                      lines: list[int] | None = None):
-    """(ids, score) lists of the `nbest` best outputs of each source, in input order. With
-    `lines` (each source's input line number), truncated sources are named in warnings."""
+    """(ids, score) lists of the `nbest` best outputs of each source, in input order. `lines`:
+    each source's input line number (default: 1, 2, ...), which names truncated sources in
+    warnings and decides a sampled sentence's draws."""
+    want = want or Want()
+    if want.sampling is None and not 1 <= want.nbest <= self.settings["beam_size"]:
+      raise ConfigError(f"nbest={want.nbest} must be between 1 and the beam size ({self.settings['beam_size']})")
+    if want.nbest < 1:
+      raise ConfigError(f"nbest must be >= 1, got {want.nbest}")
+    if want.sampling is not None:
+      want.sampling.check()
     lengths = [len(source) for source in sources]
     sources, cut = self._truncate(list(sources))
     if lines is not None and jax.process_index() == 0:
       self._warn_truncated([(lines[i], lengths[i]) for i in cut])
+    lines = list(range(1, len(sources) + 1)) if lines is None else lines
     order = sorted(range(len(sources)), key=lambda i: -len(sources[i]))  # longest first: memory errors show early
     outputs: list[list[list[int]]] = [[] for _ in sources]
     scores: list[list[float]] = [[] for _ in sources]
-    from tqdm import tqdm
-
-    bar = tqdm(total=len(sources), unit="sent", dynamic_ncols=True, leave=False,
-               disable=not progress or not sys.stderr.isatty() or jax.process_index() != 0)
-    batches, start = [], 0
-    while start < len(order):
-      size = self.rows_for(source_bucket(len(sources[order[start]])))
-      batches.append((order[start:start + size], size))
-      start += size
+    batches = self._batches([len(sources[i]) for i in order])
+    keys = list(dict.fromkeys(self._program_key(params, size, width, want) for _, size, width in batches))
+    pending = [k for k in keys if not self.programs.ready(k)]
+    bar = Progress(len(sources), enabled=progress and jax.process_index() == 0)
+    bar.compiling(len(pending))
+    left = set(pending)
+    for key in pending:
+      self.programs.prepare(key, ()).add_done_callback(lambda _, key=key: (left.discard(key), bar.compiling(len(left))))
     pool = concurrent.futures.ThreadPoolExecutor(self.workers)
     try:
-      decoded = pool.map(lambda batch: self._decode_rows(params, sources, *batch, nbest), batches)
-      for (rows, _), results in zip(batches, decoded):
-        for i, best in zip(rows, results):
-          outputs[i] = [row[:row.index(EOS_ID)] if EOS_ID in row else row for row, _ in best]
-          scores[i] = [score for _, score in best]
+      decoded = pool.map(lambda batch: self._decode_rows(params, sources, lines, [order[j] for j in batch[0]],
+                                                         *batch[1:], want), batches)
+      for (rows, _, _), results in zip(batches, decoded):
+        for j, best in zip(rows, results):
+          outputs[order[j]] = [row[:row.index(EOS_ID)] if EOS_ID in row else row for row, _ in best]
+          scores[order[j]] = [score for _, score in best]
         bar.update(len(rows))
     finally:
       pool.shutdown(cancel_futures=True)  # after an error, the batches not started are dropped
       bar.close()
+    self.compiled_programs = len(keys)
+    self.compile_seconds = sum(self.programs.seconds.get(k, 0.0) for k in pending)
     return outputs, scores
 
   def __call__(self, params, sentences: list[str], *, progress: bool = False) -> list[str]:
     """Detokenized translations; blank sources give blank outputs without running the model."""
     return self._translate(params, sentences, progress)[0]
 
-  def _translate(self, params, sentences: list[str], progress: bool, nbest: int = 1):
+  def _translate(self, params, sentences: list[str], progress: bool, want: Want = None):
     """(translations, scores) of `sentences`: strings and floats, or lists of `nbest` of them."""
     nonblank = [i for i, s in enumerate(sentences) if s.strip()]
     ids = self.tok.encode([sentences[i] for i in nonblank]) if nonblank else []
     out, scores = [[""]] * len(sentences), [[0.0]] * len(sentences)  # blank sources: one blank translation
-    hypotheses, hyp_scores = self._translate_ids(params, ids, progress, nbest, lines=[i + 1 for i in nonblank])
+    want = want or Want()
+    hypotheses, hyp_scores = self._translate_ids(params, ids, progress, want, lines=[i + 1 for i in nonblank])
     for i, hyps, best_scores in zip(nonblank, hypotheses, hyp_scores):
       out[i], scores[i] = [self.tok.decode(hyp) for hyp in hyps], best_scores
-    if nbest == 1:
+    if want.nbest == 1:
       return [o[0] for o in out], [s[0] for s in scores]
     return out, scores
 
 
 MAX_WARNINGS = 10  # truncated sources named, per call
+
+
+class Want(NamedTuple):
+  """What a translation returns per sentence: the `nbest` best of a beam search, or with
+  `sampling` that many drawn outputs."""
+  nbest: int = 1
+  sampling: decode.Sampling | None = None
 
 
 def out_of_memory(err: Exception) -> bool:
@@ -286,8 +385,8 @@ def out_of_memory(err: Exception) -> bool:
 def search_settings(eval_cfg, **overrides) -> dict:
   """Translator keyword arguments from a config's `eval` section, with overrides (None: keep)."""
   settings = {key: eval_cfg[key] for key in ("beam_size", "alpha", "max_len_a", "max_len_b", "batch_size",
-                                             "max_source_len") if key in eval_cfg}
-  extra = ["min_len", "use_cache", "compact", "workers", "max_source_len"]
+                                             "max_source_len", "max_programs") if key in eval_cfg}
+  extra = ["min_len", "use_cache", "compact", "workers", "max_source_len", "max_programs"]
   unknown = sorted(set(overrides) - set(settings) - set(extra))
   if unknown:
     raise ConfigError(f"unknown search setting(s) {unknown}; known: {sorted(settings) + extra}")

@@ -1,0 +1,67 @@
+"""What seq2seq-eval and seq2seq-translate share: the flags that choose the model (one
+checkpoint, an average of the last K, an ensemble of runs) and the search (beam, length
+limits, batch), and the code that turns them into a Translator. Either command's --help
+lists them."""
+
+from __future__ import annotations
+
+from absl import flags
+
+from seq2seq import sharding
+from seq2seq.errors import ConfigError
+from seq2seq.inference import load
+from seq2seq.inference.translate import Translator, search_settings
+
+AVERAGE_LAST = flags.DEFINE_integer("average_last", 0, "Decode the average of the last K checkpoints.")
+ENSEMBLE = flags.DEFINE_multi_string("ensemble", None, "Also load this run (repeatable) and decode the ensemble: the "
+                                     "mean of the models' probabilities. Runs must share the sentencepiece model.")
+BEAM_SIZE = flags.DEFINE_integer("beam_size", None, "Beam size (default: the config's eval.beam_size); 1 = greedy.")
+ALPHA = flags.DEFINE_float("alpha", None, "Length penalty exponent (default: the config's eval.alpha).")
+MAX_LEN_A = flags.DEFINE_float("max_len_a", None, "Max output length = a * source length + b (default: eval.max_len_a).")
+MAX_LEN_B = flags.DEFINE_integer("max_len_b", None, "Max output length = a * source length + b (default: eval.max_len_b).")
+BATCH_SIZE = flags.DEFINE_integer("batch_size", None, "Sentences per batch (default: the config's eval.batch_size).")
+WORKERS = flags.DEFINE_integer("workers", None, "Batches decoded at once (default: 2 on a one-process CPU run, "
+                               "where one search keeps the cores partly idle; 1 elsewhere).")
+QUIET = flags.DEFINE_bool("quiet", False, "No progress lines on stderr (warnings and errors still show).")
+
+
+def settings(config, **extra) -> dict:
+  """Translator keyword arguments: the config's eval section with the flags given."""
+  return search_settings(config.eval, beam_size=BEAM_SIZE.value, alpha=ALPHA.value, max_len_a=MAX_LEN_A.value,
+                         max_len_b=MAX_LEN_B.value, batch_size=BATCH_SIZE.value, workers=WORKERS.value, **extra)
+
+
+def load_run(workdir: str, config, mesh, *, step: int | None = None, best: bool = False):
+  """(model config(s), graphdef(s), params, tokenizer, label, ensemble members or None) of a run's
+  chosen checkpoint (`step`, `best`, --average_last), with the --ensemble runs if given."""
+  if [best, step is not None, bool(AVERAGE_LAST.value)].count(True) > 1:
+    raise ConfigError("choose at most one checkpoint: a step, the best one, or --average_last")
+  choice = dict(step=step, best=best, average_last=AVERAGE_LAST.value)
+  if ENSEMBLE.value:
+    return load.load_ensemble([workdir, *ENSEMBLE.value], config, mesh, **choice)
+  return (*load.load_params(workdir, config, mesh, **choice), None)
+
+
+def translator_for_run(workdir: str, *, step: int | None = None, best: bool = False) -> tuple[Translator, list | None]:
+  """A Translator holding the run's chosen model(s), searching as the flags say, and the ensemble's members."""
+  config = load.run_config(workdir)
+  mesh = sharding.make_mesh(config.mesh)
+  model_cfg, graphdef, params, tok, label, members = load_run(workdir, config, mesh, step=step, best=best)
+  translator = Translator(model_cfg, graphdef, tok, mesh, params=params, **settings(config))
+  translator.checkpoint, translator.config = label, config
+  return translator, members
+
+
+def translator_for_export(model_dir: str) -> Translator:
+  """A Translator holding an exported model (`python -m seq2seq.export`), searching as the flags say."""
+  if ENSEMBLE.value or AVERAGE_LAST.value:
+    raise ConfigError("--ensemble and --average_last choose among a run's checkpoints (--workdir); an exported "
+                      "--model holds one set of parameters")
+  from seq2seq import export
+
+  config, model_cfg, tok, label = export.read_model_dir(model_dir)
+  mesh = sharding.make_mesh(config.mesh)
+  graphdef, params = export.load_params(model_dir, model_cfg, mesh)
+  translator = Translator(model_cfg, graphdef, tok, mesh, params=params, **settings(config))
+  translator.checkpoint, translator.config = label, config
+  return translator
