@@ -17,6 +17,7 @@ from flax import nnx
 
 import seq2seq
 from seq2seq import Translator, data, export, metrics, sharding
+from seq2seq.inference.translate import Want
 from seq2seq.inference import decode, evaluate, load
 
 SENTENCES = ["A man is riding a bike.", "", "Two dogs play in the snow near a red house.", "Hello."]
@@ -70,7 +71,7 @@ def test_scores_are_the_models_log_probability_of_the_translation(tiny_run, beam
   translator = Translator.from_workdir(tiny_run, beam_size=beam, alpha=0.6, max_len_b=8, batch_size=4)
   sources = [s for s in SENTENCES if s]
   ids = translator.tok.encode(sources)
-  hyps, scores = translator._translate_ids(translator.params, ids, False, nbest=beam)  # the n-best, n = beam
+  hyps, scores = translator._translate_ids(translator.params, ids, False, Want(beam))  # the n-best, n = beam
   model = nnx.merge(translator.graphdefs[0], translator.params)
   for src, best, best_scores in zip(ids, hyps, scores):
     assert len({tuple(h) for h in best}) == beam and best_scores == sorted(best_scores, reverse=True)

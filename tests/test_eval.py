@@ -14,7 +14,7 @@ from conftest import REPO, communicate_all, free_port, make_config, tensorboard_
 
 from seq2seq import metrics, sharding
 from seq2seq.inference import evaluate, load
-from seq2seq.inference.translate import Translator
+from seq2seq.inference.translate import Translator, Want
 from seq2seq.training.train import train_and_evaluate
 
 VAL_SENTENCES = 24
@@ -91,7 +91,6 @@ def test_validation_with_the_test_beam_compiles_the_programs_eval_runs(run):
   runs (same HLO text, so the same key in JAX's persistent compilation cache): the first
   eval.py after training loads what validation compiled. A greedy validation does not."""
   from seq2seq import data
-  from seq2seq.data.tokenizer import EOS_ID
   from seq2seq.model.config import ModelConfig
   from seq2seq.training import optimizer
   from seq2seq.training.train import bleu_validator, init_state
@@ -105,11 +104,7 @@ def test_validation_with_the_test_beam_compiles_the_programs_eval_runs(run):
                                   config.seed)  # what training validates: its live parameters
 
   def program(translator, params, width=16) -> str:
-    src_bs = np.zeros((translator.batch_size, width), np.int32)
-    src_bs[:, 0] = EOS_ID
-    limits_b = np.ones((translator.batch_size,), np.int32)
-    return translator.programs.fn.lower(params, translator._put(src_bs), translator._put(limits_b),
-                                    max_len=translator._max_output(width)).as_text()
+    return translator.programs.get(translator._program_key(params, translator.batch_size, width, Want())).as_text()
 
   texts = {}
   for val_beam in (config.eval.beam_size, 1):

@@ -10,10 +10,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from seq2seq.commands import translate as translate_command
 from seq2seq.data.tokenizer import EOS_ID
 from seq2seq.errors import ConfigError
-from seq2seq.inference import decode
+from seq2seq.inference import evaluate
 from seq2seq.inference.decode import Sampling
 from seq2seq.inference.translate import Translator, Want
 from seq2seq.training.loss import cross_entropy_sums
@@ -156,12 +155,29 @@ class Terminal(io.StringIO):
     return True
 
 
-def test_at_a_terminal_translate_prompts_and_answers_line_by_line(tiny_run):
+def test_at_a_terminal_translation_prompts_and_answers_line_by_line(tiny_run):
   translator = Translator.from_workdir(tiny_run, beam_size=2)
   typed = Terminal("A man rides a bike.\nTwo dogs play.\n")
   out, prompts = io.StringIO(), io.StringIO()
-  translate_command.flags.FLAGS(["translate", "--quiet"])
-  translate_command.interactive(translator, typed, out, prompts)
-  assert prompts.getvalue() == translate_command.PROMPT * 3 + "\n"  # a prompt per line, and one answered by Ctrl-D
+  evaluate.interactive(lambda lines: translator.translate(lines), typed, out, prompts)
+  assert prompts.getvalue() == evaluate.PROMPT * 3 + "\n"  # a prompt per line, and one answered by Ctrl-D
   assert out.getvalue().splitlines() == translator.translate(["A man rides a bike.", "Two dogs play."])
-  assert decode.Sampling().check() == Sampling()
+
+
+@pytest.mark.slow
+def test_the_command_at_a_real_terminal_prompts_and_translates_each_line(tiny_run, tmp_path):
+  import os
+  import pty
+
+  controller, terminal = pty.openpty()
+  proc = subprocess.Popen([sys.executable, "-m", "seq2seq.commands.translate", f"--workdir={tiny_run}",
+                           "--beam_size=2"], stdin=terminal, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, cwd=tmp_path)
+  os.close(terminal)
+  os.write(controller, b"A man rides a bike.\nTwo dogs play.\n\x04")  # two lines, then Ctrl-D
+  out, err = proc.communicate(timeout=600)
+  os.close(controller)
+  assert proc.returncode == 0, err
+  assert out.splitlines() == Translator.from_workdir(tiny_run, beam_size=2).translate(
+      ["A man rides a bike.", "Two dogs play."])
+  assert err.count(evaluate.PROMPT) == 3 and "type a sentence" in err

@@ -22,13 +22,16 @@ MAX_LEN_B = flags.DEFINE_integer("max_len_b", None, "Max output length = a * sou
 BATCH_SIZE = flags.DEFINE_integer("batch_size", None, "Sentences per batch (default: the config's eval.batch_size).")
 WORKERS = flags.DEFINE_integer("workers", None, "Batches decoded at once (default: 2 on a one-process CPU run, "
                                "where one search keeps the cores partly idle; 1 elsewhere).")
+MAX_PROGRAMS = flags.DEFINE_integer("max_programs", None, "Compiled searches per test set or input (default: the "
+                                    "config's eval.max_programs, 3); 0: one per source-length bucket.")
 QUIET = flags.DEFINE_bool("quiet", False, "No progress lines on stderr (warnings and errors still show).")
 
 
 def settings(config, **extra) -> dict:
   """Translator keyword arguments: the config's eval section with the flags given."""
   return search_settings(config.eval, beam_size=BEAM_SIZE.value, alpha=ALPHA.value, max_len_a=MAX_LEN_A.value,
-                         max_len_b=MAX_LEN_B.value, batch_size=BATCH_SIZE.value, workers=WORKERS.value, **extra)
+                         max_len_b=MAX_LEN_B.value, batch_size=BATCH_SIZE.value, workers=WORKERS.value,
+                         max_programs=MAX_PROGRAMS.value, **extra)
 
 
 def load_run(workdir: str, config, mesh, *, step: int | None = None, best: bool = False):

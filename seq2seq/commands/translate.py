@@ -56,9 +56,6 @@ _SCORE_REFERENCE = flags.DEFINE_string("score_reference", None, "Score this file
 _NORMALIZE = flags.DEFINE_bool("normalize", None, "With --score_reference: divide by the GNMT length penalty "
                                "(default: as beam search scores are, i.e. for beam > 1).")
 
-PROMPT = "> "
-
-
 def make_translator() -> Translator:
   if (_WORKDIR.value is None) == (_MODEL.value is None):
     raise ConfigError("give one of --workdir=DIR (a training run) and --model=MODEL_DIR (an exported model)")
@@ -97,20 +94,6 @@ def lines_of(translator: Translator, sentences: list[str], progress: bool) -> li
   return [f"{score:.4f}\t{hyp}" if _SCORES.value else hyp for hyp, score in zip(hypotheses, scores)]
 
 
-def interactive(translator: Translator, stdin, out, prompt_to) -> None:
-  """At a terminal: a prompt, and each line's translation as soon as it is typed."""
-  while True:
-    prompt_to.write(PROMPT)
-    prompt_to.flush()
-    line = stdin.readline()
-    if not line:
-      prompt_to.write("\n")
-      return
-    for text in lines_of(translator, [line.rstrip("\r\n")], progress=False):
-      out.write(text + "\n")
-    out.flush()
-
-
 def main(argv) -> None:
   if _SCORE_REFERENCE.value is not None and (_NBEST.value > 1 or _SAMPLING.value or _SCORES.value):
     raise ConfigError("--score_reference scores given translations; it goes with neither --nbest, --sampling nor "
@@ -121,7 +104,7 @@ def main(argv) -> None:
     print(f"Translating with {translator.checkpoint}: type a sentence and Enter (Ctrl-D ends).", file=sys.stderr)
     with contextlib.ExitStack() as stack:
       out = sys.stdout if _OUTPUT.value == "-" else stack.enter_context(open(_OUTPUT.value, "a", encoding="utf-8"))
-      return interactive(translator, sys.stdin, out, sys.stderr)
+      return evaluate.interactive(lambda lines: lines_of(translator, lines, progress=False), sys.stdin, out)
   sentences = list(evaluate.decoded_lines(sys.stdin)) if _INPUT.value == "-" else evaluate.read_text(_INPUT.value)
   text = "".join(line + "\n" for line in lines_of(translator, sentences, progress=not decoding.QUIET.value))
   if _OUTPUT.value == "-":

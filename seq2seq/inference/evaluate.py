@@ -118,13 +118,29 @@ def decoded_lines(stream):
     yield text.rstrip("\r\n")
 
 
+PROMPT = "> "
+
+
+def interactive(translate_lines, stdin, out, prompt_to=None) -> None:
+  """At a terminal: a prompt (on `prompt_to`, stderr by default), and each typed line's
+  output lines (`translate_lines([line])`) as soon as it is typed; end of input ends it."""
+  prompt_to = sys.stderr if prompt_to is None else prompt_to
+  while True:
+    prompt_to.write(PROMPT)
+    prompt_to.flush()
+    line = stdin.readline()
+    if not line:
+      prompt_to.write("\n")
+      return
+    for text in translate_lines([line.rstrip("\r\n")]):
+      out.write(text + "\n")
+    out.flush()
+
+
 def translate_stream(translator: Translator, params, lines, out) -> None:
-  """Stdin to stdout: line by line at a terminal, in batches when piped; one output line each."""
+  """Stdin to stdout: line by line after a prompt at a terminal, in batches when piped; one output line each."""
   if hasattr(lines, "isatty") and lines.isatty():
-    for line in decoded_lines(lines):
-      out.write(translator(params, [line])[0] + "\n")
-      out.flush()
-    return
+    return interactive(lambda batch: translator(params, batch), lines, out)
   for hyp in translator(params, list(decoded_lines(lines))):
     out.write(hyp + "\n")
   out.flush()

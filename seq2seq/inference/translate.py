@@ -194,8 +194,6 @@ class Translator:
     (seq2seq/inference/forced.py): what training's loss sums, negated. `normalize` divides
     it by the GNMT length penalty with this Translator's alpha (None: as its beam search
     scores are, i.e. for beam > 1). An ensemble scores with the mean of its probabilities."""
-    from seq2seq.inference import forced
-
     params = self.params if params is None else params
     if params is None:
       raise ValueError("this Translator holds no parameters: pass params=")
