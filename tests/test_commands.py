@@ -35,6 +35,7 @@ def test_translate_reads_stdin_and_writes_one_line_per_line(tiny_run, tmp_path):
   assert out.returncode == 0, out.stderr
   assert out.stdout.split("\n")[:-1] == Translator.from_workdir(tiny_run, beam_size=2).translate(lines)
   assert not [line for line in out.stderr.splitlines() if ABSL_LINE.match(line)]
+  assert out.stderr.splitlines() == ["compiling 1 search program"]  # piped: progress lines, none after 10 s
 
 
 @pytest.mark.slow

@@ -116,6 +116,7 @@ def run_translate(*args, stdin: str = "", cwd=None):
                         capture_output=True, text=True, timeout=600, cwd=cwd)
 
 
+@pytest.mark.slow
 def test_translate_reads_and_writes_files_with_evals_search_flags_and_scores_references(tiny_run, tmp_path):
   sources = [SOURCE, "", "Two dogs play in the snow."]
   (tmp_path / "in.en").write_text("".join(s + "\n" for s in sources))
