@@ -54,7 +54,10 @@ def test_device_check_smoke_writes_every_section(tmp_path):
   assert result["smoke"] and result["device_kind"] == "cpu" and result["shape"] == [8, 32, 32]
   assert {"jax", "jaxlib", "flax", "torch"} <= set(result["versions"]) and result["versions"]["jax"]
   sections = result["sections"]
-  assert list(sections) == ["steps_bfloat16", "peers", "train", "steps_float32"]
+  assert list(sections) == ["flash", "steps_bfloat16", "decode", "peers", "train", "steps_float32"]
+  assert all("interpret mode" in row["error"] for row in sections["flash"]["checks"])  # the kernel needs a GPU
+  decode = sections["decode"]
+  assert decode["identical_hypotheses"] and decode["modes"]["planned"]["programs"] <= 3, decode
   for dtype in ("bfloat16", "float32"):
     assert "--section=steps" in sections[f"steps_{dtype}"]["command"]
     for layout in ("packed", "unpacked"):

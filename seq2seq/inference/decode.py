@@ -12,6 +12,10 @@ beams and never gathers them.
   tokens_bl = search(model, src_bs, limits_b, beam_size=4, alpha=0.6, max_len=L)
   tokens_bl = search([model_a, model_b], ...)  # an ensemble
 
+`sample` draws outputs instead (`Sampling`: temperature, top-k, top-p; seeded per sentence):
+
+  tokens_bl, logp_b = search(model, src_bs, limits_b, ..., sampling=Sampling(top_p=0.9, seed=1))
+
 Output rows hold the generated tokens: eos ends a hypothesis, padding follows it. A
 sentence stops as soon as its result is certain, and `compact=(n, ...)` moves a batch's
 unfinished sentences into a batch of n once they fit, so finished ones cost nothing
@@ -346,10 +350,10 @@ def search(model, src_bs, limits_b, *, beam_size: int, alpha: float, max_len: in
   if sampling is not None:
     stepper = ensemble([(cached if use_cache else uncached)(m, max_len) for m in models])
     b = src_bs.shape[0]
-    ids_b = jnp.arange(b) if ids_b is None else ids_b
-    tokens_xl, logp_x = sample(stepper, jnp.repeat(src_bs, nbest, axis=0), jnp.repeat(limits_b, nbest), sentence_keys(
-        sampling.seed if seed is None else seed, ids_b, nbest), max_len=max_len, min_len=min_len, sampling=sampling.check(),
-        compact=[n * nbest for n in compact], pad_id=models[0].cfg.pad_id)
+    keys_x2 = sentence_keys(sampling.seed if seed is None else seed, jnp.arange(b) if ids_b is None else ids_b, nbest)
+    tokens_xl, logp_x = sample(stepper, jnp.repeat(src_bs, nbest, axis=0), jnp.repeat(limits_b, nbest), keys_x2,
+                               max_len=max_len, min_len=min_len, sampling=sampling.check(),
+                               compact=[n * nbest for n in compact], pad_id=models[0].cfg.pad_id)
     if nbest == 1:
       return tokens_xl, logp_x
     logp_bn, order_bn = jax.lax.top_k(logp_x.reshape(b, nbest), nbest)

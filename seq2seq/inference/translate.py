@@ -1,5 +1,7 @@
 """Translating text with a trained model: tokenize, sort by length, decode batches of a few
-fixed shapes on the device mesh, detokenize, and return the input order.
+shapes on the device mesh (at most `max_programs` per call, compiled ahead:
+seq2seq/inference/programs.py), detokenize, and return the input order. Also n-best lists,
+sampled outputs (decode.Sampling) and the log-probability of given translations (`score`).
 
   from seq2seq import Translator
   translator = Translator.from_workdir("/tmp/m30k")            # a training run's directory
@@ -115,7 +117,8 @@ class Translator:
   def _search(self, params, src_bs, limits_b, ids_b, want: Want):
     """(tokens, scores) of a batch: its compiled search (compiled first if need be)."""
     key = self._program_key(params, *src_bs.shape, want)
-    seed = jax.device_put(np.int32(want.sampling.seed if want.sampling else 0), NamedSharding(self.mesh, PartitionSpec()))
+    value = np.int32(want.sampling.seed if want.sampling else 0)
+    seed = jax.make_array_from_callback((), NamedSharding(self.mesh, PartitionSpec()), lambda index: value)
     return self.programs.get(key)(params, src_bs, limits_b, ids_b, seed)
 
   def _put(self, x: np.ndarray) -> jax.Array:
