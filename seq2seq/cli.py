@@ -21,6 +21,7 @@ from __future__ import annotations
 import difflib
 import importlib.util
 import os
+import pathlib
 import re
 import shlex
 import sys
@@ -40,10 +41,28 @@ def fail(message: str) -> None:
 
 
 def resolve_config(argv: list[str]) -> list[str]:
-  """argv with `--config=NAME` (a shipped config) turned into that file's path."""
+  """argv with `--config=NAME` or `--config NAME` (a shipped config) turned into
+  `--config=PATH`; a value that is neither a file nor a shipped config ends the command
+  with the shipped names and the closest ones."""
   from seq2seq import configs
 
-  return [f"--config={configs.resolve(a.split('=', 1)[1])}" if a.startswith("--config=") else a for a in argv]
+  out, rest = [], list(argv)
+  while rest:
+    arg = rest.pop(0)
+    if arg == "--config" and rest and out:  # `--config NAME`, as argparse-style commands take it
+      arg = f"--config={rest.pop(0)}"
+    if arg.startswith("--config="):
+      value = arg.split("=", 1)[1]
+      resolved = configs.resolve(value)
+      if not os.path.isfile(resolved.partition(":")[0]):
+        close = difflib.get_close_matches(pathlib.Path(value.partition(":")[0]).name.removesuffix(".py"),
+                                          configs.names(), n=2, cutoff=0.6)
+        fail(f"--config={value}: no such file and no shipped config of that name"
+             + (f"; did you mean {' or '.join(close)}?" if close else "")
+             + f" Shipped configs: {', '.join(configs.names())}")
+      arg = f"--config={resolved}"
+    out.append(arg)
+  return out
 
 
 def command_line(console_name: str) -> str:
@@ -165,6 +184,39 @@ def _set_log_level() -> None:
     flags.FLAGS.verbosity = LOG_LEVELS[flags.FLAGS.log_level]  # absl applies it to Python's logging (orbax, JAX)
 
 
+HELP_FLAGS = ("--help", "-h", "-?", "--helpshort", "--helpfull")
+CONFIG_HELP = """Config overrides: --config.KEY=VALUE sets any setting of the config, e.g.
+  --config.train.steps=5000 --config.model.norm=rmsnorm --config.data.dir=/data
+An unknown key is an error naming the closest ones. Shipped configs (--config=NAME or
+--config NAME, from any directory): {names}; --config=PATH.py loads a file."""
+
+
+def version_line(program: str) -> str:
+  from importlib import metadata
+
+  import seq2seq
+
+  try:
+    installed = metadata.version(seq2seq.DISTRIBUTION)
+  except metadata.PackageNotFoundError:
+    installed = "not installed"
+  return f"{program} {seq2seq.__version__} ({seq2seq.DISTRIBUTION}, installed {installed})"
+
+
+def usage(program: str, module: str | None, full: bool) -> str:
+  """What --help prints: the command's docstring, its flags (the key flags `run` registers
+  for `program`: its own, the shared ones), and for a command with --config the override
+  syntax and the shipped config names."""
+  from seq2seq import configs
+
+  doc = (sys.modules[module].__doc__ or "") if module in sys.modules else ""
+  listed = flags.FLAGS.get_help() if full else flags.FLAGS.module_help(program)
+  parts = [doc.strip(), listed, "  --version: print the version and exit\n  --helpfull: every flag, the libraries' too"]
+  if "config" in flags.FLAGS:
+    parts.append(CONFIG_HELP.format(names=", ".join(configs.names())))
+  return "\n\n".join(p for p in parts if p) + "\n"
+
+
 def run(main, module: str | None = None, argv=None, *, also: tuple[str, ...] = ()) -> None:
   """`app.run(main)` with the shared flags, where bad input ends as `error: ...`, exit status 2.
   `module` (the command's module name) puts its flags first in --help, then those of the
@@ -179,8 +231,17 @@ def run(main, module: str | None = None, argv=None, *, also: tuple[str, ...] = (
   shared = [flags.FLAGS[name] for name in ("coordinator_address", "num_processes", "process_id", "log_level",
                                            "compilation_cache", "verbosity") if name in flags.FLAGS]
   by_module = flags.FLAGS.flags_by_module_dict()
-  for flag in [*by_module.get(module, []), *(f for name in also for f in by_module.get(name, [])), *shared]:
+  own = sys.argv[0] if module == "__main__" else module  # absl files a `python -m` module's flags under argv[0]
+  for flag in [*by_module.get(own, []), *(f for name in also for f in by_module.get(name, [])), *shared]:
     flags.FLAGS.register_key_flag_for_module(program, flag)  # listed by --help, not only --helpfull
+
+  args = list(argv or sys.argv)
+  if any(a in HELP_FLAGS for a in args[1:]):  # usage on stdout, exit 0 (absl's own --help exits 1)
+    sys.stdout.write(usage(program, module, full="--helpfull" in args[1:]))
+    sys.exit(0)
+  if "--version" in args[1:]:
+    print(version_line(os.path.basename(program)))
+    sys.exit(0)
 
   def guarded(args):
     compilation.enable(flags.FLAGS.compilation_cache)

@@ -22,6 +22,15 @@ import errno
 import os
 
 
+def command(name: str) -> str:
+  """How this user runs the command `name` (train, eval), for hints in messages: the
+  console command when this process is one (`seq2seq-eval`), else `python eval.py`."""
+  import sys
+
+  started_as = os.path.basename(sys.argv[0]) if sys.argv else ""
+  return f"seq2seq-{name}" if started_as.startswith("seq2seq-") else f"python {name}.py"
+
+
 class Error(Exception):
   """A failure the user can fix; its message names what to fix."""
 

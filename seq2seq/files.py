@@ -1,5 +1,7 @@
 """Writing files so that a crash leaves the old content or the new, never a torn file, and
-the checksum every stage uses to tell whether a file is intact."""
+the checksum every stage uses to tell whether a file is intact. What is written gets the
+modes the user's umask gives any new file (0644 and folders 0755 under umask 022), not
+the private 0600 of a temporary file: colleagues on a shared cluster can read a run."""
 
 from __future__ import annotations
 
@@ -16,6 +18,25 @@ OWNER_SUFFIX = ".owner"
 _log = logging.getLogger(__name__)
 
 
+def umask() -> int:
+  """The process's umask, read without changing it where Linux says it (/proc/self/status)."""
+  try:
+    with open("/proc/self/status", encoding="ascii") as f:
+      for line in f:
+        if line.startswith("Umask:"):
+          return int(line.split()[1], 8)
+  except (OSError, ValueError):
+    pass
+  mask = os.umask(0o022)  # elsewhere: set and restore (not thread-safe, but only where /proc has no Umask)
+  os.umask(mask)
+  return mask
+
+
+def file_mode() -> int:
+  """The mode `open()` gives a new file: 0o666 less the umask."""
+  return 0o666 & ~umask()
+
+
 @contextlib.contextmanager
 def atomic_open(path: str | os.PathLike, suffix: str = ".tmp"):
   """A binary file object that replaces `path` (through a rename) when the block ends
@@ -25,6 +46,7 @@ def atomic_open(path: str | os.PathLike, suffix: str = ".tmp"):
   fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
   try:
     try:
+      os.fchmod(fd, file_mode())  # mkstemp's 0600 would stay with the file once renamed
       with os.fdopen(fd, "wb") as f:
         yield f
       os.replace(tmp, path)

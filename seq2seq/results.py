@@ -17,7 +17,7 @@ import pathlib
 import re
 
 from seq2seq.errors import DataError
-from seq2seq import metrics
+from seq2seq import errors, metrics
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 HEADER = ("| run | test set | BLEU | chrF | checkpoint | decoding | training | last logged step | train time then | tokens/s "
@@ -29,7 +29,7 @@ def rows(workdir: str | pathlib.Path) -> list[str]:
   workdir = pathlib.Path(workdir)
   results = sorted((workdir / "eval").glob("*.json"))
   if not results:
-    raise DataError(f"no eval results in {workdir / 'eval'}: run `python eval.py --workdir={workdir}` first")
+    raise DataError(f"no eval results in {workdir / 'eval'}: run `{errors.command('eval')} --workdir={workdir}` first")
   train = metrics.training_summary(workdir)
   out = []
   for path in results:

@@ -83,7 +83,8 @@ def test_configs_by_name_and_by_path_from_any_directory(data_dir, session_cache,
 
 
 def test_help_lists_the_commands_flags_and_the_log_switches(tmp_path):
-  out = run(command("seq2seq-eval") + ["--help"], tmp_path)  # absl: usage on stdout, exit status 1
+  out = run(command("seq2seq-eval") + ["--help"], tmp_path)  # usage on stdout, exit status 0
+  assert out.returncode == 0, out.stderr
   for flag in ("--workdir", "--beam_size", "--ensemble", "--log_level", "--verbosity", "--coordinator_address"):
     assert flag in out.stdout, flag
 
@@ -149,7 +150,7 @@ def test_the_license_file_is_the_one_pyproject_names():
   license_text = (REPO / "LICENSE").read_text()
   assert license_text.lstrip().startswith("Apache License") and "Version 2.0, January 2004" in license_text
   project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-  assert project["license"] == {"text": "Apache-2.0"}
+  assert project["license"] == "Apache-2.0" and project["license-files"] == ["LICENSE"]  # SPDX
   assert project["scripts"] == {"seq2seq-train": "seq2seq.commands.train:run", "seq2seq-eval": "seq2seq.commands.eval:run",
                                 "seq2seq-translate": "seq2seq.commands.translate:run"}
 

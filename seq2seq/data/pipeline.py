@@ -55,7 +55,8 @@ def load_tokenizer(config, workdir: str | None = None, *, write: bool = True) ->
     recorded = in_workdir.with_name(SPM_SETTINGS_FILE)
     if recorded.is_file():  # older workdirs have none
       had = json.loads(recorded.read_text(encoding="utf-8"))
-      diffs = [f"config.data.{k}: {had.get(k)!r} there, {v!r} now" for k, v in wanted.items() if had.get(k) != v]
+      diffs = [f"config.data.{k}: {had.get(k)!r} there, {v!r} now" for k, v in wanted.items()
+               if had.get(k) != v and not (k == "spm_model" and _same_file(had.get(k), v))]
       if diffs:
         raise ConfigError(f"{in_workdir} was made with other tokenizer settings than this config's, so this run "
                          "would silently use the old vocabulary:\n  " + "\n  ".join(diffs)
@@ -92,6 +93,11 @@ def save_tokenizer(config, workdir: str, tok: tokenizer_lib.Tokenizer) -> None:
     return
   write_atomic(path.with_name(SPM_SETTINGS_FILE), json.dumps(tokenizer_settings(config), indent=1).encode())
   write_atomic(path, tok.model_bytes)
+
+
+def _same_file(a, b) -> bool:
+  """Whether two recorded paths name one file (a run started before paths were stored absolute)."""
+  return bool(a) and bool(b) and os.path.abspath(os.path.expanduser(a)) == os.path.abspath(os.path.expanduser(b))
 
 
 def tokenizer_settings(config) -> dict:

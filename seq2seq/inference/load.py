@@ -15,7 +15,7 @@ import ml_collections
 from flax import nnx
 
 from seq2seq.errors import CheckpointError, ConfigError
-from seq2seq import average, data, metrics, sharding
+from seq2seq import average, data, errors, metrics, sharding
 from seq2seq.data.tokenizer import Tokenizer
 from seq2seq.model import transformer
 from seq2seq.model.config import ModelConfig
@@ -26,14 +26,15 @@ def run_config(workdir: str | os.PathLike) -> ml_collections.ConfigDict:
   """The resolved config the run wrote at start; $SEQ2SEQ_DATA_DIR overrides its data folder."""
   path = pathlib.Path(workdir) / "config.json"
   if not path.is_file():
-    raise ConfigError(f"{path} not found: is {workdir} a training directory (python train.py --workdir=...)?")
+    raise ConfigError(f"{path} not found: is {workdir} a training directory ({errors.command('train')} "
+                      "--workdir=...)?")
   try:
     config = ml_collections.ConfigDict(json.loads(path.read_text(encoding="utf-8")))
   except (json.JSONDecodeError, UnicodeDecodeError) as err:
     raise ConfigError(f"{path}: not a JSON config ({err}); the training run writes it at start: rerun its "
                       "command to write it again") from None
   if os.environ.get("SEQ2SEQ_DATA_DIR"):
-    config.data.dir = os.environ["SEQ2SEQ_DATA_DIR"]
+    config.data.dir = os.path.abspath(os.path.expanduser(os.environ["SEQ2SEQ_DATA_DIR"]))
   return config
 
 

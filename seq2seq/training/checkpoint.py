@@ -176,7 +176,7 @@ class Checkpoints:
           target, n = self.workdir / "damaged_checkpoints" / f"{step}.{n}", n + 1
         target.parent.mkdir(parents=True, exist_ok=True)
         (self.directory / str(step)).rename(target)
-        _log.warning("moved damaged checkpoint %d to %s", step, target)
+        _log.info("moved damaged checkpoint %d to %s", step, target)
     if jax.process_count() > 1:
       from jax.experimental import multihost_utils
 
@@ -225,7 +225,7 @@ class Checkpoints:
         problem = f"cannot be read: {type(err).__name__}: {err}"
       where = self.directory / str(candidate)
       if step is None and not where.is_dir():
-        _log.warning("checkpoint %d was deleted while being read (a run is training here); trying the next", candidate)
+        _log.info("checkpoint %d was deleted while being read (a run is training here); trying the next", candidate)
         if candidate == candidates[0]:  # the run may have saved a newer one meanwhile
           self.manager.reload()
           newer = sorted(s for s in self.manager.all_steps() if s > candidate and s not in skip)
@@ -235,7 +235,7 @@ class Checkpoints:
       if step is not None:
         raise CheckpointError(f"checkpoint {candidate} ({where}) " + (f"is damaged: {problem}" if where.is_dir() else
                                                                       "was deleted while being read"))
-      _log.warning("checkpoint %d is damaged, trying an older one: %s", candidate, problem)
+      _log.info("checkpoint %d is damaged, trying an older one: %s", candidate, problem)
       self.fallbacks.append({"step": int(candidate), "problem": problem})
     damaged = "; ".join(f"{f['step']}: {f['problem']}" for f in self.fallbacks) or "none saved"
     raise CheckpointError(f"no intact checkpoint in {self.directory} ({damaged})")

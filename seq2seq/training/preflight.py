@@ -4,12 +4,25 @@ setting that cannot work ends the command at once with one `error:` line naming 
 from __future__ import annotations
 
 import math
+import os
 
 from seq2seq import data, sharding
 from seq2seq.errors import ConfigError
 from seq2seq.model.config import ModelConfig
 
 MIN_VOCAB_SIZE = 8  # pad, eos and unk, and a few pieces: sentencepiece needs more for real text (it says how many)
+
+
+PATH_KEYS = ("dir", "cache_dir", "spm_model")  # config.data's folders and files
+
+
+def absolute_paths(config) -> None:
+  """Makes config.data's paths absolute (~ expanded), in place: the run's config.json then
+  means the same from any directory (`seq2seq-eval` run elsewhere finds the data)."""
+  for key in PATH_KEYS:
+    value = config.data.get(key)
+    if value:
+      config.data[key] = os.path.abspath(os.path.expanduser(str(value)))
 
 
 def check(config):

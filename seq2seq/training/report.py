@@ -5,6 +5,7 @@ stay quiet unless --log_level asks for them (seq2seq/cli.py)."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import jax
@@ -27,16 +28,40 @@ def say(bar, text: str) -> None:
     sys.stdout.flush()
 
 
-def summary(config, model_cfg: ModelConfig, mesh, workdir: str) -> str:
-  """One paragraph: the model, the data, the schedule and where it runs."""
+# Files that exist where an NVIDIA driver is loaded: cheap to test, no CUDA library needed.
+NVIDIA_PROBES = ("/proc/driver/nvidia/version", "/dev/nvidia0")
+
+
+def unused_gpu(platform: str, probes=NVIDIA_PROBES) -> str | None:
+  """A warning when JAX runs on the CPU of a machine with an NVIDIA driver (a CPU-only
+  jaxlib, or CUDA libraries JAX cannot load), else None."""
+  if platform != "cpu" or not any(os.path.exists(p) for p in probes):
+    return None
+  return ("warning: JAX is running on the CPU, but this machine has an NVIDIA GPU (its driver is loaded): install "
+          "the GPU build, pip install \".[cuda12]\" (or \".[cuda13]\"), and check with "
+          "python -c \"import jax; print(jax.devices())\"")
+
+
+def peak_learning_rate(schedule, warmup_steps: int, steps: int) -> float:
+  """The schedule's largest rate: at the end of warmup for the shipped schedules (checked
+  around it and at both ends)."""
+  points = {0, max(warmup_steps - 1, 0), warmup_steps, warmup_steps + 1, max(steps - 1, 0)}
+  return max(float(schedule(s)) for s in points)
+
+
+def summary(config, model_cfg: ModelConfig, mesh, workdir: str, peak_lr: float | None = None) -> str:
+  """One paragraph: the model, the data (its training split's spec), the schedule (its real
+  peak rate when given) and where it runs."""
   c, d, t = model_cfg, config.data, config.train
   devices = jax.devices()
+  split = d.train_split if ":" in d.train_split else f"{d.source}:{d.train_split}"
   return (f"model: {transformer.count_params(c) / 1e6:.1f}M parameters, d_model {c.d_model}, "
           f"{c.num_encoder_layers}+{c.num_decoder_layers} layers, {c.norm_position}-{c.norm}, {c.activation}, "
           f"{c.positions} positions, vocabulary {c.vocab_size}, {c.dtype}\n"
-          f"data: {d.source} {d.src_lang}->{d.tgt_lang}, {d.max_tokens} tokens per batch"
+          f"data: {split} {d.src_lang}->{d.tgt_lang}, {d.max_tokens} tokens per batch"
           f"{', packed' if d.get('packing') else ''}\n"
-          f"training: {t.steps} steps, {t.get('schedule', '')} schedule, peak lr {t.learning_rate:g}, "
+          f"training: {t.steps} steps, {t.get('schedule', '')} schedule, peak lr "
+          f"{t.learning_rate if peak_lr is None else peak_lr:.3g}, "
           f"checkpoint every {t.checkpoint_every}, eval every {t.eval_every or 'never'}\n"
           f"devices: {len(devices)} x {devices[0].device_kind} in {jax.process_count()} process(es), mesh "
           f"{dict(mesh.shape)}; workdir {workdir}")

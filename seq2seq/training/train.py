@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import pathlib
+import sys
 import time
 
 import jax
@@ -183,6 +184,7 @@ def bleu_validator(config, model_cfg, graphdef, tok, mesh):
 def train_and_evaluate(config, workdir: str, command: str = "") -> dict:
   """Trains `config` in `workdir`; returns the last logged metrics. `command`, the command
   line that started this run or restart, is added to DIR/commands.txt once it goes ahead."""
+  preflight.absolute_paths(config)  # config.json's paths mean the same from any directory
   mesh = preflight.check(config)  # settings that cannot work end here, before anything is written
   # One writer per workdir (a requeued job's second copy stops here); a run that fails before
   # writing anything leaves no workdir behind.
@@ -228,8 +230,15 @@ def _train(config, workdir: str, command: str, mesh) -> dict:
       for change in ckpts.data_changes:
         print(f"warning: resuming with changed data (config.train.allow_data_change): {change}", flush=True)
       print(f"resumed from {ckpts.directory / str(restored)}", flush=True)
+      if int(state["step"]) >= config.train.steps:
+        print(f"this run is finished: it trained {int(state['step'])} of config.train.steps={config.train.steps} "
+              f"steps. To train longer, run the same command with --config.train.steps=N (N > "
+              f"{int(state['step'])}); it goes on from here.", flush=True)
   if is_main:
-    print(report.summary(config, model_cfg, mesh, workdir), flush=True)
+    peak_lr = report.peak_learning_rate(schedule, int(config.train.get("warmup_steps", 0)), int(config.train.steps))
+    print(report.summary(config, model_cfg, mesh, workdir, peak_lr=peak_lr), flush=True)
+    if report.unused_gpu(jax.default_backend()):
+      print(report.unused_gpu(jax.default_backend()), file=sys.stderr, flush=True)
   if is_main:  # only once the run goes ahead: a refused restart leaves the run's config and commands as they were
     write_atomic(workdir_path / "config.json", config.to_json_best_effort(indent=1, sort_keys=True).encode())
     if command:
