@@ -132,6 +132,38 @@ def test_readme_results_table_matches_docs_results_and_configs():
   assert {config for config, _ in seen} == set(run_of)
 
 
+def readme_figures() -> dict[str, dict[str, tuple[str, str]]]:
+  """{config: {test set: (BLEU, minutes)}} of the README's results table (checked against
+  docs/results.md's generated table above)."""
+  figures: dict[str, dict[str, tuple[str, str]]] = {}
+  for link, test_set, bleu, _, _, minutes, _ in table_rows(section(README.read_text(encoding="utf-8"), "## Results")):
+    config = re.fullmatch(r"\[(\w+)\]\(.*\)", link).group(1)
+    figures.setdefault(config, {})[test_set] = (bleu, minutes.removesuffix(" min"))
+  return figures
+
+
+def test_figures_quoted_in_prose_agree_with_the_results_table():
+  """The BLEU and minutes the README's prose, the notebook and docs/results.md's Reproduce
+  commands quote for a shipped config are those of the results table."""
+  import json
+
+  figures = readme_figures()
+  readme = README.read_text(encoding="utf-8")
+  about = re.search(r"`--config=multi30k` trains a real model, about (\d+) BLEU on\s+test_2016_flickr after about "
+                    r"(\d+) minutes", readme).groups()
+  bleu, minutes = figures["multi30k"]["test_2016_flickr"]
+  assert about == (str(round(float(bleu))), minutes)
+  notebook = json.loads((REPO / "notebooks" / "quickstart.ipynb").read_text(encoding="utf-8"))
+  prose = " ".join("".join(c["source"]) for c in notebook["cells"] if c["cell_type"] == "markdown")
+  bleu, minutes = figures["multi30k_d128"]["test_2016_flickr"]
+  quoted = re.findall(r"reaches ([\d.]+) BLEU on test_2016_flickr after \d+ steps \((\d+) minutes\)", prose) + [
+      (b, m) for m, b in re.findall(r"full (\d+)-minute run scores ([\d.]+) BLEU on test_2016_flickr", prose)]
+  assert quoted and set(quoted) == {(bleu, minutes)}, quoted
+  reproduce = section((DOCS / "results.md").read_text(encoding="utf-8"), "## Reproduce")
+  stated = re.findall(r"--config=(\w+) --workdir=\S+\s+#[^\n]*?~(\d+) min\)\n", reproduce)
+  assert stated and all(figures[config]["test_2016_flickr"][1] == minutes for config, minutes in stated), stated
+
+
 # --- links ------------------------------------------------------------------------------
 
 
