@@ -57,9 +57,9 @@ def resolve_config(argv: list[str]) -> list[str]:
       if not os.path.isfile(resolved.partition(":")[0]):
         close = difflib.get_close_matches(pathlib.Path(value.partition(":")[0]).name.removesuffix(".py"),
                                           configs.names(), n=2, cutoff=0.6)
-        fail(f"--config={value}: no such file and no shipped config of that name"
-             + (f"; did you mean {' or '.join(close)}?" if close else "")
-             + f" Shipped configs: {', '.join(configs.names())}")
+        hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+        fail(f"--config={value}: no such file, and no shipped config has that name{hint}; shipped configs: "
+             f"{', '.join(configs.names())}")
       arg = f"--config={resolved}"
     out.append(arg)
   return out

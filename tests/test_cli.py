@@ -33,7 +33,8 @@ def test_bad_settings_are_one_error_line_exit_2_and_write_nothing(tmp_path):
     assert out.returncode == 2, (overrides, out.stderr[-2000:])
     assert "Traceback" not in out.stderr
     errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1 and re.search(message or r"configs/nope.py.*No such file", errors[0]), out.stderr
+    missing = r"--config=configs/nope\.py: no such file, and no shipped config has that name; shipped configs: .*tiny"
+    assert len(errors) == 1 and re.search(message or missing, errors[0]), out.stderr
     assert not (workdir / "spm.model").exists() and not (workdir / "config.json").exists()
 
 

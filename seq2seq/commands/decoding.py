@@ -27,11 +27,10 @@ MAX_PROGRAMS = flags.DEFINE_integer("max_programs", None, "Compiled searches per
 QUIET = flags.DEFINE_bool("quiet", False, "No progress lines on stderr (warnings and errors still show).")
 
 
-def settings(config, **extra) -> dict:
-  """Translator keyword arguments: the config's eval section with the flags given."""
-  return search_settings(config.eval, beam_size=BEAM_SIZE.value, alpha=ALPHA.value, max_len_a=MAX_LEN_A.value,
-                         max_len_b=MAX_LEN_B.value, batch_size=BATCH_SIZE.value, workers=WORKERS.value,
-                         max_programs=MAX_PROGRAMS.value, **extra)
+def overrides() -> dict:
+  """The search flags given (None: the config's eval setting)."""
+  return dict(beam_size=BEAM_SIZE.value, alpha=ALPHA.value, max_len_a=MAX_LEN_A.value, max_len_b=MAX_LEN_B.value,
+              batch_size=BATCH_SIZE.value, workers=WORKERS.value, max_programs=MAX_PROGRAMS.value)
 
 
 def load_run(workdir: str, config, mesh, *, step: int | None = None, best: bool = False):
@@ -45,12 +44,14 @@ def load_run(workdir: str, config, mesh, *, step: int | None = None, best: bool 
   return (*load.load_params(workdir, config, mesh, **choice), None)
 
 
-def translator_for_run(workdir: str, *, step: int | None = None, best: bool = False) -> tuple[Translator, list | None]:
-  """A Translator holding the run's chosen model(s), searching as the flags say, and the ensemble's members."""
-  config = load.run_config(workdir)
+def translator_for_run(workdir: str, config=None, *, step: int | None = None,
+                       best: bool = False) -> tuple[Translator, list | None]:
+  """A Translator holding the run's chosen model(s), searching as the flags say, and the
+  ensemble's members. `config`: the run's (read from the workdir when None)."""
+  config = load.run_config(workdir) if config is None else config
   mesh = sharding.make_mesh(config.mesh)
   model_cfg, graphdef, params, tok, label, members = load_run(workdir, config, mesh, step=step, best=best)
-  translator = Translator(model_cfg, graphdef, tok, mesh, params=params, **settings(config))
+  translator = Translator(model_cfg, graphdef, tok, mesh, params=params, **search_settings(config.eval, **overrides()))
   translator.checkpoint, translator.config = label, config
   return translator, members
 
@@ -60,11 +61,4 @@ def translator_for_export(model_dir: str) -> Translator:
   if ENSEMBLE.value or AVERAGE_LAST.value:
     raise ConfigError("--ensemble and --average_last choose among a run's checkpoints (--workdir); an exported "
                       "--model holds one set of parameters")
-  from seq2seq import export
-
-  config, model_cfg, tok, label = export.read_model_dir(model_dir)
-  mesh = sharding.make_mesh(config.mesh)
-  graphdef, params = export.load_params(model_dir, model_cfg, mesh)
-  translator = Translator(model_cfg, graphdef, tok, mesh, params=params, **settings(config))
-  translator.checkpoint, translator.config = label, config
-  return translator
+  return Translator.from_pretrained(model_dir, compilation_cache=flags.FLAGS.compilation_cache, **overrides())

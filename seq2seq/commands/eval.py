@@ -64,8 +64,9 @@ def main(argv) -> None:
   if _SOURCE.value == "-" and jax.process_count() > 1:
     raise ConfigError("--source=- (stdin) translates on one process; give --source=FILE on a multi-host run")
   workdir = _WORKDIR.value
-  todo = jobs(load.run_config(workdir))
-  translator, members = decoding.translator_for_run(workdir, step=_STEP.value, best=_BEST.value)
+  config = load.run_config(workdir)
+  todo = jobs(config)
+  translator, members = decoding.translator_for_run(workdir, config, step=_STEP.value, best=_BEST.value)
   params, label = translator.params, translator.checkpoint
   extra = {"command": cli.command_line("seq2seq-eval")} | ({"ensemble": members} if members else {})
   if _SOURCE.value == "-":

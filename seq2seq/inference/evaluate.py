@@ -125,14 +125,15 @@ def interactive(translate_lines, stdin, out, prompt_to=None) -> None:
   """At a terminal: a prompt (on `prompt_to`, stderr by default), and each typed line's
   output lines (`translate_lines([line])`) as soon as it is typed; end of input ends it."""
   prompt_to = sys.stderr if prompt_to is None else prompt_to
+  lines = decoded_lines(stdin)  # read one at a time: invalid UTF-8 is replaced, with a warning
   while True:
     prompt_to.write(PROMPT)
     prompt_to.flush()
-    line = stdin.readline()
-    if not line:
+    line = next(lines, None)
+    if line is None:
       prompt_to.write("\n")
       return
-    for text in translate_lines([line.rstrip("\r\n")]):
+    for text in translate_lines([line]):
       out.write(text + "\n")
     out.flush()
 

@@ -276,10 +276,10 @@ class Translator:
     return [s if len(s) <= limit else s[:limit - 1] + [EOS_ID] for s in sources], cut
 
   def _decode_rows(self, params, sources, ids: list[int], rows: list[int], batch: int, width: int, want: Want):
-    """[(tokens, score), ...] (the `nbest` best) of each source in `rows` (numbered `ids`), decoded as a batch of
-    `batch` sentences. A
-    batch the device has no memory for is decoded again in halves (one process only: the
-    processes of a multi-host run must run the same programs)."""
+    """[(tokens, score), ...] (the `nbest` best) of each source in `rows` (numbered by `ids`),
+    decoded as a batch of `batch` sentences `width` tokens wide. A batch the device has no
+    memory for is decoded again in halves (one process only: the processes of a multi-host
+    run must run the same programs)."""
     src_bs = np.zeros((batch, width), np.int32)
     src_bs[:, 0] = EOS_ID  # filler rows: an empty sentence, finished after one step
     lengths, ids_b = np.ones((batch,), np.int32), np.zeros((batch,), np.int32)
