@@ -1,12 +1,12 @@
 # Multi30k en->de for architecture sweeps: vanilla Transformer (post-norm), 24 runs in under 3 hours.
-#   SEQ2SEQ_DATA_DIR=../shared/data python -m seq2seq.sweep --config=configs/multi30k_sweep.py --workdir=workdirs/sweep
+#   SEQ2SEQ_DATA_DIR=../shared/data python -m seq2seq.research.sweep --config=configs/multi30k_sweep.py --workdir=workdirs/sweep
 #   (one run alone: python train.py --config=configs/multi30k_sweep.py --workdir=/tmp/sweep1)
 # Expected (vanilla): 26.4 sacreBLEU on test_2016_flickr and 17.8 on test_2017_flickr with seed 0
 # (beam 4, alpha 1.2) after 720 steps: 4.4 minutes a run, training and evaluation, in a fast
 # sitting of the 2-core CPU (0.88x the 800-step schedule's 5.0 there), about 7 in the slow ones.
 # The grid (12 variants x 2 seeds): 95 minutes of training and 7 of translation in a fast sitting
 # (docs/ablations.md), vanilla 26.7 +- 0.5 / 17.8 +- 0.0 BLEU over its two seeds.
-"""Multi30k en->de, d_model 192, 3+3 layers, 720 steps: the base of `python -m seq2seq.sweep`.
+"""Multi30k en->de, d_model 192, 3+3 layers, 720 steps: the base of `python -m seq2seq.research.sweep`.
 
 Calibrated for vanilla to pass 25 BLEU in the least time (2-core CPU, post-norm throughout,
 validation NLL):
@@ -20,7 +20,7 @@ validation NLL):
   steps at 0.002: 2.65, 24.0 BLEU. Batches of 1024 tokens for more steps: 3.04 after 960.
 
 The config is the sweep's `vanilla` (post-norm LayerNorm, ReLU, sinusoidal positions, biases);
-the variants override it (seq2seq/variants.py). Validation loss every 90 steps gives each
+the variants override it (seq2seq/research/variants.py). Validation loss every 90 steps gives each
 run an 8-point loss curve (the early loss at 25% is step 180) and no validation BLEU is
 decoded during training: the sweep evaluates the test sets at the end.
 """

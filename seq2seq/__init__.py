@@ -5,7 +5,9 @@ The package follows the data's one-way flow:
   configs/ -> data/ -> model/ -> training/ -> inference/
   (settings)  (text to batches)  (Transformer)  (loop, checkpoints)  (search, BLEU)
 
-with small tools beside it (sharding, metrics, plot, results, average, export, cli).
+with small tools beside it (sharding, metrics, average, export, cli), the command-line
+programs in commands/, and the research tools (sweeps, variants, results table, plots) in
+research/, which nothing else imports.
 The names most users need are importable from here:
 
   from seq2seq import Translator

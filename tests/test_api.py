@@ -1,9 +1,7 @@
 """The public Python API: `from seq2seq import Translator`, loading a run or an exported model,
-scores that are the model's own, the export folder, and a layout without import cycles."""
+scores that are the model's own, the export folder. (The layout's rules: tests/test_layout.py.)"""
 
-import ast
 import json
-import pathlib
 import shutil
 import subprocess
 import sys
@@ -161,20 +159,6 @@ def test_export_keeps_what_is_there_and_names_bad_files(exported, tmp_path):
     Translator.from_pretrained(broken)
 
 
-def _imports(path: pathlib.Path, modules, top_level_only: bool = False) -> set[str]:
-  """The seq2seq modules `path` imports (`from seq2seq.data import corpus` names the module
-  seq2seq.data.corpus, not its package)."""
-  tree = ast.parse(path.read_text())
-  names = set()
-  for node in tree.body if top_level_only else ast.walk(tree):
-    if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("seq2seq"):
-      for a in node.names:
-        names.add(f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module)
-    elif isinstance(node, ast.Import):
-      names |= {a.name for a in node.names if a.name.startswith("seq2seq")}
-  return names
-
-
 CACHED_TRANSLATION = """
 import sys
 from seq2seq import Translator
@@ -205,35 +189,3 @@ def test_the_python_api_keeps_compiled_programs_where_the_commands_do(tiny_run, 
       assert not programs
   assert [p for p in (tmp_path / "chosen").rglob("*") if p.is_file()]
   assert len(set(outputs.values())) == 1
-
-
-def test_the_layout_flows_one_way_without_import_cycles():
-  """Data never imports the model or later stages, the model never imports data or later
-  stages, and no chain of module-level imports leads back to where it started."""
-  package = REPO / "seq2seq"
-  modules = {".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__"): p
-             for p in package.rglob("*.py")}
-  modules["seq2seq.configs"] = REPO / "configs" / "__init__.py"
-  graph = {m: {n for n in _imports(p, modules) if n in modules and n != m} for m, p in modules.items()}
-  for m, deps in graph.items():
-    if m.startswith("seq2seq.data"):
-      assert not {d for d in deps if d.startswith(("seq2seq.model", "seq2seq.training", "seq2seq.inference"))}, m
-    if m.startswith("seq2seq.model"):
-      assert not {d for d in deps if d.startswith(("seq2seq.data", "seq2seq.training", "seq2seq.inference"))}, m
-  # Module-level imports only: a function's lazy import (for a command or a cycle-free
-  # `from_workdir`) runs when called, after every module has loaded.
-  top = {m: {n for n in _imports(p, modules, True) if n in modules and n != m} for m, p in modules.items()}
-  state = {}
-
-  def visit(m, chain):
-    state[m] = "open"
-    for d in top[m]:
-      assert state.get(d) != "open", f"import cycle: {' -> '.join(chain + [d])}"
-      if d not in state:
-        visit(d, chain + [d])
-    state[m] = "done"
-
-  for m in top:
-    if m not in state:
-      visit(m, [m])
-  assert max(len(p.read_text().splitlines()) for p in modules.values()) <= 420

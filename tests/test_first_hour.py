@@ -21,7 +21,7 @@ from seq2seq.training import optimizer, preflight, report
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 COMMANDS = ["seq2seq.commands.train", "seq2seq.commands.eval", "seq2seq.commands.translate", "seq2seq.export",
-            "seq2seq.data", "seq2seq.sweep"]
+            "seq2seq.data", "seq2seq.research.sweep"]
 
 
 def python_m(module: str, *args, cwd=None, env=None, umask=None):
@@ -46,7 +46,7 @@ def test_help_and_h_print_usage_and_exit_0_and_version_prints_it(module):
     out = python_m(module, flag)
     assert out.returncode == 0 and out.stderr == "", (flag, out.stderr[-2000:])
     assert "--log_level" in out.stdout and "--version" in out.stdout
-  if module in ("seq2seq.commands.train", "seq2seq.data", "seq2seq.sweep"):  # the commands that take --config
+  if module in ("seq2seq.commands.train", "seq2seq.data", "seq2seq.research.sweep"):  # the commands that take --config
     assert "--config.KEY=VALUE" in out.stdout and "tiny, " in out.stdout
   version = python_m(module, "--version")
   assert version.returncode == 0 and f" {seq2seq.__version__} (seq2seq-jax, installed {seq2seq.__version__})" in \

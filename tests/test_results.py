@@ -7,7 +7,7 @@ import sys
 import pytest
 from conftest import REPO
 
-from seq2seq import plot, results
+from seq2seq.research import plot, results
 
 OLD_SIG = "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.5.0"
 NEW_SIG = "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0"  # the one fake_run's result has
@@ -53,7 +53,7 @@ def test_the_command_updates_the_table_of_the_file_it_is_given(tmp_path):
   run = fake_run(tmp_path)
   doc = tmp_path / "results.md"
   doc.write_text(f"# Results\n\n{results.START}\nold table\n{results.END}\n\nnotes\n")
-  out = subprocess.run([sys.executable, "-m", "seq2seq.results", str(run), f"--update={doc}"], cwd=REPO,
+  out = subprocess.run([sys.executable, "-m", "seq2seq.research.results", str(run), f"--update={doc}"], cwd=REPO,
                        capture_output=True, text=True, timeout=300)
   assert out.returncode == 0, out.stderr
   assert out.stdout == results.table([str(run)])

@@ -16,7 +16,8 @@ import jax
 import pytest
 from flax import nnx
 
-from seq2seq import ablations, configs, metrics, sweep, variants
+from seq2seq import configs, metrics
+from seq2seq.research import ablations, sweep, variants
 from seq2seq.model.config import ModelConfig
 from seq2seq.model.transformer import abstract, count_params
 
@@ -225,6 +226,22 @@ def test_runs_commands_carry_user_then_variant_overrides(tmp_path):
     sweep.plan(config, "tiny", [], ["nope"], ["base"], seeds=1)
 
 
+def test_a_manifest_written_before_the_move_shows_and_keeps_the_new_command(tmp_path):
+  """A sweep run as `python -m seq2seq.sweep` (before seq2seq/research/) listed itself so in
+  DIR/sweep.json: its tables show the command in the new form, which the next sweep replaces
+  rather than repeats; the old form still runs (tests/test_layout.py)."""
+  old = ["python -m seq2seq.sweep --config=tiny --workdir=DIR --variants=vanilla --seeds=1",
+         "python -m seq2seq.sweep --config=tiny --workdir=DIR --variants=gelu --seeds=1"]
+  (tmp_path / "sweep.json").write_text(json.dumps({"runs": [{"name": "vanilla-s0"}], "sweeps": old}))
+  new = [c.replace("seq2seq.sweep", "seq2seq.research.sweep") for c in old]
+  assert ablations.collect(tmp_path) == ([], ["vanilla-s0"], new)
+  sweep.write_manifest(tmp_path, sweep.plan(configs.get("tiny"), "tiny", [], ["vanilla"], ["base"], seeds=1), new[0])
+  assert json.loads((tmp_path / "sweep.json").read_text())["sweeps"] == [new[1], new[0]]
+  ablations.write(tmp_path, tmp_path / "ablations.md")
+  report = (tmp_path / "ablations.md").read_text()
+  assert "seq2seq.sweep" not in report and f"{new[1]}\n{new[0]}\n" in report
+
+
 def test_a_rerun_skips_finished_runs_and_trains_only_the_rest(tmp_path, monkeypatch):
   """With the runs faked: finished ones (a last checkpoint and every test set's result)
   are skipped, a trained one is only evaluated, the others train then evaluate."""
@@ -248,10 +265,10 @@ def test_a_rerun_skips_finished_runs_and_trains_only_the_rest(tmp_path, monkeypa
 
 
 def sweep_command(workdir, *extra):
-  return [sys.executable, "-m", "seq2seq.sweep", "--config=tiny", f"--workdir={workdir}", "--variants=vanilla,rmsnorm",
-          "--seeds=1", "--config.train.steps=20", "--config.train.checkpoint_every=10", "--config.train.eval_every=5",
-          "--config.train.log_every=5", "--config.data.test_splits=('val',)", "--config.eval.batch_size=64",
-          "--compilation_cache=", *extra]
+  return [sys.executable, "-m", "seq2seq.research.sweep", "--config=tiny", f"--workdir={workdir}",
+          "--variants=vanilla,rmsnorm", "--seeds=1", "--config.train.steps=20", "--config.train.checkpoint_every=10",
+          "--config.train.eval_every=5", "--config.train.log_every=5", "--config.data.test_splits=('val',)",
+          "--config.eval.batch_size=64", "--compilation_cache=", *extra]
 
 
 @pytest.mark.slow

@@ -218,7 +218,8 @@ class Norm(nnx.Module):
 
 # Feed-forward activations. Plain: act(x W_i) W_o. Gated (Shazeer 2020, "GLU Variants
 # Improve Transformer"): (gate(x W_g) * x W_i) W_o, a third matrix; variants that compare
-# them at equal parameters give gated ones 2/3 of the width (seq2seq.variants.glu_width).
+# them at equal parameters give gated ones 2/3 of the width
+# (seq2seq.research.variants.glu_width).
 PLAIN = {"relu": jax.nn.relu, "gelu": jax.nn.gelu, "swish": jax.nn.silu}  # swish = SiLU, x * sigmoid(x)
 GATES = {"glu": jax.nn.sigmoid, "reglu": jax.nn.relu, "geglu": jax.nn.gelu, "swiglu": jax.nn.silu}
 

@@ -1,5 +1,5 @@
-"""Named architecture variants for `python -m seq2seq.sweep`: bundles of config overrides,
-defined here and nowhere else.
+"""Named architecture variants for `python -m seq2seq.research.sweep`: bundles of config
+overrides, defined here and nowhere else.
 
 `vanilla` is Vaswani et al.'s Transformer: post-norm LayerNorm, ReLU, sinusoidal positions,
 biases, tied output embedding. Every other variant is vanilla plus one modification (as in
@@ -7,7 +7,7 @@ Narang et al. 2021, "Do Transformer Modifications Transfer Across Implementation
 Applications?"), except `transformer++`, the LLaMA-style bundle (pre-norm RMSNorm, SwiGLU,
 RoPE, no biases) that Gu & Dao 2023 compare against vanilla. Names joined by + combine
 variants in order ("prenorm+rope": vanilla, then pre-norm, then RoPE), to test a modification
-on another base (`python -m seq2seq.sweep --baseline=prenorm`).
+on another base (`python -m seq2seq.research.sweep --baseline=prenorm`).
 
 Widths are set so that parameters stay comparable:
 - Gated feed-forwards (glu, reglu, geglu, swiglu) have three matrices instead of two, so
@@ -120,7 +120,7 @@ VARIANTS: dict[str, tuple[str, Callable[[dict, int], dict]]] = {
                                     "model.use_bias": False} | _gated("swiglu")(m, v)),
 }
 
-# The default grid of `python -m seq2seq.sweep` (12 variants; the others are there to name).
+# The default grid of `python -m seq2seq.research.sweep` (12 variants; the others are there to name).
 DEFAULT = ("vanilla", "gelu", "swish", "reglu", "geglu", "swiglu", "rmsnorm", "prenorm", "learned", "rope", "nobias",
            "transformer++")
 

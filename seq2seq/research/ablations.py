@@ -1,5 +1,6 @@
-"""The tables and plots of an architecture sweep (`python -m seq2seq.sweep`), from the runs'
-own files: DIR/sweep.json (which runs), each run's config.json, metrics.jsonl and eval/*.json.
+"""The tables and plots of an architecture sweep (`python -m seq2seq.research.sweep`), from
+the runs' own files: DIR/sweep.json (which runs), each run's config.json, metrics.jsonl and
+eval/*.json.
 
 - The modifications table (Narang et al. 2021): per variant at the base size, parameters,
   training FLOPs per target token, steps/s, early loss (validation NLL at 25% of the
@@ -27,6 +28,14 @@ COLUMNS = (("params", "Params", "{:.2f}M", 1e-6), ("flops", "FLOPs / token", "{:
            ("steps_per_s", "Steps/s", "{:.2f}", 1), ("early_nll", "Early loss", "{:.3f}", 1),
            ("final_nll", "Final loss", "{:.3f}", 1))
 EXACT = ("params", "flops")
+# The sweep command. Manifests written before the research tools had their own package name
+# it `python -m seq2seq.sweep`, which still runs (seq2seq/sweep.py forwards); they read as this.
+SWEEP, OLD_SWEEP = "python -m seq2seq.research.sweep", "python -m seq2seq.sweep"
+
+
+def canonical(command: str) -> str:
+  """A sweep command in the current form: `python -m seq2seq.sweep ...` becomes `SWEEP ...`."""
+  return SWEEP + command[len(OLD_SWEEP):] if command.startswith(OLD_SWEEP + " ") else command
 
 
 @dataclasses.dataclass
@@ -99,13 +108,13 @@ def collect(root: pathlib.Path) -> tuple[list[Result], list[str], list[str]]:
   """(finished runs, names of the unfinished ones, the sweep commands) of the sweeps in `root`."""
   manifest = root / "sweep.json"
   if not manifest.is_file():
-    raise ConfigError(f"{manifest} does not exist: run `python -m seq2seq.sweep --config=... --workdir={root}` first")
+    raise ConfigError(f"{manifest} does not exist: run `{SWEEP} --config=... --workdir={root}` first")
   results, missing = [], []
   listed = json.loads(manifest.read_text())
   for entry in listed["runs"]:
     result = read_run(root / entry["name"], entry)
     (results.append(result) if result else missing.append(entry["name"]))
-  return results, missing, listed.get("sweeps", [])
+  return results, missing, list(dict.fromkeys(canonical(c) for c in listed.get("sweeps", [])))
 
 
 def summary(values: list[float]) -> tuple[float, float, int]:
@@ -169,7 +178,7 @@ def modifications_table(results: list[Result], size: str = "base", baseline: str
 def _ordered(names: set[str], baseline: str = "vanilla") -> list[str]:
   """Variant names in table order: the baseline, the single modifications in the order
   variants.py lists them (a combination after its first part), transformer++ last."""
-  from seq2seq import variants
+  from seq2seq.research import variants
 
   known = list(variants.VARIANTS)
 
@@ -224,7 +233,7 @@ def multipliers(results: list[Result], strong: str = "transformer++", weak: str 
 
 
 def _size_order(size: str) -> int:
-  from seq2seq import variants
+  from seq2seq.research import variants
 
   return list(variants.SIZES).index(size) if size in variants.SIZES else len(variants.SIZES)
 
@@ -289,7 +298,7 @@ def plot_modifications(results: list[Result], path: pathlib.Path, size: str = "b
 def markdown(results: list[Result], missing: list[str], plots: dict[str, str], command: str,
              sweeps: list[str], baseline: str = "vanilla") -> str:
   """The whole report: what was run, the modifications table, the scaling comparison."""
-  from seq2seq import variants
+  from seq2seq.research import variants
 
   hardware = sorted({r.hardware for r in results if r.hardware})
   out = ["# Architecture ablations", "",
@@ -363,7 +372,7 @@ def write(root: str | pathlib.Path, output: str | pathlib.Path, command: str = "
     path = output.with_name(f"{output.stem}_{kind}.png")
     if draw(path):
       plots[kind] = path.name
-  command = command or (f"python -m seq2seq.sweep --workdir={root} --table --output={output}"
+  command = command or (f"{SWEEP} --workdir={root} --table --output={output}"
                         + (f" --baseline={baseline}" if baseline != "vanilla" else ""))
   tmp = output.with_suffix(".tmp")
   tmp.write_text(markdown(results, missing, plots, command, sweeps, baseline))

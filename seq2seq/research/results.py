@@ -1,0 +1,121 @@
+"""The results table (docs/results.md), generated from runs' files (no hand-typed numbers):
+DIR/commands.txt (how it was trained), DIR/metrics.jsonl (steps, wall time, tokens/s) and
+DIR/eval/*.json (eval.py's scores, signatures, settings and hardware).
+
+  python -m seq2seq.research.results DIR [DIR ...]                            # prints the markdown table
+  python -m seq2seq.research.results DIR [DIR ...] --update=docs/results.md   # updates the table there
+
+Updating a file's table (between its results markers) replaces the rows of the runs given
+and keeps the other runs' rows (made earlier, from their own files), so adding a run does
+not need every old workdir on disk.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+
+from seq2seq.errors import DataError
+from seq2seq import errors, metrics
+
+START, END = "<!-- results:start -->", "<!-- results:end -->"
+HEADER = ("| run | test set | BLEU | chrF | checkpoint | decoding | training | last logged step | train time then | tokens/s "
+          "| hardware |\n|---|---|---|---|---|---|---|---|---|---|---|")
+
+
+def rows(workdir: str | pathlib.Path) -> list[str]:
+  """One markdown row per eval result of a run."""
+  workdir = pathlib.Path(workdir)
+  results = sorted((workdir / "eval").glob("*.json"))
+  if not results:
+    raise DataError(f"no eval results in {workdir / 'eval'}: run `{errors.command('eval')} --workdir={workdir}` first")
+  train = metrics.training_summary(workdir)
+  out = []
+  for path in results:
+    r = json.loads(path.read_text())
+    d = r["decode"]
+    decoding = "greedy" if d["beam_size"] == 1 else f"beam {d['beam_size']}, alpha {d['alpha']}"
+    checkpoint, minutes = r["checkpoint"], f"{train['minutes']:.0f} min"
+    if r.get("ensemble"):  # this run's checkpoint first, then the other members, as eval.py recorded them
+      others = r["ensemble"][1:]
+      checkpoint = f"ensemble of {len(others) + 1}: {r['ensemble'][0]['checkpoint']}" + "".join(
+          f" + `{pathlib.Path(m['workdir']).name}` {m['checkpoint']}" for m in others)
+      minutes = f"{train['minutes'] + sum(m['minutes'] for m in others):.0f} min ({len(others) + 1} runs)"
+    out.append(f"| `{workdir.name}` | {r['name']} | **{r['bleu']:.2f}** | {r['chrf']:.2f} | {checkpoint} "
+               f"| {decoding}<br>`{r.get('command', '?')}` | `{train['command']}` | {train['steps']} "
+               f"| {minutes} | {train['tokens_per_s']:.0f} | {r.get('hardware', '?')} |")
+  return out
+
+
+def _format(lines: list[str], signatures: set[str]) -> str:
+  notes = "".join(f"\nBLEU signature: `{s}`" for s in sorted(signatures))
+  return "\n".join([HEADER] + lines) + "\n" + notes.lstrip("\n").replace("\nBLEU", "  \nBLEU") + "\n"
+
+
+def table(workdirs: list[str]) -> str:
+  signatures = set()
+  lines = []
+  for w in workdirs:
+    lines += rows(w)
+    for path in sorted((pathlib.Path(w) / "eval").glob("*.json")):
+      signatures.add(json.loads(path.read_text())["bleu_signature"])
+  return _format(lines, signatures)
+
+
+def _parse(text: str) -> tuple[dict[str, list[str]], set[str]]:
+  """A table's rows grouped by run name (in order) and its BLEU signatures."""
+  by_run: dict[str, list[str]] = {}
+  for line in text.splitlines():
+    if line.startswith("| `"):
+      by_run.setdefault(line.split("|")[1].strip(), []).append(line)
+  return by_run, set(re.findall(r"BLEU signature: `([^`]*)`", text))
+
+
+def merge(old: str, new: str) -> str:
+  """Table `new`, plus the rows of the runs in table `old` that `new` lacks, in old's order.
+
+  Old signatures stay only while some old run's rows do: the table lists the signatures of
+  the rows it holds (rows do not say which one is theirs, so a kept old run keeps them all).
+  """
+  old_rows, old_signatures = _parse(old)
+  new_rows, new_signatures = _parse(new)
+  runs = list(old_rows) + [run for run in new_rows if run not in old_rows]
+  lines = [line for run in runs for line in new_rows.get(run, old_rows.get(run))]
+  kept_old = any(run not in new_rows for run in old_rows)
+  return _format(lines, (old_signatures if kept_old else set()) | new_signatures)
+
+
+def update_file(path: str | pathlib.Path, text: str) -> str:
+  """Merges table `text` into the table between the markers of file `path`; returns the result."""
+  path = pathlib.Path(path)
+  content = path.read_text()
+  if START not in content or END not in content:
+    raise DataError(f"{path} has no {START} ... {END} markers")
+  text = merge(content.split(START, 1)[1].split(END, 1)[0], text)
+  new = re.sub(re.escape(START) + ".*?" + re.escape(END), lambda _: f"{START}\n{text}{END}", content, flags=re.S)
+  path.write_text(new)
+  return text
+
+
+def main(argv: list[str] | None = None) -> None:
+  from absl import app, flags
+
+  from seq2seq import cli
+
+  update = flags.DEFINE_string("update", "", "Update the table between the results markers of this file, e.g. "
+                               "docs/results.md (other runs' rows stay).")
+
+  def run(args):
+    if len(args) < 2:
+      raise app.UsageError("give one or more WORKDIRs: python -m seq2seq.research.results WORKDIR... [--update=FILE]")
+    text = table(args[1:])
+    if update.value:
+      text = update_file(update.value, text)
+    print(text, end="")
+
+  cli.run(run, __name__, argv)
+
+
+if __name__ == "__main__":
+  main()
