@@ -268,7 +268,7 @@ def test_ensemble_decodes_the_mean_of_the_runs_and_records_its_members(run, tran
   """--ensemble: the CLI loads each member's checkpoint (here step 40 and step 60 of one run)
   and translates as the in-process ensemble of those parameters does; a run ensembled with
   itself translates as it does alone; runs with different sentencepiece models are refused."""
-  from seq2seq import results
+  from seq2seq.research import results
 
   out = eval_py(f"--workdir={run}", "--step=40", f"--ensemble={run}", f"--source={val_files / 'src.en'}",
                 f"--reference={val_files / 'ref.de'}", "--beam_size=2", "--max_len_b=8", "--batch_size=4")
