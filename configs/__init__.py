@@ -1,8 +1,10 @@
 """The experiment configs, shipped in the package as `seq2seq.configs`.
 
-Each NAME.py has `get_config()` returning an ml_collections ConfigDict and starts with the
-command that runs it and the result it should reach. `--config=NAME` on any command names
-one of these; `--config=path/to/file.py` loads any config file.
+Each NAME.py has `get_config()` returning an ml_collections ConfigDict. It opens with a
+comment of the command that runs it and the result it should reach (`# Expected: ...`),
+then a docstring of what it sets, starting from the config it imports
+(tests/test_configs.py checks the form). `--config=NAME` on any command names one of these;
+`--config=path/to/file.py` loads any config file.
 """
 
 from __future__ import annotations

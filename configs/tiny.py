@@ -1,7 +1,9 @@
 # A model that trains in seconds on a CPU, for tests and smoke runs.
 #   python train.py --config=configs/tiny.py --workdir=/tmp/tiny
-# Expected: the training loss falls within the first 100 steps; BLEU is not meaningful.
-"""Tiny configuration: 2+2 layers of width 64 on Multi30k en->de."""
+# Expected: no measured BLEU (it is not meaningful at this size); the training loss falls within the
+#   first 100 steps. The tests and the quick start train it.
+"""default.py shrunk: 2+2 pre-norm layers of width 64 (d_ff 128, no dropout), a 1000-piece
+vocabulary, packed rows of 64 tokens, 200 steps (rsqrt schedule, warmup 50), beam 2."""
 
 from seq2seq.configs import default
 

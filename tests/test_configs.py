@@ -1,8 +1,12 @@
-"""Config files: each loads, starts with the command that runs it, and builds a model."""
+"""Config files: each loads, starts with the command that runs it, the result it should reach
+and what it sets, and builds a model."""
 
+import ast
 import dataclasses
 import importlib
+import itertools
 import pathlib
+import re
 
 import pytest
 
@@ -35,6 +39,29 @@ def test_config_file_starts_with_its_command_and_expected_result(name):
   assert lines[0].startswith("# ")
   assert any(f"python train.py --config=configs/{name}.py --workdir=" in line for line in lines[:4])
   assert any(line.startswith("# Expected") for line in lines[:5])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_config_opens_with_its_command_its_result_and_what_it_sets(name):
+  """The form of every shipped config (configs/__init__.py): a comment of at most 8 lines with
+  a command that names the file itself and one `# Expected: ` line (the measured result, or
+  what it is for where none exists), then the docstring: what the config sets, starting from
+  the config it imports. Run history belongs in docs/results.md, so no docstring names a run."""
+  text = (CONFIG_DIR / f"{name}.py").read_text()
+  header = list(itertools.takewhile(lambda line: line.startswith("#"), text.splitlines()))
+  assert 3 <= len(header) <= 8, f"configs/{name}.py: a header of 3 to 8 comment lines, not {len(header)}"
+  assert any(re.search(rf"(python train\.py|python -m seq2seq\.[\w.]+) .*--config=configs/{name}\.py ", line)
+             for line in header[1:]), f"configs/{name}.py: no command that runs configs/{name}.py"
+  assert sum(line.startswith("# Expected: ") for line in header) == 1, f"configs/{name}.py: one '# Expected: ' line"
+  tree = ast.parse(text)
+  docstring = ast.get_docstring(tree)
+  assert docstring and tree.body[0].lineno == len(header) + 1, f"configs/{name}.py: the docstring follows the header"
+  base = [node.names[0].name for node in tree.body if isinstance(node, ast.ImportFrom)
+          and node.module == "seq2seq.configs"]
+  assert not base or docstring.startswith(f"{base[0]}.py "), f"configs/{name}.py: say what it sets on {base}"
+  results = (CONFIG_DIR.parent / "docs" / "results.md").read_text(encoding="utf-8")
+  runs = set(re.findall(r"^\| `(\w+)` \|", results, re.M)) - set(NAMES)  # the runs' names, not the configs'
+  assert runs and not {run for run in runs if f"`{run}`" in docstring or f" {run} " in docstring}, name
 
 
 def test_default_model_section_mirrors_model_config():
