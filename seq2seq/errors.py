@@ -12,8 +12,8 @@ bug and keeps its traceback (exit status 1). Messages name the file, config key 
   ├── WorkdirBusy       another training process holds the run's workdir
   └── TrainingDiverged  training went non-finite more often than the guard rolls back
 
-The ones about values are also ValueErrors, and ResourceError an OSError and TrainingDiverged a RuntimeError, so callers that
-caught those before still do.
+The ones about values are also ValueErrors, ResourceError an OSError and TrainingDiverged
+a RuntimeError, so `except ValueError` (OSError, RuntimeError) catches them too.
 """
 
 from __future__ import annotations

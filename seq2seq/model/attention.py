@@ -4,34 +4,16 @@ between them. The layer around them (projections to heads, output projection) is
 
 Shapes: b=batch, t=query length, s=key length, n=heads, h=head dim, d=d_model.
 
-What runs (`config.model.attention_impl="auto"`, picked at trace time by
-`choose_implementation` from `jax.default_backend()`; checked against JAX 0.10.2):
-  - attention dropout (training with `attention_dropout_rate > 0`) or recorded weights:
-    `explicit_attention`, the softmax written out, on every platform: no kernel applies
-    dropout to the weights or returns them.
-  - CPU: XLA, `jax.nn.dot_product_attention(implementation="xla")` with the dense
-    [b, 1, t, s] boolean mask (logits [b, n, t, s] in f32 are materialised).
-  - GPU, unpacked rows: cuDNN flash attention, `jax.nn.dot_product_attention(
-    implementation="cudnn")` with `query_seq_lengths` / `key_value_seq_lengths` and
-    `is_causal` (no mask tensor), when every row is one segment then padding
-    (`SegmentMask.packed=False`), q/k/v are bfloat16 or float16 and the head dim is a
-    multiple of 8 and at most 128.
-  - GPU, packed rows (the default `data.fill_rows`): `seq2seq.model.flash`, a Pallas
-    (Triton) FlashAttention-2 kernel with separate query and key segment ids, so
-    self-attention (causal or not) and cross-attention alike, when q/k/v are bfloat16 or
-    float16, the head dim is 16, 32, 64 or 128 and both lengths are multiples of 16. It is
-    compiled once per process on a small problem first; if that fails, a warning and XLA.
-    On a mesh it runs in `jax.shard_map` like splash. (Why not JAX's shipped GPU kernel or
-    cuDNN's packed layout: seq2seq/model/flash.py.) Otherwise XLA as on CPU.
-  - TPU: the Pallas splash-attention kernel
-    (`jax.experimental.pallas.ops.tpu.splash_attention`) with segment ids and a static
-    causal or full mask, when both lengths are multiples of 128 (its blocks are multiples
-    of 128) and it can run unpartitioned: on one device, or inside `jax.shard_map` over
-    rows and heads on the train step's mesh (`seq2seq.sharding.activation_mesh`; a Pallas
-    call has no SPMD partitioning rule). Otherwise XLA. (`pallas.ops.tpu.flash_attention`
-    also takes segment ids but has no interpret mode, so it could not be tested here; it is
-    not used.)
-On every path but a bare dense mask, outputs of padding queries (segment 0) are zeroed.
+What runs: `choose_implementation`, at trace time, from `config.model.attention_impl`
+("auto" by default) and `jax.default_backend()`:
+  attention dropout, or weights recorded   `explicit_attention`, the softmax written out
+  GPU, unpacked rows (one segment a row)   cuDNN flash attention, given sequence lengths
+  GPU, packed rows                         the Pallas flash kernel of seq2seq/model/flash.py
+  TPU                                      Pallas splash attention with segment ids
+  CPU, or what no kernel takes             XLA, with a dense [b, 1, t, s] mask
+Each kernel's conditions (dtypes, head dims, length multiples, meshes) and the notes on
+JAX's kernels are in docs/scaling.md ("Attention kernels"). On every path but a bare dense
+mask, outputs of padding queries (segment 0) are zeroed.
 """
 
 from __future__ import annotations
