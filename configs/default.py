@@ -44,7 +44,6 @@ def get_config() -> ml_collections.ConfigDict:
       # Pallas flash kernel for packed ones; splash on TPU (lengths multiples of 128); else XLA; attention
       # dropout always takes explicit. See seq2seq/model/attention.py.
       attention_impl="auto",
-      pad_id=0,
   ))
 
   config.data = ml_collections.ConfigDict(dict(

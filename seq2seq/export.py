@@ -193,7 +193,7 @@ def _model_config(path: pathlib.Path, config, vocab_size: int) -> ModelConfig:
 def _check_model(path: pathlib.Path, config, saved: dict) -> None:
   """The model settings of config.json are those the export was made with, else a
   ModelFileError naming each differing key."""
-  current = dataclasses.asdict(_model_config(path, config, saved.get("vocab_size", 1)))
+  current = ModelConfig.RETIRED | dataclasses.asdict(_model_config(path, config, saved.get("vocab_size", 1)))
   differ = [f"config.model.{key}: the export was made with {value!r}, {path.name} has "
             + (repr(current[key]) if key in current else "no such setting")
             for key, value in sorted(saved.items()) if current.get(key, ...) != value]

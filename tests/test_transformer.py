@@ -119,7 +119,7 @@ def test_cached_decoding_reproduces_full_forward(positions, norm, norm_position,
   for t in range(tgt_bt.shape[1]):
     logits_bv, cache = step(model, tgt_bt[:, t], cache)
     np.testing.assert_allclose(logits_bv, full_btv[:, t], atol=1e-5, err_msg=f"position {t}")
-  assert int(cache["index"]) == tgt_bt.shape[1]
+  assert int(cache.index) == tgt_bt.shape[1]
 
 
 def test_the_fast_grid_covers_every_pair_of_settings():

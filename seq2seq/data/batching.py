@@ -31,7 +31,7 @@ import numpy as np
 
 from seq2seq.errors import ConfigError
 from seq2seq.data.corpus import Corpus
-from seq2seq.data.tokenizer import EOS_ID, PAD_ID
+from seq2seq.special_tokens import SPECIAL
 
 Batch = dict[str, np.ndarray]
 LENGTH_MULTIPLE = 8  # row lengths are multiples of this (TPU/GPU tiles)
@@ -223,7 +223,7 @@ def epoch_plan(src_len: np.ndarray, tgt_len: np.ndarray, cfg: Batching, seed: in
 def make_batch(corpus: Corpus, planned: PlannedBatch, process_index: int = 0, process_count: int = 1) -> Batch:
   """This process's rows of a planned batch as int32 arrays.
 
-  Keys: src_bs, src_segments_bs, src_positions_bs, tgt_in_bt (eos-started decoder input),
+  Keys: src_bs, src_segments_bs, src_positions_bs, tgt_in_bt (decoder input: bos, then the target shifted),
   tgt_out_bt (labels), tgt_segments_bt, tgt_positions_bt. Segment 0 marks padding.
   """
   rows, s_len, t_len = planned.shape
@@ -257,10 +257,10 @@ def make_batch(corpus: Corpus, planned: PlannedBatch, process_index: int = 0, pr
       out |= {"src_bs": grid["tokens"], "src_segments_bs": grid["segments"], "src_positions_bs": grid["positions"]}
     else:
       tgt_in = np.zeros((local, length), np.int32)
-      tgt_in[r, c] = np.where(within == 0, EOS_ID, np.roll(tokens, 1))  # shifted right within each example
+      tgt_in[r, c] = np.where(within == 0, SPECIAL.bos, np.roll(tokens, 1))  # shifted right within each example
       out |= {"tgt_in_bt": tgt_in, "tgt_out_bt": grid["tokens"], "tgt_segments_bt": grid["segments"],
               "tgt_positions_bt": grid["positions"]}
-  assert PAD_ID == 0  # the zeros above are padding
+  assert SPECIAL.pad == 0  # the zeros above are padding
   return out
 
 

@@ -1,5 +1,6 @@
 """One joint sentencepiece model for source and target: trained from a seeded sample of
-the training pairs, saved atomically, reused when it exists. Ids: pad=0, eos=1, unk=2."""
+the training pairs, saved atomically, reused when it exists. Ids: pad=0, eos=1, unk=2
+(seq2seq/special_tokens.py; the decoder's start token is eos)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ import numpy as np
 import sentencepiece as spm
 
 from seq2seq.errors import ConfigError, DataError
+from seq2seq.special_tokens import SPECIAL, SpecialTokens
 
-PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
+PAD_ID, EOS_ID, UNK_ID = SPECIAL.pad, SPECIAL.eos, 2
 
 
 def sample_sentences(pairs: Iterable[tuple[str, str]], size: int, seed: int) -> list[str]:
@@ -90,6 +92,11 @@ class Tokenizer:
 
     proto = sentencepiece_model_pb2.ModelProto.FromString(self.model_bytes)
     return sentencepiece_model_pb2.TrainerSpec.ModelType.Name(proto.trainer_spec.model_type).lower()
+
+  @property
+  def special(self) -> SpecialTokens:
+    """The pad, bos and eos ids (checked when the model is loaded)."""
+    return SPECIAL
 
   @property
   def vocab_size(self) -> int:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 import jax.numpy as jnp
 
 from seq2seq.errors import ConfigError
+from seq2seq.special_tokens import SPECIAL
 
 CHOICES = {
     "positions": ("sinusoidal", "learned", "rope"),
@@ -47,7 +48,9 @@ class ModelConfig:
   use_bias: bool = True
   dtype: str = "float32"  # compute dtype; parameters are always float32
   attention_impl: str = "auto"  # auto: cuDNN (GPU) / splash (TPU) where they apply, else XLA
-  pad_id: int = 0
+  # Settings that are fields no more, with the one value they may still have: the tokenizer
+  # fixes them. Runs written before have them in config.json and in their checkpoints' identity.
+  RETIRED: ClassVar[dict[str, Any]] = {"pad_id": SPECIAL.pad}
 
   def __post_init__(self):
     for key, allowed in CHOICES.items():
@@ -75,8 +78,13 @@ class ModelConfig:
 
   @classmethod
   def from_config(cls, model_cfg: Any, vocab_size: int) -> ModelConfig:
-    """Builds from the `config.model` section (a ConfigDict or dict); unknown keys are errors."""
+    """Builds from the `config.model` section (a ConfigDict or dict); unknown keys are errors,
+    and so are retired ones (RETIRED) with another value than the one they must have."""
     values = dict(model_cfg.items())
+    for key, fixed in cls.RETIRED.items():
+      if key in values and values.pop(key) != fixed:
+        raise ConfigError(f"config.model.{key} is not a setting any more: the tokenizer fixes it at {fixed} "
+                          "(seq2seq/special_tokens.py); remove it from the config")
     known = {f.name for f in dataclasses.fields(cls)} - {"vocab_size"}
     unknown = sorted(set(values) - known)
     if unknown:

@@ -3,14 +3,15 @@
 API used by training and decoding:
   logits_btv = model(src_bs, tgt_in_bt, dropout_rng=key)        # teacher forcing
   enc_bsd = model.encode(src_bs)                                 # once per source
-  cache = model.init_cache(enc_bsd, src_segments_bs, max_len)    # cross K/V computed here
+  cache = model.init_cache(enc_bsd, src_segments_bs, max_len)    # a DecoderState; cross K/V computed here
   logits_bv, cache = model.decode_step(tokens_b, cache)          # one target token
 
-The decoder input starts with `cfg.bos_id` (the eos id, as in fairseq). Segment ids
-(0 = padding) default to `tokens != pad_id`; packed batches pass their own segment ids
-and positions. `packed=False` promises every row is one sentence then padding, which lets
-the GPU use cuDNN attention given sequence lengths (seq2seq/model/attention.py); by default rows
-count as packed when segment ids are passed. `dropout_rng=None` means evaluation (no dropout).
+The decoder input starts with the bos id (`SPECIAL.bos`, seq2seq/special_tokens.py: the eos
+id, as in fairseq). Segment ids (0 = padding) default to `tokens != SPECIAL.pad`; packed
+batches pass their own segment ids and positions. `packed=False` promises every row is one
+sentence then padding, which lets the GPU use cuDNN attention given sequence lengths
+(seq2seq/model/attention.py); by default rows count as packed when segment ids are passed.
+`dropout_rng=None` means evaluation (no dropout).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
+from flax import nnx, struct
 
 from seq2seq.model.attention import SegmentMask
 from seq2seq.model.config import ModelConfig
@@ -37,9 +38,25 @@ from seq2seq.model.layers import (
 )
 from seq2seq.model.multihead import MultiHeadAttention
 from seq2seq.sharding import constrain
+from seq2seq.special_tokens import SPECIAL
 
-Cache = dict[str, Any]
 RESIDUAL = ("batch", "length", "embed")  # logical axes of the residual stream [b, t, d]
+
+
+@struct.dataclass
+class DecoderState:
+  """What a decoder keeps between steps, in two parts by what it belongs to: `rows` holds one
+  entry per output row (beam search copies a sentence's to each of its k beams and reorders
+  them with the beams), `sentences` one per sentence (what depends only on the source; the
+  k beams of a sentence share it). The model's own (`init_cache`):
+    rows: per decoder layer, {"k", "v"} self-attention keys/values [b*k, n, max_len, h]
+    sentences: {"mask_bs": source positions that are not padding [b, s], "layers": per
+      decoder layer, {"k", "v"} cross-attention keys/values [b, n, s, h]}
+  A step may take g rows per sentence (g consecutive rows share a sentence's entries)."""
+
+  index: jax.Array  # []: position of the token the next step takes
+  rows: Any  # arrays [b*k, ...]: one per output row
+  sentences: Any  # arrays [b, ...]: one per sentence
 
 
 def _norm(cfg: ModelConfig, rngs: nnx.Rngs) -> Norm:
@@ -109,28 +126,27 @@ class DecoderLayer(nnx.Module):
     cross = lambda h_btd: self.cross_attn(h_btd, enc_bsd, cross_mask, rng=fold(rng, 2))
     return self._cross_and_ffn(y_btd, cross, rng)
 
-  def step(self, y_b1d, positions_b1, layer_cache: Cache, index, cross_mask_bs):
-    """One decoding position: writes this token's key/value into the cache at `index`.
-    Cached keys/values are heads-first, [b, n, max_len, h]."""
-    new_cache = dict(layer_cache)
+  def step(self, y_b1d, positions_b1, self_kv: dict, cross_kv: dict, index, cross_mask_bs):
+    """One decoding position: writes this token's key/value into `self_kv` at `index`; returns
+    the output and the new `self_kv`. Keys/values are heads-first, [b, n, length, h]."""
+    new_kv = dict(self_kv)
 
     def self_attn(h_b1d):
       q_b1nh, k_b1nh, v_b1nh = self.self_attn.query_key_value(h_b1d, positions_b1)
       q_bnh = q_b1nh[:, 0]
       for name, x_b1nh in (("k", k_b1nh), ("v", v_b1nh)):
-        x_bn1h = jnp.swapaxes(x_b1nh, 1, 2).astype(layer_cache[name].dtype)
-        new_cache[name] = jax.lax.dynamic_update_slice(layer_cache[name], x_bn1h, (0, 0, index, 0))
-      mask_11l = (jnp.arange(layer_cache["k"].shape[2]) <= index)[None, None, :]
-      return self.self_attn.attend_cached(q_bnh, new_cache["k"], new_cache["v"], mask_11l)[:, None]
+        x_bn1h = jnp.swapaxes(x_b1nh, 1, 2).astype(self_kv[name].dtype)
+        new_kv[name] = jax.lax.dynamic_update_slice(self_kv[name], x_bn1h, (0, 0, index, 0))
+      mask_11l = (jnp.arange(self_kv["k"].shape[2]) <= index)[None, None, :]
+      return self.self_attn.attend_cached(q_bnh, new_kv["k"], new_kv["v"], mask_11l)[:, None]
 
     y_b1d = residual(y_b1d, self_attn, self.self_norm, pre=self.pre, rate=self.rate, rng=None)
 
     def cross(h_b1d):
       q_bnh = self.cross_attn.query(h_b1d)[:, 0]
-      mask_b1s = cross_mask_bs[:, None, :]
-      return self.cross_attn.attend_cached(q_bnh, layer_cache["cross_k"], layer_cache["cross_v"], mask_b1s)[:, None]
+      return self.cross_attn.attend_cached(q_bnh, cross_kv["k"], cross_kv["v"], cross_mask_bs[:, None, :])[:, None]
 
-    return self._cross_and_ffn(y_b1d, cross, None), new_cache
+    return self._cross_and_ffn(y_b1d, cross, None), new_kv
 
 
 class Transformer(nnx.Module):
@@ -162,7 +178,7 @@ class Transformer(nnx.Module):
 
   def _defaults(self, tokens_bt, segments_bt, positions_bt):
     if segments_bt is None:
-      segments_bt = (tokens_bt != self.cfg.pad_id).astype(jnp.int32)
+      segments_bt = (tokens_bt != SPECIAL.pad).astype(jnp.int32)
     if positions_bt is None:
       positions_bt = jnp.broadcast_to(jnp.arange(tokens_bt.shape[1], dtype=jnp.int32), tokens_bt.shape)
     return segments_bt, positions_bt
@@ -209,7 +225,7 @@ class Transformer(nnx.Module):
     if packed is None:
       packed = src_segments_bs is not None or tgt_segments_bt is not None
     if src_segments_bs is None:
-      src_segments_bs = (src_bs != self.cfg.pad_id).astype(jnp.int32)
+      src_segments_bs = (src_bs != SPECIAL.pad).astype(jnp.int32)
     enc_bsd = self.encode(src_bs, src_segments_bs=src_segments_bs, src_positions_bs=src_positions_bs,
                           dropout_rng=fold(dropout_rng, 0), packed=packed)
     return self.decode(tgt_in_bt, enc_bsd, src_segments_bs, tgt_segments_bt=tgt_segments_bt,
@@ -230,38 +246,32 @@ class Transformer(nnx.Module):
           del attn.weights_bnts
     return jnp.stack(weights)
 
-  def init_cache(self, enc_bsd, src_segments_bs, max_decode_len: int) -> Cache:
-    """Decoding state: empty self-attention K/V of `max_decode_len` and the cross K/V.
-
-    Keys/values are stored heads-first, [b, n, length, h], so each step reads them without
-    a transpose. Every array but `index` has the batch first, so beam search can gather it.
-    """
+  def init_cache(self, enc_bsd, src_segments_bs, max_decode_len: int) -> DecoderState:
+    """Decoding state: empty self-attention K/V of `max_decode_len` per row, the cross K/V and
+    the source mask per sentence. Keys/values are stored heads-first, [b, n, length, h], so
+    each step reads them without a transpose."""
     b, cfg = enc_bsd.shape[0], self.cfg
-    shape = (b, cfg.num_heads, max_decode_len, cfg.head_size)
-    layers = []
+    zeros = jnp.zeros((b, cfg.num_heads, max_decode_len, cfg.head_size), cfg.compute_dtype)
+    cross = []
     for layer in self.decoder_layers:
       cross_k, cross_v = (jnp.swapaxes(x_bsnh, 1, 2) for x_bsnh in layer.cross_attn.key_value(enc_bsd))
-      zeros = jnp.zeros(shape, cfg.compute_dtype)
-      layers.append({"k": zeros, "v": zeros, "cross_k": cross_k, "cross_v": cross_v})
-    cross_mask_bs = src_segments_bs != 0
-    return {"index": jnp.zeros((), jnp.int32), "cross_mask_bs": cross_mask_bs, "layers": layers}
+      cross.append({"k": cross_k, "v": cross_v})
+    return DecoderState(index=jnp.zeros((), jnp.int32), rows=[{"k": zeros, "v": zeros} for _ in cross],
+                        sentences={"mask_bs": src_segments_bs != 0, "layers": cross})
 
-  def decode_step(self, tokens_b, cache: Cache) -> tuple[jax.Array, Cache]:
-    """Logits [b, v] (f32) for the token after `tokens_b`, which sits at `cache['index']`.
-
-    The cross-attention entries may hold one row per group of g consecutive rows of
-    `tokens_b` (beam search keeps one copy per sentence for its beams).
-    """
-    index = cache["index"]
+  def decode_step(self, tokens_b, cache: DecoderState) -> tuple[jax.Array, DecoderState]:
+    """Logits [b, v] (f32) for the token after `tokens_b`, which sits at `cache.index`.
+    `cache.sentences` may hold one entry per group of g consecutive rows of `tokens_b`
+    (beam search keeps one per sentence for its beams)."""
+    index = cache.index
     tokens_b1 = tokens_b[:, None]
     positions_b1 = jnp.full(tokens_b1.shape, index, jnp.int32)
     y_b1d = self._embed(tokens_b1, positions_b1, self._tgt_embed, self.tgt_positions, None)
-    new_layers = []
-    for layer, layer_cache in zip(self.decoder_layers, cache["layers"]):
-      y_b1d, layer_cache = layer.step(y_b1d, positions_b1, layer_cache, index, cache["cross_mask_bs"])
-      new_layers.append(layer_cache)
-    new_cache = {"index": index + 1, "cross_mask_bs": cache["cross_mask_bs"], "layers": new_layers}
-    return self._logits(y_b1d)[:, 0], new_cache
+    rows = []
+    for layer, self_kv, cross_kv in zip(self.decoder_layers, cache.rows, cache.sentences["layers"]):
+      y_b1d, self_kv = layer.step(y_b1d, positions_b1, self_kv, cross_kv, index, cache.sentences["mask_bs"])
+      rows.append(self_kv)
+    return self._logits(y_b1d)[:, 0], cache.replace(index=index + 1, rows=rows)
 
 
 def abstract(cfg: ModelConfig) -> Transformer:

@@ -87,8 +87,10 @@ def check_identity(saved: dict, current: dict, where: str, allow_data_change: bo
   settings (and corpus content) that differ are refused too (the resumed run would not be the
   same run), unless `allow_data_change` (config.train.allow_data_change): then they are
   returned, for the run to report."""
-  diffs = [f"config.model.{k}: checkpoint has {v!r}, config has {current['model'].get(k)!r}"
-           for k, v in saved["model"].items() if current["model"].get(k) != v]
+  # A retired setting (checkpoints written before it was retired) must have the value now fixed.
+  model = ModelConfig.RETIRED | current["model"]
+  diffs = [f"config.model.{k}: checkpoint has {v!r}, config has {model.get(k)!r}"
+           for k, v in saved["model"].items() if model.get(k) != v]
   if saved["spm_sha256"] != current["spm_sha256"]:
     diffs.append("the sentencepiece model (vocabulary) differs from the one the checkpoint was trained with")
   if diffs:
