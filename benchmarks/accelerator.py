@@ -118,7 +118,7 @@ def main() -> None:
   total_seconds = sum(r["step_ms"] / 1e3 for r in results)
   summary = {"config": pathlib.Path(args.config).name, "dtype": args.dtype, "device_kind": device.device_kind,
              "platform": device.platform, "devices": mesh.size, "mesh": dict(mesh.shape),
-             "params": sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state["params"])),
+             "params": sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params)),
              "peak_tflops_per_device": peak_tflops, "peak_source": peak_source,
              "target_tokens_per_s": total_tokens / total_seconds,  # one step of each shape
              "mfu": sum(r["mfu"] * r["step_ms"] for r in results) / sum(r["step_ms"] for r in results),

@@ -128,12 +128,13 @@ def step_cost(name: str, config, rows: int, s: int, t: int) -> dict:
   from seq2seq.model import transformer
   from seq2seq.model.config import ModelConfig
   from seq2seq.training import optimizer, train
+  from seq2seq.training.state import abstract_state
 
   config.mesh.update(data=1, fsdp=1, tensor=1)
   mesh = sharding.make_mesh(config.mesh, jax.devices("cpu")[:1])
   model_cfg = ModelConfig.from_config(config.model, vocab_size=config.data.vocab_size)
   tx, schedule = optimizer.make(config.train, d_model=model_cfg.d_model)
-  state, shardings = train.abstract_state(model_cfg, tx, mesh, config.seed)
+  state, shardings = abstract_state(model_cfg, tx, mesh, config.seed)
   batch_sh = sharding.batch_sharding(mesh)
   batch = {k: jax.ShapeDtypeStruct((rows, s if k.startswith("src") else t), jnp.int32, sharding=batch_sh)
            for k in train.BATCH_KEYS}

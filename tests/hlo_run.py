@@ -19,14 +19,15 @@ sys.path[:0] = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import ml_collections  # noqa: E402
+from seq2seq.configs import default  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from seq2seq import sharding  # noqa: E402
 from seq2seq.model import transformer  # noqa: E402
 from seq2seq.model.config import ModelConfig  # noqa: E402
 from seq2seq.training import optimizer  # noqa: E402
-from seq2seq.training.train import BATCH_KEYS, Steps, abstract_state  # noqa: E402
+from seq2seq.training.state import abstract_state  # noqa: E402
+from seq2seq.training.train import BATCH_KEYS, Steps  # noqa: E402
 
 # Sizes chosen so that shapes tell tensors apart: tokens per batch (16 x 20 = 320) and per
 # device (160, 80, 40) differ from every parameter dimension, also as a device holds it (a
@@ -53,9 +54,10 @@ def collectives(hlo: str) -> list[dict]:
 
 def compile_step(mesh_shape):
   mesh = sharding.make_mesh(dict(zip(sharding.MESH_AXES, mesh_shape)))
-  config = ml_collections.ConfigDict({"seed": 0, "train": dict(
-      label_smoothing=0.1, schedule="rsqrt", learning_rate=1.0, warmup_steps=4, steps=5, adam_b1=0.9, adam_b2=0.98,
-      adam_eps=1e-9, weight_decay=0.0, grad_clip_norm=0.0, accum_steps=1, rng_impl="threefry2x32")})
+  config = default.get_config()
+  config.train.update(label_smoothing=0.1, schedule="rsqrt", learning_rate=1.0, warmup_steps=4, steps=5, adam_b1=0.9,
+                      adam_b2=0.98, adam_eps=1e-9, weight_decay=0.0, grad_clip_norm=0.0, accum_steps=1,
+                      rng_impl="threefry2x32")
   model_cfg = ModelConfig(**MODEL)
   tx, schedule = optimizer.make(config.train, d_model=model_cfg.d_model)
   state, shardings = abstract_state(model_cfg, tx, mesh, config.seed)

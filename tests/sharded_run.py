@@ -10,7 +10,7 @@ import json  # noqa: E402
 import sys  # noqa: E402
 
 import jax  # noqa: E402
-import ml_collections  # noqa: E402
+from seq2seq.configs import default  # noqa: E402
 import numpy as np  # noqa: E402
 
 from seq2seq import sharding  # noqa: E402
@@ -36,11 +36,10 @@ def batches(n, rows=16, s=12, t=10, vocab=64):
 
 
 def setup(mesh):
-  config = ml_collections.ConfigDict({
-      "seed": 0,
-      "train": dict(label_smoothing=0.1, schedule="warmup_linear", learning_rate=1e-2, warmup_steps=2, steps=5,
-                    adam_b1=0.9, adam_b2=0.98, adam_eps=1e-9, weight_decay=0.01, grad_clip_norm=1.0,
-                    end_lr_fraction=0.0, accum_steps=1, rng_impl="threefry2x32")})
+  config = default.get_config()
+  config.train.update(label_smoothing=0.1, schedule="warmup_linear", learning_rate=1e-2, warmup_steps=2, steps=5,
+                      adam_b1=0.9, adam_b2=0.98, adam_eps=1e-9, weight_decay=0.01, grad_clip_norm=1.0,
+                      end_lr_fraction=0.0, accum_steps=1, rng_impl="threefry2x32")
   model_cfg = ModelConfig(vocab_size=64, d_model=32, num_heads=4, num_encoder_layers=2, num_decoder_layers=2,
                           d_ff=64, dropout_rate=0.1, share_embeddings=False, tie_output=False)
   tx, lr = optimizer.make(config.train, d_model=model_cfg.d_model)
@@ -67,11 +66,11 @@ def run(mesh_shape):
     state, m = steps.update(state, [sharding.put_batch(b, mesh)])
     losses.append(float(m["loss_sum"] / m["tokens"]))
   specs = {jax.tree_util.keystr(path).removesuffix(".value"): str(tuple(leaf.sharding.spec))
-           for path, leaf in jax.tree_util.tree_leaves_with_path(state["params"])}
+           for path, leaf in jax.tree_util.tree_leaves_with_path(state.params)}
   expected = {jax.tree_util.keystr(path): str(tuple(sharding.spec_for(v.get_metadata()["axes"], v.shape, mesh)))
               for path, v in jax.tree_util.tree_leaves_with_path(
-                  state["params"], is_leaf=lambda x: hasattr(x, "get_metadata"))}
-  wi = state["params"]["encoder_layers"][0]["ffn"]["wi_df"][...]
+                  state.params, is_leaf=lambda x: hasattr(x, "get_metadata"))}
+  wi = state.params["encoder_layers"][0]["ffn"]["wi_df"][...]
   return {"losses": losses, "specs": specs, "expected_specs": expected,
           "wi_df_shard_shape": list(wi.addressable_shards[0].data.shape)}
 

@@ -311,7 +311,7 @@ def eval_params(workdir):
   from seq2seq.inference import load
 
   config = load.run_config(workdir)
-  return load.load_params(workdir, config, sharding.make_mesh(config.mesh))[2]
+  return load.load_params(workdir, config, sharding.make_mesh(config.mesh)).params
 
 
 @pytest.mark.parametrize("num_processes, process_id", [(0, 0), (2, 2), (2, -1)])
@@ -349,17 +349,21 @@ def test_the_divergence_guard_falls_back_past_a_restored_state_that_is_itself_ba
   import jax.numpy as jnp
 
   from seq2seq.training.guard import restore_finite
+  from seq2seq.training.state import TrainState
+
+  def state(value, step):
+    return TrainState(params={"w": jnp.full((2,), value)}, opt_state={"mu": jnp.zeros((2,))}, step=jnp.int32(step),
+                      lr_scale=jnp.float32(1.0))
 
   identity = {"model": {}, "spm_sha256": "x"}
   ckpts = checkpoint.Checkpoints(str(tmp_path), keep=3)
   for step, value in [(10, 1.0), (20, float("nan"))]:  # 20 verifies (its files are as written) but holds NaN
-    ckpts.save(step, {"params": {"w": jnp.full((2,), value)}, "step": jnp.int32(step)}, {"position": step}, identity)
+    ckpts.save(step, state(value, step).saved(), {"position": step}, identity)
   ckpts.wait()
   writer = metrics.MetricsWriter(tmp_path)
-  target = {"params": {"w": jnp.zeros((2,))}, "step": jnp.int32(0)}
-  state = restore_finite(target, ckpts, identity, writer, step=25)
+  restored = restore_finite(state(0.0, 0), ckpts, identity, writer, step=25)
   writer.close()
-  assert int(state["step"]) == 10
+  assert int(restored.step) == 10
   events = [r for r in metrics.read(tmp_path) if r.get("event") == "restore_fallback"]
   assert [(e["step"], e["damaged_step"], e["problem"]) for e in events] == [(25, 20, "non-finite parameters")]
   assert ckpts.manager.all_steps() == [10] and (tmp_path / "damaged_checkpoints" / "20").is_dir()

@@ -13,7 +13,8 @@ import pytest
 from conftest import REPO, communicate_all, free_port, make_config, tensorboard_scalars
 
 from seq2seq import metrics, sharding
-from seq2seq.inference import evaluate, load
+from seq2seq.inference import load
+from seq2seq.inference.settings import SearchSettings
 from seq2seq.inference.translate import Translator, Want
 from seq2seq.training.train import train_and_evaluate
 
@@ -93,7 +94,8 @@ def test_validation_with_the_test_beam_compiles_the_programs_eval_runs(run):
   from seq2seq import data
   from seq2seq.model.config import ModelConfig
   from seq2seq.training import optimizer
-  from seq2seq.training.train import bleu_validator, init_state
+  from seq2seq.training.train import init_state
+  from seq2seq.training.validation import bleu_validator
 
   evaluator = Translator.from_workdir(str(run))
   config = load.run_config(run)
@@ -110,8 +112,8 @@ def test_validation_with_the_test_beam_compiles_the_programs_eval_runs(run):
   for val_beam in (config.eval.beam_size, 1):
     config.eval.val_beam_size = val_beam
     validator = bleu_validator(config, model_cfg, graphdef, tok, mesh).translator
-    assert validator.settings["beam_size"] == val_beam
-    texts[val_beam] = program(validator, state["params"])
+    assert validator.settings.beam_size == val_beam
+    texts[val_beam] = program(validator, state.params)
   expected = program(evaluator, evaluator.params)
   assert config.eval.beam_size > 1 and texts[config.eval.beam_size] == expected
   assert texts[1] != expected
@@ -140,7 +142,8 @@ def test_a_stale_average_is_recomputed(run, tmp_path):
   assert average.averaged_steps(copy / "average" / "last2") == [40, 60]
   shutil.rmtree(copy / "checkpoints" / "60")  # the newest two are now 20 and 40
   config = load.run_config(copy)
-  *_, params, _, label = load.load_params(copy, config, sharding.make_mesh(config.mesh), average_last=2)
+  loaded = load.load_params(copy, config, sharding.make_mesh(config.mesh), average_last=2)
+  params, label = loaded.params, loaded.checkpoint.label
   assert label == "average2-40" and average.averaged_steps(copy / "average" / "last2") == [20, 40]
   want, _ = average.average_params(str(copy), average.newest_steps(str(copy), 2))
   for x, y in zip(jax.tree.leaves(want), jax.tree.leaves(params)):
@@ -170,9 +173,9 @@ def test_mismatched_reference_is_a_clear_error(run, val_files, tmp_path):
 def translator(run):
   config = load.run_config(run)
   mesh = sharding.make_mesh(config.mesh)
-  model_cfg, graphdef, params, tok, _ = load.load_params(run, config, mesh)
-  return Translator(model_cfg, graphdef, tok, mesh, beam_size=2, alpha=0.6, max_len_a=1.0, max_len_b=8,
-                    batch_size=4), params
+  loaded = load.load_params(run, config, mesh)
+  return Translator(loaded.model_cfg, loaded.graphdef, loaded.tokenizer, mesh, beam_size=2, alpha=0.6, max_len_a=1.0,
+                    max_len_b=8, batch_size=4), loaded.params
 
 
 def test_stdin_to_stdout_line_by_line(run, translator):
@@ -255,7 +258,7 @@ def test_two_processes_translate_as_one(run, val_files, tmp_path):
 
 def test_result_names_tell_decodings_apart():
   base = dict(beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50, min_len=0)
-  names = [evaluate.search_name(base | change) for change in
+  names = [SearchSettings(**(base | change)).name() for change in
            ({}, {"alpha": 1.2}, {"beam_size": 1}, {"beam_size": 1, "alpha": 1.2}, {"max_len_a": 1.2, "max_len_b": 10},
             {"min_len": 3})]
   assert names == ["beam4-alpha0.6", "beam4-alpha1.2", "greedy", "greedy", "beam4-alpha0.6-len1.2x+10",
@@ -279,9 +282,11 @@ def test_ensemble_decodes_the_mean_of_the_runs_and_records_its_members(run, tran
   assert result["ensemble"][1]["workdir"] == str(run.resolve()) and result["ensemble"][1]["steps"] == 60
   config = load.run_config(run)
   mesh = sharding.make_mesh(config.mesh)
-  cfgs, graphdefs, params, tok, label, _ = load.load_ensemble([run, run], config, mesh, step=40)
+  loaded = load.load_ensemble([run, run], config, mesh, step=40)
+  params, label = loaded.params, loaded.checkpoint.label
   assert label == result["checkpoint"]
-  both = Translator(cfgs, graphdefs, tok, mesh, beam_size=2, alpha=0.6, max_len_a=1.0, max_len_b=8, batch_size=4)
+  both = Translator(loaded.model_cfg, loaded.graphdef, loaded.tokenizer, mesh, beam_size=2, alpha=0.6, max_len_a=1.0,
+                    max_len_b=8, batch_size=4)
   sources = (val_files / "src.en").read_text().splitlines()
   assert (run / "eval" / f"{path.name.removesuffix('.json')}.hyp").read_text().splitlines() == both(params, sources)
   # One model twice is that model: the same translations as the run alone.

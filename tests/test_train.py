@@ -10,7 +10,6 @@ import sys
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 from conftest import REPO, communicate_all, free_port, make_config, optimized_env
@@ -76,9 +75,12 @@ def test_mesh_sizes_from_config():
 
 
 def _steps(accum_steps):
-  config = ml_collections.ConfigDict({"seed": 0, "train": dict(
-      label_smoothing=0.1, schedule="constant", learning_rate=1e-2, warmup_steps=0, steps=5, adam_b1=0.9,
-      adam_b2=0.98, adam_eps=1e-9, weight_decay=0.0, grad_clip_norm=0.0, accum_steps=accum_steps)})
+  from seq2seq.configs import default
+
+  config = default.get_config()
+  config.train.update(label_smoothing=0.1, schedule="constant", learning_rate=1e-2, warmup_steps=0, steps=5,
+                      adam_b1=0.9, adam_b2=0.98, adam_eps=1e-9, weight_decay=0.0, grad_clip_norm=0.0,
+                      accum_steps=accum_steps)
   model_cfg = ModelConfig(vocab_size=64, d_model=16, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
                           d_ff=32, dropout_rate=0.0)
   mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, jax.devices()[:1])
@@ -92,11 +94,11 @@ def test_accumulating_k_micro_batches_equals_one_k_times_batch():
   big = batches(1, rows=16)[0]
   halves = [{k: v[:8] for k, v in big.items()}, {k: v[8:] for k, v in big.items()}]
   steps, state, mesh = _steps(1)
-  step0 = state["step"]
-  big_grads, big_sums = steps.accumulate(None, state["params"], sharding.put_batch(big, mesh), step0, 0)
+  step0 = state.step
+  big_grads, big_sums = steps.accumulate(None, state.params, sharding.put_batch(big, mesh), step0, 0)
   acc = None
   for micro, half in enumerate(halves):
-    acc = steps.accumulate(acc, state["params"], sharding.put_batch(half, mesh), step0, micro)
+    acc = steps.accumulate(acc, state.params, sharding.put_batch(half, mesh), step0, micro)
   assert float(acc[1]["tokens"]) == float(big_sums["tokens"])
   assert float(acc[1]["loss_sum"]) == pytest.approx(float(big_sums["loss_sum"]), rel=1e-6)
   # Equal up to float32 summation order, whose noise scales with the largest gradient (key
@@ -107,7 +109,7 @@ def test_accumulating_k_micro_batches_equals_one_k_times_batch():
   # The update path: two micro-batches through Steps.update give one optimizer step.
   steps2, state2, _ = _steps(2)
   new_state, m = steps2.update(state2, [sharding.put_batch(h, mesh) for h in halves])
-  assert int(new_state["step"]) == 1
+  assert int(new_state.step) == 1
   assert float(m["grad_norm"]) == pytest.approx(float(optax_global_norm(big_grads) / big_sums["tokens"]), rel=1e-5)
 
 
@@ -296,3 +298,19 @@ def test_bfloat16_trains_like_float32(real_data_dir, session_cache, tmp_path):
   assert len(curves["float32"]) == len(curves["bfloat16"]) == 6
   assert curves["float32"][-1] < curves["float32"][0] - 1.0  # it learned: 5.6 to 3.9 nats
   np.testing.assert_allclose(curves["bfloat16"], curves["float32"], rtol=0.01)
+
+
+def test_the_train_section_is_read_once_into_a_checked_train_config():
+  from seq2seq.configs import default
+  from seq2seq.errors import ConfigError
+  from seq2seq.training.config import TrainConfig
+
+  section = default.get_config().train
+  t = TrainConfig.from_config(section)
+  assert {k: getattr(t, k) for k in section} == dict(section.items())  # every key, the value configs/default.py sets
+  with pytest.raises(ConfigError, match=r"unknown key\(s\) config.train.guard_rollbacks"):
+    TrainConfig.from_config(dict(section.items()) | {"guard_rollbacks": 3})
+  with pytest.raises(ConfigError, match="config.train lacks guard_lr_factor: start the config from configs/default.py"):
+    TrainConfig.from_config({k: v for k, v in section.items() if k != "guard_lr_factor"})
+  with pytest.raises(ConfigError, match="config.train.transfer_guard must be one of"):
+    TrainConfig.from_config(dict(section.items()) | {"transfer_guard": "deny"})

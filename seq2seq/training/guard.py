@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from seq2seq.errors import TrainingDiverged
+from seq2seq.training.state import TrainState
 
 
 class DivergenceGuard:
@@ -37,33 +38,44 @@ class DivergenceGuard:
     return None, 0
 
 
-def roll_back(state, step, detected_at, reason, rollbacks, t, ckpts, run_identity, shardings, writer, bar, is_main):
-  """The last checkpoint's state with a lower learning-rate scale; logs a `rollback` event
-  at the step that diverged (found at step `detected_at`)."""
-  if rollbacks > t.get("guard_max_rollbacks", 3):
-    raise TrainingDiverged(f"training diverged {rollbacks} times, the last at step {step} ({reason}); stopping. "
-                       "Lower config.train.learning_rate or see metrics.jsonl")
-  ckpts.wait()
-  if ckpts.latest_step() is None:
-    raise TrainingDiverged(f"training diverged at step {step} ({reason}) before any checkpoint was saved; lower "
-                           "config.train.learning_rate, or save a checkpoint sooner (config.train.checkpoint_every)")
-  lr_scale = float(state["lr_scale"]) * t.get("guard_lr_factor", 0.5)  # compounds over rollbacks
-  state = restore_finite(state, ckpts, run_identity, writer, step)
-  state["lr_scale"] = jax.device_put(jnp.float32(lr_scale), shardings["lr_scale"])
-  event = {"event": "rollback", "reason": reason, "to_step": int(state["step"]), "lr_scale": lr_scale,
-           "detected_at": detected_at}
-  writer.write(step, event)
-  if is_main:
-    bar.write(f"step {step}: {reason}; rolled back to step {event['to_step']}, lr scale {lr_scale}")
-  return state
+class Rollback:
+  """Rolls a diverged run back to its newest intact checkpoint with finite parameters, at a
+  lower learning-rate scale (`lr_factor` per rollback, compounding); the data that led there
+  is skipped. Stops with TrainingDiverged after `max_rollbacks`."""
+
+  def __init__(self, *, max_rollbacks: int, lr_factor: float, ckpts, run_identity: dict, shardings, writer, say):
+    self.max_rollbacks, self.lr_factor = max_rollbacks, lr_factor
+    self.ckpts, self.run_identity, self.shardings, self.writer, self.say = ckpts, run_identity, shardings, writer, say
+    self.count = 0  # rollbacks so far in this process
+
+  def __call__(self, state: TrainState, *, bad_step: int, detected_at: int, reason: str) -> TrainState:
+    """The last good checkpoint's state with the lowered scale; logs a `rollback` event at
+    `bad_step`, the step that diverged (found at step `detected_at`)."""
+    self.count += 1
+    if self.count > self.max_rollbacks:
+      raise TrainingDiverged(f"training diverged {self.count} times, the last at step {bad_step} ({reason}); "
+                             "stopping. Lower config.train.learning_rate or see metrics.jsonl")
+    self.ckpts.wait()
+    if self.ckpts.latest_step() is None:
+      raise TrainingDiverged(f"training diverged at step {bad_step} ({reason}) before any checkpoint was saved; lower "
+                             "config.train.learning_rate, or save a checkpoint sooner (config.train.checkpoint_every)")
+    lr_scale = float(state.lr_scale) * self.lr_factor
+    restored = restore_finite(state, self.ckpts, self.run_identity, self.writer, bad_step)
+    state = restored.replace(lr_scale=jax.device_put(jnp.float32(lr_scale), self.shardings.lr_scale))
+    event = {"event": "rollback", "reason": reason, "to_step": int(state.step), "lr_scale": lr_scale,
+             "detected_at": detected_at}
+    self.writer.write(bad_step, event)
+    self.say(f"step {bad_step}: {reason}; rolled back to step {event['to_step']}, lr scale {lr_scale}")
+    return state
 
 
-def restore_finite(state, ckpts, run_identity, writer, step):
+def restore_finite(state: TrainState, ckpts, run_identity, writer, step) -> TrainState:
   """The newest intact checkpoint whose parameters are all finite; older ones when a
   restored state is itself bad (each skipped one is a `restore_fallback` event)."""
   bad = []
   while True:
-    restored, _, restored_step = ckpts.restore(state, run_identity, skip=bad)
+    saved, _, restored_step = ckpts.restore(state.saved(), run_identity, skip=bad)
+    restored = TrainState.from_saved(saved)
     finite = _finite(restored)
     skipped = ckpts.fallbacks + ([] if finite else [{"step": restored_step, "problem": "non-finite parameters"}])
     for f in skipped:
@@ -74,6 +86,6 @@ def restore_finite(state, ckpts, run_identity, writer, step):
     bad += [f["step"] for f in skipped]
 
 
-def _finite(state) -> bool:
-  leaves = [x for x in jax.tree.leaves(state["params"]) if jnp.issubdtype(x.dtype, jnp.floating)]
+def _finite(state: TrainState) -> bool:
+  leaves = [x for x in jax.tree.leaves(state.params) if jnp.issubdtype(x.dtype, jnp.floating)]
   return bool(jax.device_get(jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))))

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import optax
 
 from seq2seq.errors import ConfigError
+from seq2seq.training.config import TrainConfig
 
 SCHEDULES = ("rsqrt", "warmup_cosine", "warmup_linear", "warmup_rsqrt", "constant")
 
@@ -50,14 +51,14 @@ def decay_mask(params):
   return jax.tree_util.tree_map_with_path(decays, params)
 
 
-def make(train_cfg, *, d_model: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
+def make(train_cfg: TrainConfig, *, d_model: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """The optimizer described by `config.train`, and its schedule (for logging)."""
   lr = schedule(train_cfg.schedule, learning_rate=train_cfg.learning_rate, warmup_steps=train_cfg.warmup_steps,
-                total_steps=train_cfg.steps, d_model=d_model, end_fraction=train_cfg.get("end_lr_fraction", 0.0))
+                total_steps=train_cfg.steps, d_model=d_model, end_fraction=train_cfg.end_lr_fraction)
   parts = []
   if train_cfg.grad_clip_norm:
     parts.append(optax.clip_by_global_norm(train_cfg.grad_clip_norm))
-  mu_dtype = train_cfg.get("adam_mu_dtype", "") or None  # bfloat16: half the first moment's memory
+  mu_dtype = train_cfg.adam_mu_dtype or None  # bfloat16: half the first moment's memory
   parts.append(optax.adamw(lr, b1=train_cfg.adam_b1, b2=train_cfg.adam_b2, eps=train_cfg.adam_eps,
                            weight_decay=train_cfg.weight_decay, mask=decay_mask, mu_dtype=mu_dtype))
   return optax.chain(*parts), lr

@@ -114,11 +114,13 @@ def dry_run(config, devices=None, *, peak_tflops: float = 0.0, mfu: float = 0.0)
   from seq2seq.model import flops, transformer
   from seq2seq.model.config import ModelConfig
   from seq2seq.training import optimizer, train
+  from seq2seq.training.config import TrainConfig
+  from seq2seq.training.state import abstract_state
 
   mesh = sharding.make_mesh(config.mesh, devices)
   model_cfg = ModelConfig.from_config(config.model, vocab_size=config.data.vocab_size)
-  tx, schedule = optimizer.make(config.train, d_model=model_cfg.d_model)
-  state, shardings = train.abstract_state(model_cfg, tx, mesh, config.seed)
+  tx, schedule = optimizer.make(TrainConfig.from_config(config.train), d_model=model_cfg.d_model)
+  state, shardings = abstract_state(model_cfg, tx, mesh, config.seed)
   steps = train.Steps(config, transformer.graphdef(model_cfg), shardings, mesh, tx, schedule)
   shapes = batch_shapes(config)
   rows, s, t = max(shapes, key=lambda x: (max(x[1], x[2]), x[0]))
@@ -131,8 +133,8 @@ def dry_run(config, devices=None, *, peak_tflops: float = 0.0, mfu: float = 0.0)
   cost = cost[0] if isinstance(cost, list) else cost  # older JAX: one dict per program
   return Plan(mesh=dict(mesh.shape), devices=mesh.size, platform=mesh.devices.flat[0].platform, dtype=model_cfg.dtype,
               params=transformer.count_params(model_cfg), batch_shapes=[tuple(x) for x in shapes],
-              compiled_shape=(rows, s, t), param_bytes=shard_bytes(state["params"]),
-              opt_state_bytes=shard_bytes(state["opt_state"]), argument_bytes=int(memory.argument_size_in_bytes),
+              compiled_shape=(rows, s, t), param_bytes=shard_bytes(state.params),
+              opt_state_bytes=shard_bytes(state.opt_state), argument_bytes=int(memory.argument_size_in_bytes),
               temp_bytes=int(memory.temp_size_in_bytes), output_bytes=int(memory.output_size_in_bytes),
               alias_bytes=int(memory.alias_size_in_bytes), flops_xla=float(cost.get("flops", 0.0)),
               flops_model=flops.train_step_flops(model_cfg, rows, s, t) / mesh.size, target_tokens=rows * t,

@@ -3,12 +3,12 @@ setting that cannot work ends the command at once with one `error:` line naming 
 
 from __future__ import annotations
 
-import math
 import os
 
 from seq2seq import data, sharding
 from seq2seq.errors import ConfigError
 from seq2seq.model.config import ModelConfig
+from seq2seq.training.config import TrainConfig
 
 MIN_VOCAB_SIZE = 8  # pad, eos and unk, and a few pieces: sentencepiece needs more for real text (it says how many)
 
@@ -28,17 +28,8 @@ def absolute_paths(config) -> None:
 def check(config):
   """Raises ConfigError for the first setting that cannot work; returns the device mesh."""
   model_cfg = ModelConfig.from_config(config.model, vocab_size=config.data.vocab_size)  # names a bad model key
-  t, d = config.train, config.data
-  for key in ("steps", "checkpoint_every", "log_every"):
-    if int(t[key]) < 1:
-      raise ConfigError(f"config.train.{key} must be at least 1, got {t[key]}")
-  if int(t.eval_every) < 0:
-    raise ConfigError(f"config.train.eval_every must be 0 (off) or positive, got {t.eval_every}")
-  for key, value in t.items():  # a NaN or infinite rate trains nothing but NaN
-    if isinstance(value, float) and not math.isfinite(value):
-      raise ConfigError(f"config.train.{key}={value} is not a finite number")
-  if t.learning_rate <= 0:
-    raise ConfigError(f"config.train.learning_rate must be positive, got {t.learning_rate}")
+  TrainConfig.from_config(config.train)  # names a bad train key
+  d = config.data
   if not d.get("spm_model") and d.vocab_size < MIN_VOCAB_SIZE:
     raise ConfigError(f"config.data.vocab_size={d.vocab_size} is too small for a sentencepiece model "
                       f"(at least {MIN_VOCAB_SIZE}, and enough pieces for every character of the text)")

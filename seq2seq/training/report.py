@@ -60,7 +60,7 @@ def summary(config, model_cfg: ModelConfig, mesh, workdir: str, peak_lr: float |
           f"{c.positions} positions, vocabulary {c.vocab_size}, {c.dtype}\n"
           f"data: {split} {d.src_lang}->{d.tgt_lang}, {d.max_tokens} tokens per batch"
           f"{', packed' if d.get('packing') else ''}\n"
-          f"training: {t.steps} steps, {t.get('schedule', '')} schedule, peak lr "
+          f"training: {t.steps} steps, {t.schedule} schedule, peak lr "
           f"{t.learning_rate if peak_lr is None else peak_lr:.3g}, "
           f"checkpoint every {t.checkpoint_every}, eval every {t.eval_every or 'never'}\n"
           f"devices: {len(devices)} x {devices[0].device_kind} in {jax.process_count()} process(es), mesh "

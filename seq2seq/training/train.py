@@ -1,15 +1,20 @@
 """The training loop: config -> data -> model on a device mesh -> jitted, sharded train
 step (optax, label smoothing, gradient accumulation) -> metrics.jsonl / TensorBoard.
 
-`train_and_evaluate(config, workdir)` is what `python train.py` runs.
+`train_and_evaluate(config, workdir)` is what `python train.py` runs: `_train` builds the
+run's parts once (a `Run`), `_loop` steps, and `_log`, `_evaluate`, `_save` and `_stop` do
+what a step is due for. The state is a `TrainState` (seq2seq/training/state.py); the metrics
+since the last record a `Window`; a divergence is undone by a `Rollback` (guard.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import pathlib
 import sys
 import time
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -18,42 +23,21 @@ import optax
 from flax import nnx
 
 from seq2seq import data, metrics, sharding
-from seq2seq.data.batching import BatchIterator, epoch_plan, make_batch
+from seq2seq.data.batching import BatchIterator
 from seq2seq.data.prefetch import Prefetch
 from seq2seq.files import write_atomic
-from seq2seq.inference.score import score
-from seq2seq.inference.translate import Translator, search_settings
-from seq2seq.model import flops, transformer
+from seq2seq.model import flops
 from seq2seq.model.config import ModelConfig
 from seq2seq.training import checkpoint, lock, optimizer, preflight, report
-from seq2seq.training.guard import DivergenceGuard, roll_back
-from seq2seq.training.loss import cross_entropy_sums, summarize
+from seq2seq.training.config import TrainConfig
+from seq2seq.training.guard import DivergenceGuard, Rollback
+from seq2seq.training.loss import cross_entropy_sums
+from seq2seq.training.state import TrainState, init_state
+from seq2seq.training.validation import Validation
+from seq2seq.training.window import Window
 
 BATCH_KEYS = ("src_bs", "src_segments_bs", "src_positions_bs", "tgt_in_bt", "tgt_out_bt", "tgt_segments_bt",
               "tgt_positions_bt")
-State = dict  # {"params": nnx.State, "opt_state": optax state, "step": int32 scalar, "lr_scale": f32 scalar}
-
-
-# -- state -------------------------------------------------------------------------------
-def _initializer(model_cfg: ModelConfig, tx: optax.GradientTransformation, seed: int):
-  def init() -> State:
-    params = nnx.state(transformer.Transformer(model_cfg, rngs=nnx.Rngs(seed)), nnx.Param)
-    return {"params": params, "opt_state": tx.init(params), "step": jnp.zeros((), jnp.int32),
-            "lr_scale": jnp.ones((), jnp.float32)}  # lowered by the divergence guard
-  return init
-
-
-def init_state(model_cfg: ModelConfig, tx: optax.GradientTransformation, mesh, seed: int):
-  """Parameters and optimizer state created directly in their shardings on `mesh`."""
-  state, shardings = sharding.init_on_mesh(_initializer(model_cfg, tx, seed), mesh)
-  return transformer.graphdef(model_cfg), state, shardings
-
-
-def abstract_state(model_cfg: ModelConfig, tx: optax.GradientTransformation, mesh, seed: int):
-  """`init_state`'s state as sharded shapes, and its shardings; nothing is allocated."""
-  init = _initializer(model_cfg, tx, seed)
-  shardings = sharding.state_shardings(jax.eval_shape(init), mesh)
-  return jax.jit(init, out_shardings=shardings).eval_shape(), shardings
 
 
 # -- steps -------------------------------------------------------------------------------
@@ -79,22 +63,22 @@ def grad_sums(params, batch, key, *, graphdef, label_smoothing, poison=False, pa
   return grads, sums
 
 
-def apply_gradients(state: State, grads, sums, *, tx, schedule):
+def apply_gradients(state: TrainState, grads, sums, *, tx, schedule):
   """One optimizer update from summed gradients: divides by the target token count."""
   grads = jax.tree.map(lambda g: g / jnp.maximum(sums["tokens"], 1.0), grads)
-  updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-  updates = jax.tree.map(lambda u: u * state["lr_scale"], updates)
-  new_state = {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state,
-               "step": state["step"] + 1, "lr_scale": state["lr_scale"]}
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  updates = jax.tree.map(lambda u: u * state.lr_scale, updates)
+  new_state = state.replace(params=optax.apply_updates(state.params, updates), opt_state=opt_state,
+                            step=state.step + 1)
   return new_state, sums | {"grad_norm": optax.tree.norm(grads),
-                            "learning_rate": schedule(state["step"]) * state["lr_scale"]}
+                            "learning_rate": schedule(state.step) * state.lr_scale}
 
 
-def train_step(state: State, batch, poison=False, *, seed, rng_impl, graphdef, label_smoothing, tx, schedule,
+def train_step(state: TrainState, batch, poison=False, *, seed, rng_impl, graphdef, label_smoothing, tx, schedule,
                packed=True):
   """A full update on one batch (no accumulation): forward, backward, optimizer."""
-  key = dropout_key(seed, state["step"], 0, rng_impl)
-  grads, sums = grad_sums(state["params"], batch, key, graphdef=graphdef, label_smoothing=label_smoothing,
+  key = dropout_key(seed, state.step, 0, rng_impl)
+  grads, sums = grad_sums(state.params, batch, key, graphdef=graphdef, label_smoothing=label_smoothing,
                           poison=poison, packed=packed)
   return apply_gradients(state, grads, sums, tx=tx, schedule=schedule)
 
@@ -116,14 +100,13 @@ class Steps:
   """The jitted functions of a run, with explicit shardings; state is donated."""
 
   def __init__(self, config, graphdef, shardings, mesh, tx, schedule):
-    t = config.train
+    t = TrainConfig.from_config(config.train)
     # Rows hold one pair each unless batches fill them up or pack them (seq2seq/data/batching.py).
-    data_cfg = config.get("data", {})
-    packed = bool(data_cfg.get("packing", False) or data_cfg.get("fill_rows", True))
-    common = dict(seed=config.seed, rng_impl=t.get("rng_impl", "threefry2x32"), graphdef=graphdef,
-                  label_smoothing=t.label_smoothing, packed=packed)
+    packed = bool(config.data.packing or config.data.fill_rows)
+    common = dict(seed=config.seed, rng_impl=t.rng_impl, graphdef=graphdef, label_smoothing=t.label_smoothing,
+                  packed=packed)
     batch_sh = sharding.batch_sharding(mesh)
-    self.accum_steps = max(int(t.get("accum_steps", 1)), 1)
+    self.accum_steps = t.accum_steps
     on_mesh = lambda fn: sharding.with_activation_mesh(fn, mesh)  # activations laid out by logical axes
     self.train = jax.jit(on_mesh(functools.partial(train_step, tx=tx, schedule=schedule, **common)),
                          in_shardings=(shardings, batch_sh, None), out_shardings=(shardings, None), donate_argnums=0)
@@ -132,52 +115,14 @@ class Steps:
                          out_shardings=(shardings, None), donate_argnums=(0, 1))
     self.eval = jax.jit(on_mesh(functools.partial(eval_sums, graphdef=graphdef, packed=packed)))
 
-  def update(self, state: State, batches: list, poison: bool = False) -> tuple[State, dict]:
+  def update(self, state: TrainState, batches: list, poison: bool = False) -> tuple[TrainState, dict]:
     """One optimizer update; `poison` makes its gradients NaN (to test the divergence guard)."""
     if len(batches) == 1:
       return self.train(state, batches[0], poison)
     acc = None
     for micro, batch in enumerate(batches):
-      acc = self.accumulate(acc, state["params"], batch, state["step"], micro)
+      acc = self.accumulate(acc, state.params, batch, state.step, micro)
     return self.apply(state, *acc)
-
-
-# -- evaluation --------------------------------------------------------------------------
-def validation_batches(config, tok, mesh) -> list[dict]:
-  """The validation split as fixed, deterministic batches (this process's rows)."""
-  corpus = data.load_corpus(config, config.data.validation_split, tok)
-  plan = epoch_plan(corpus.src_lengths, corpus.tgt_lengths, data.batching_config(config), seed=0, epoch=0)
-  return [make_batch(corpus, p, jax.process_index(), jax.process_count()) for p in plan]
-
-
-def evaluate(steps: Steps, params, batches: list[dict], mesh) -> dict[str, float]:
-  totals = None
-  for local in batches:
-    sums = steps.eval(params, sharding.put_batch(local, mesh))
-    totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
-  return summarize(jax.device_get(totals))
-
-
-def bleu_validator(config, model_cfg, graphdef, tok, mesh):
-  """A function params -> {"bleu", "chrf", "bleu_seconds"} on the first `eval.val_bleu_sentences`
-  validation pairs (the same decoding as eval.py), or None when that is 0. bleu_seconds is
-  the cost of translating and scoring them (the first call compiles). With `val_beam_size`
-  equal to `beam_size` its search programs are eval.py's, so the compilation cache they go
-  into spares eval.py compiling them (`validate.translator`)."""
-  e = config.eval
-  n = e.get("val_bleu_sentences", 0)
-  if not n:
-    return None
-  pairs = data.eval_pairs(config, config.data.validation_split)[:n]
-  translator = Translator(model_cfg, graphdef, tok, mesh, **search_settings(e, beam_size=e.get("val_beam_size", 1)))
-
-  def validate(params) -> dict[str, float]:
-    start = time.perf_counter()
-    result = score(translator(params, [s for s, _ in pairs]), [t for _, t in pairs])
-    return {"bleu": result["bleu"], "chrf": result["chrf"], "bleu_seconds": time.perf_counter() - start}
-
-  validate.translator = translator
-  return validate
 
 
 # -- the loop ----------------------------------------------------------------------------
@@ -192,142 +137,152 @@ def train_and_evaluate(config, workdir: str, command: str = "") -> dict:
     return _train(config, workdir, command, mesh)
 
 
+@dataclasses.dataclass
+class Run:
+  """What the loop works with, built once by `_train`."""
+  t: TrainConfig
+  steps: Steps
+  ckpts: checkpoint.Checkpoints
+  run_identity: dict  # what a checkpoint must match to be restored
+  writer: metrics.MetricsWriter
+  bar: Any  # the progress bar (report.progress)
+  validation: Validation | None  # None: config.train.eval_every = 0
+  peak: tuple[float, str]  # MFU's denominator (FLOP/s) and where it comes from
+  start_time: float  # perf_counter() at wall time 0 (restarts go on from the last logged wall_time_s)
+
+
 def _train(config, workdir: str, command: str, mesh) -> dict:
-  workdir_path = pathlib.Path(workdir)
-  is_main = jax.process_index() == 0
+  t = TrainConfig.from_config(config.train)
   tok = data.load_tokenizer(config, workdir, write=False)
   model_cfg = ModelConfig.from_config(config.model, vocab_size=tok.vocab_size)
-  tx, schedule = optimizer.make(config.train, d_model=model_cfg.d_model)
-  train_iter: BatchIterator = data.train_iterator(config, tok, process_index=jax.process_index(),
-                                                  process_count=jax.process_count())
-  if is_main:  # the data loaded: the run's vocabulary goes into the workdir
+  tx, schedule = optimizer.make(t, d_model=model_cfg.d_model)
+  train_iter = data.train_iterator(config, tok, process_index=jax.process_index(), process_count=jax.process_count())
+  if jax.process_index() == 0:  # the data loaded: the run's vocabulary goes into the workdir
     data.save_tokenizer(config, workdir, tok)
   graphdef, state, shardings = init_state(model_cfg, tx, mesh, config.seed)
   steps = Steps(config, graphdef, shardings, mesh, tx, schedule)
-  val_batches = validation_batches(config, tok, mesh) if config.train.eval_every else []
-  val_bleu = bleu_validator(config, model_cfg, graphdef, tok, mesh) if config.train.eval_every else None
-  # MFU's denominator: the configured peak, else the device's nominal peak for the compute
-  # dtype, else (a CPU) an f32 matmul measured now and again at each evaluation (training
-  # paused). Load from other processes only slows a matmul down, so the fastest measurement so
-  # far is the best estimate; every metrics row records the one it used and its source.
-  device = jax.devices()[0]
-  peak = flops.peak_flops(device.device_kind, device.platform, model_cfg.dtype, jax.device_count(),
-                          float(config.train.get("peak_flops", 0.0)))
-
-  ckpts = checkpoint.Checkpoints(workdir, keep=config.train.get("keep_checkpoints", 3),
-                                 allow_data_change=config.train.get("allow_data_change", False), writer=True)
+  validation = Validation(config, model_cfg, graphdef, tok, mesh, steps) if t.eval_every else None
+  ckpts = checkpoint.Checkpoints(workdir, keep=t.keep_checkpoints, allow_data_change=t.allow_data_change,
+                                 writer=True)
   run_identity = checkpoint.identity(model_cfg, tok.model_bytes,
                                      data.resume_settings(config) | {"train_corpus": train_iter.corpus.fingerprint})
-  fallbacks = []
   if ckpts.latest_step() is not None:  # rerunning the same command resumes, from the newest intact checkpoint
-    state, data_state, restored = ckpts.restore(state, run_identity)
-    fallbacks = ckpts.fallbacks
-    ckpts.quarantine([f["step"] for f in fallbacks])  # training will save those steps again
-    train_iter.restore(data_state)
-    if is_main:
-      for f in fallbacks:
-        print(f"warning: checkpoint {f['step']} is damaged and was skipped: {f['problem']}", flush=True)
-      for change in ckpts.data_changes:
-        print(f"warning: resuming with changed data (config.train.allow_data_change): {change}", flush=True)
-      print(f"resumed from {ckpts.directory / str(restored)}", flush=True)
-      if int(state["step"]) >= config.train.steps:
-        print(f"this run is finished: it trained {int(state['step'])} of config.train.steps={config.train.steps} "
-              f"steps. To train longer, run the same command with --config.train.steps=N (N > "
-              f"{int(state['step'])}); it goes on from here.", flush=True)
-  if is_main:
-    peak_lr = report.peak_learning_rate(schedule, int(config.train.get("warmup_steps", 0)), int(config.train.steps))
-    print(report.summary(config, model_cfg, mesh, workdir, peak_lr=peak_lr), flush=True)
-    if report.unused_gpu(jax.default_backend()):
-      print(report.unused_gpu(jax.default_backend()), file=sys.stderr, flush=True)
-  if is_main:  # only once the run goes ahead: a refused restart leaves the run's config and commands as they were
-    write_atomic(workdir_path / "config.json", config.to_json_best_effort(indent=1, sort_keys=True).encode())
-    if command:
-      with open(workdir_path / "commands.txt", "a", encoding="utf-8") as f:  # every start and restart
-        f.write(command + "\n")
-  # Records past the restored step (or any, on a fresh start) are redone.
-  kept = metrics.truncate_after(workdir, int(state["step"])) if is_main else []
-
-  writer = metrics.MetricsWriter(workdir, enabled=is_main)
+    state = _resume(ckpts, state, run_identity, train_iter, t)
+  if jax.process_index() == 0:  # only once the run goes ahead: a refused restart leaves the workdir as it was
+    _announce(config, t, model_cfg, mesh, workdir, schedule, command)
+  step = int(state.step)
+  kept = metrics.truncate_after(workdir, step) if jax.process_index() == 0 else []  # later records are redone
+  logged = [r["wall_time_s"] for r in kept if "wall_time_s" in r]
+  run = Run(t, steps, ckpts, run_identity, metrics.MetricsWriter(workdir, enabled=jax.process_index() == 0),
+            report.progress(t.steps, step), validation, _peak(model_cfg, t),
+            time.perf_counter() - (logged[-1] if logged else 0.0))
   try:  # the event file is closed however the run ends (at interpreter exit, Python 3.12 cannot)
-    for f in fallbacks:
-      writer.write(int(state["step"]), {"event": "restore_fallback", "damaged_step": f["step"], "problem": f["problem"]})
+    for f in ckpts.fallbacks:
+      run.writer.write(step, {"event": "restore_fallback", "damaged_step": f["step"], "problem": f["problem"]})
     for change in ckpts.data_changes:
-      writer.write(int(state["step"]), {"event": "data_change", "change": change})
-    t = config.train
-    guard = DivergenceGuard(spike_factor=t.get("guard_spike_factor", 0.0)) if t.get("guard_max_rollbacks", 3) else None
-    rollbacks = 0
-    step = int(state["step"])
-    bar = report.progress(config.train.steps, step)
-    window = _new_window(step)
-    last = {}
-    # wall_time_s counts across restarts: it goes on from the last one logged at or before the restored step.
-    logged = [r["wall_time_s"] for r in kept if "wall_time_s" in r]
-    start_time = time.perf_counter() - (logged[-1] if logged else 0.0)
-    data_state = train_iter.state  # after the last batch a step consumed: what a checkpoint records
-    # Steps that neither log, evaluate nor checkpoint read nothing back from the devices: the
-    # host runs ahead, queueing steps. `train.transfer_guard="disallow"` makes any such read an error.
-    quiet_guard = t.get("transfer_guard", "allow")
-    with checkpoint.StopSignal() as stop, Prefetch(_feed(train_iter, mesh, model_cfg), depth=2) as feed:
-      while step < config.train.steps:
-        due = _due(step + 1, config.train)
-        with jax.transfer_guard_device_to_host("allow" if due else quiet_guard):
-          wait_start = time.perf_counter()
-          fed = [next(feed) for _ in range(steps.accum_steps)]
-          window["wait"] += time.perf_counter() - wait_start
-          data_state = fed[-1]["state"]
-          poison = step + 1 == t.get("inject_nan_at_step", -1) and not rollbacks
-          state, step_metrics = steps.update(state, [f["batch"] for f in fed], poison)
-          step += 1
-          _account(window, step_metrics, fed)
-          bar.update(1)
-          ckpts.check()  # a failed asynchronous save stops training now, not a checkpoint interval later
-        # One host stops on its own signal; several agree at the steps they synchronise anyway
-        # (log, evaluation, checkpoint), so a stop waits at most log_every steps.
-        stopping = stop.received is not None if jax.process_count() == 1 else bool(due) and _agree(
-            stop.received is not None)
-        if not (due or stopping):
-          continue
-        # The divergence guard sees every step since the last check before anything is logged,
-        # evaluated or saved: a non-finite state never reaches a checkpoint.
-        reason, bad_step = _check(guard, window)
-        if reason:  # roll back to the last good checkpoint; the data that led here is skipped
-          rollbacks += 1
-          state = roll_back(state, bad_step, step, reason, rollbacks, t, ckpts, run_identity, shardings, writer, bar,
-                            is_main)
-          step = int(state["step"])
-          window = _new_window(step)
-          continue
-        if "log" in due or (stopping and window["sums"]):  # with a stop: the steps since the last record
-          last = _log(step, window, writer, bar, peak, start_time)
-          window = _new_window(step)
-        if "eval" in due:
-          eval_start = time.perf_counter()
-          val = evaluate(steps, state["params"], val_batches, mesh) | (val_bleu(state["params"]) if val_bleu else {})
-          val = {f"val_{k}": v for k, v in val.items()}
-          if peak[1] == flops.MEASURED:
-            peak = (max(peak[0], flops.measure_matmul_peak(repeats=3) * jax.device_count()), peak[1])
-          window["start"] += time.perf_counter() - eval_start  # throughput counts training time only
-          writer.write(step, val)
-          last |= val | {"val_step": step}
-          report.say(bar, f"step {step}: " + " ".join(f"{k}={v:.4g}" for k, v in val.items()))
-        if "checkpoint" in due or stopping:
-          val_loss = last.get("val_loss") if last.get("val_step") == step else None
-          ckpts.save(step, state, data_state, run_identity, val_loss=val_loss)
-          report.say(bar, f"step {step}: checkpoint saving to {ckpts.directory / str(step)}")
-        if stopping:
-          ckpts.wait()
-          if is_main:
-            bar.write(f"signal {stop.received}: saved a checkpoint at step {step} in {ckpts.directory}; "
-                      "rerun the same command to resume")
-          break
-    bar.close()
+      run.writer.write(step, {"event": "data_change", "change": change})
+    rollback = Rollback(max_rollbacks=t.guard_max_rollbacks, lr_factor=t.guard_lr_factor, ckpts=ckpts,
+                        run_identity=run_identity, shardings=shardings, writer=run.writer,
+                        say=lambda text: report.say(run.bar, text))
+    with Prefetch(_feed(train_iter, mesh, model_cfg), depth=2) as feed:
+      last = _loop(run, state, feed, rollback)
+    run.bar.close()
     ckpts.close()
   finally:
-    writer.close()
+    run.writer.close()
   return last
 
 
-def _due(step: int, t) -> set[str]:
+def _loop(run: Run, state: TrainState, feed, rollback: Rollback) -> dict:
+  """Steps until config.train.steps or a stop signal; logs, evaluates and saves when due.
+  Returns the last logged metrics."""
+  t = run.t
+  guard = DivergenceGuard(spike_factor=t.guard_spike_factor) if t.guard_max_rollbacks else None
+  step = int(state.step)
+  window, last = Window.after(step), {}
+  data_state = None  # the iterator's state after the last batch a step consumed: what a checkpoint records
+  with checkpoint.StopSignal() as stop:
+    while step < t.steps:
+      due = _due(step + 1, t)
+      # Steps that neither log, evaluate nor save read nothing back from the devices: the host
+      # runs ahead, queueing steps (config.train.transfer_guard="disallow" makes a read an error).
+      with jax.transfer_guard_device_to_host("allow" if due else t.transfer_guard):
+        wait_start = time.perf_counter()
+        fed = [next(feed) for _ in range(run.steps.accum_steps)]
+        wait = time.perf_counter() - wait_start
+        data_state = fed[-1]["state"]
+        poison = step + 1 == t.inject_nan_at_step and not rollback.count
+        state, step_metrics = run.steps.update(state, [f["batch"] for f in fed], poison)
+        step += 1
+        window.add(step_metrics, [f["counts"] for f in fed], wait)
+        run.bar.update(1)
+        run.ckpts.check()  # a failed asynchronous save stops training now, not a checkpoint interval later
+      stopping = _stopping(stop, due)
+      if not (due or stopping):
+        continue
+      # The guard sees every step since its last check before anything is logged, evaluated or
+      # saved: a non-finite state never reaches a checkpoint.
+      reason, bad_step = _check(guard, window)
+      if reason:  # back to the last good checkpoint; the data that led here is skipped
+        state = rollback(state, bad_step=bad_step, detected_at=step, reason=reason)
+        step = int(state.step)
+        window = Window.after(step)
+        continue
+      if "log" in due or (stopping and window.sums):  # with a stop: the steps since the last record
+        last = _log(run, step, window)
+        window = Window.after(step)
+      if "eval" in due:
+        last |= _evaluate(run, step, state, window)
+      if "checkpoint" in due or stopping:
+        _save(run, step, state, data_state, last)
+      if stopping:
+        _stop(run, step, stop.received)
+        break
+  return last
+
+
+def _resume(ckpts: checkpoint.Checkpoints, state: TrainState, run_identity: dict, train_iter: BatchIterator,
+            t: TrainConfig) -> TrainState:
+  """The newest intact checkpoint's state; the iterator goes back to its data position."""
+  saved, data_state, restored = ckpts.restore(state.saved(), run_identity)
+  state = TrainState.from_saved(saved)
+  ckpts.quarantine([f["step"] for f in ckpts.fallbacks])  # training will save those steps again
+  train_iter.restore(data_state)
+  if jax.process_index() == 0:
+    for f in ckpts.fallbacks:
+      print(f"warning: checkpoint {f['step']} is damaged and was skipped: {f['problem']}", flush=True)
+    for change in ckpts.data_changes:
+      print(f"warning: resuming with changed data (config.train.allow_data_change): {change}", flush=True)
+    print(f"resumed from {ckpts.directory / str(restored)}", flush=True)
+    if int(state.step) >= t.steps:
+      print(f"this run is finished: it trained {int(state.step)} of config.train.steps={t.steps} steps. To train "
+            f"longer, run the same command with --config.train.steps=N (N > {int(state.step)}); it goes on from "
+            "here.", flush=True)
+  return state
+
+
+def _announce(config, t: TrainConfig, model_cfg: ModelConfig, mesh, workdir: str, schedule, command: str) -> None:
+  """Prints the run's summary; writes its config.json and adds `command` to commands.txt."""
+  peak_lr = report.peak_learning_rate(schedule, t.warmup_steps, t.steps)
+  print(report.summary(config, model_cfg, mesh, workdir, peak_lr=peak_lr), flush=True)
+  if report.unused_gpu(jax.default_backend()):
+    print(report.unused_gpu(jax.default_backend()), file=sys.stderr, flush=True)
+  write_atomic(pathlib.Path(workdir) / "config.json", config.to_json_best_effort(indent=1, sort_keys=True).encode())
+  if command:
+    with open(pathlib.Path(workdir) / "commands.txt", "a", encoding="utf-8") as f:  # every start and restart
+      f.write(command + "\n")
+
+
+def _peak(model_cfg: ModelConfig, t: TrainConfig) -> tuple[float, str]:
+  """MFU's denominator: the configured peak, else the device's nominal peak for the compute
+  dtype, else (a CPU) an f32 matmul measured now and again at each evaluation (training
+  paused). Load from other processes only slows a matmul down, so the fastest measurement so
+  far is the best estimate; every metrics row records the one it used and its source."""
+  device = jax.devices()[0]
+  return flops.peak_flops(device.device_kind, device.platform, model_cfg.dtype, jax.device_count(), t.peak_flops)
+
+
+def _due(step: int, t: TrainConfig) -> set[str]:
   """What step `step` does besides training: "log", "eval", "checkpoint" (the last step all three)."""
   final = step == t.steps
   due = set()
@@ -340,30 +295,63 @@ def _due(step: int, t) -> set[str]:
   return due
 
 
-def _check(guard: DivergenceGuard | None, window: dict) -> tuple[str | None, int]:
+def _stopping(stop: checkpoint.StopSignal, due: set[str]) -> bool:
+  """Whether to stop now: one host on its own signal; several agree at the steps they
+  synchronise anyway (log, evaluation, checkpoint), so a stop waits at most log_every steps."""
+  if jax.process_count() == 1:
+    return stop.received is not None
+  return bool(due) and _agree(stop.received is not None)
+
+
+def _check(guard: DivergenceGuard | None, window: Window) -> tuple[str | None, int]:
   """(reason, step) of the first step since the last check that diverged, or (None, 0).
   Reads the window's per-step loss and gradient norm back from the devices in one transfer."""
-  unchecked, first = window["sums"][window["checked"]:], window["first_step"] + window["checked"]
-  window["checked"] = len(window["sums"])
+  unchecked, first = window.unchecked()
   if guard is None or not unchecked:
     return None, 0
   return guard.first_divergence(jax.device_get([(m["loss_sum"], m["tokens"], m["grad_norm"]) for m in unchecked]),
                                 first)
 
 
+def _log(run: Run, step: int, window: Window) -> dict:
+  values = window.summary(jax.device_get(window.sums), run.peak, time.perf_counter() - run.start_time)
+  run.writer.write(step, values)
+  report.log_line(run.bar, step, values)
+  return values | {"step": step}
+
+
+def _evaluate(run: Run, step: int, state: TrainState, window: Window) -> dict:
+  """Validation loss (and BLEU when asked) at `step`, logged; their time is left out of the
+  window's throughput."""
+  start = time.perf_counter()
+  val = {f"val_{k}": v for k, v in run.validation(state.params).items()}
+  if run.peak[1] == flops.MEASURED:
+    run.peak = (max(run.peak[0], flops.measure_matmul_peak(repeats=3) * jax.device_count()), run.peak[1])
+  window.exclude(time.perf_counter() - start)
+  run.writer.write(step, val)
+  report.say(run.bar, f"step {step}: " + " ".join(f"{k}={v:.4g}" for k, v in val.items()))
+  return val | {"val_step": step}
+
+
+def _save(run: Run, step: int, state: TrainState, data_state: dict, last: dict) -> None:
+  """An asynchronous checkpoint of `step`, ranked by its validation loss when it has one."""
+  val_loss = last.get("val_loss") if last.get("val_step") == step else None
+  run.ckpts.save(step, state.saved(), data_state, run.run_identity, val_loss=val_loss)
+  report.say(run.bar, f"step {step}: checkpoint saving to {run.ckpts.directory / str(step)}")
+
+
+def _stop(run: Run, step: int, signum: int) -> None:
+  run.ckpts.wait()
+  if jax.process_index() == 0:
+    run.bar.write(f"signal {signum}: saved a checkpoint at step {step} in {run.ckpts.directory}; rerun the same "
+                  "command to resume")
+
+
 def _agree(flag: bool) -> bool:
   """True on every process if any process got a stop signal (multi-host preemption)."""
-  if jax.process_count() == 1:
-    return flag
   from jax.experimental import multihost_utils
 
   return bool(np.max(multihost_utils.process_allgather(np.int32(flag))))
-
-
-def _new_window(step: int) -> dict:
-  """Per-step metrics (on the devices) and host counts of the steps after `step`."""
-  return {"sums": [], "checked": 0, "first_step": step + 1, "tokens": 0, "slots": 0, "real": 0, "flops": 0.0,
-          "wait": 0.0, "start": time.perf_counter()}
 
 
 def _feed(train_iter: BatchIterator, mesh, model_cfg):
@@ -376,30 +364,3 @@ def _feed(train_iter: BatchIterator, mesh, model_cfg):
               "slots": local["src_bs"].size + local["tgt_out_bt"].size,
               "flops": flops.train_step_flops(model_cfg, rows, local["src_bs"].shape[1], local["tgt_out_bt"].shape[1])}
     yield {"batch": sharding.put_batch(local, mesh), "counts": counts, "state": train_iter.state}
-
-
-def _account(window, step_metrics, fed) -> None:
-  window["sums"].append(step_metrics)
-  for f in fed:
-    for k, v in f["counts"].items():
-      window[k] += v
-
-
-def _log(step, window, writer, bar, peak: tuple[float, str], start_time) -> dict:
-  fetched = jax.device_get(window["sums"])
-  totals = {k: sum(float(m[k]) for m in fetched) for k in ("loss_sum", "nll_sum", "tokens", "correct")}
-  elapsed = time.perf_counter() - window["start"]
-  values = summarize(totals) | {
-      "learning_rate": float(fetched[-1]["learning_rate"]),
-      "grad_norm": float(fetched[-1]["grad_norm"]),
-      "target_tokens_per_s": window["tokens"] / elapsed,
-      "padding_fraction": 1.0 - window["real"] / max(window["slots"], 1),
-      "mfu": window["flops"] / elapsed / peak[0],
-      "data_wait_fraction": window["wait"] / elapsed,  # the loop waiting for its next batch
-      "peak_flops": peak[0],  # mfu's denominator: configured, nominal, or the fastest matmul measured so far
-      "peak_source": peak[1],  # "config", "table:KIND DTYPE" or "measured f32 matmul"
-      "wall_time_s": time.perf_counter() - start_time,
-  }
-  writer.write(step, values)
-  report.log_line(bar, step, values)
-  return values | {"step": step}
