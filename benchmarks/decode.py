@@ -34,6 +34,7 @@ batch shape).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import pathlib
@@ -177,7 +178,7 @@ def main() -> None:
   if args.workdir:
     translator = Translator.from_workdir(args.workdir, batch_size=args.batch_size, max_len_b=args.max_len_b)
     sources = [s for s, _ in data.eval_pairs(translator.config, args.split)][:args.sentences]
-    results |= {"model": f"{args.workdir} ({translator.checkpoint})", "decode": translator.settings,
+    results |= {"model": f"{args.workdir} ({translator.checkpoint})", "decode": dataclasses.asdict(translator.settings),
                 "compact": list(getattr(translator, "compact", ()))}
     for mode in ("cold", "warm"):
       start = time.perf_counter()

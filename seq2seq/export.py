@@ -85,9 +85,10 @@ def export(workdir: str | os.PathLike, out: str | os.PathLike, checkpoint: None 
     files.remove_stale(out.parent)  # staging folders of killed exports
   config = load.run_config(workdir)
   mesh = sharding.make_mesh(config.mesh)
-  model_cfg, _, params, tok, label = load.load_params(workdir, config, mesh, best=checkpoint == "best",
-                                                      step=checkpoint if isinstance(checkpoint, int) else None)
-  tensors = flatten(params)
+  loaded = load.load_params(workdir, config, mesh, best=checkpoint == "best",
+                            step=checkpoint if isinstance(checkpoint, int) else None)
+  model_cfg, tok, label = loaded.model_cfg, loaded.tokenizer, loaded.checkpoint.label
+  tensors = flatten(loaded.params)
   if jax.process_index() != 0:
     return out
   contents = {PARAMS_FILE: save(tensors, metadata={"format": FORMAT, "checkpoint": label}),

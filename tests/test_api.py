@@ -36,14 +36,16 @@ def test_the_top_level_names_are_the_library_objects():
 def test_from_workdir_translates_as_the_library_path(tiny_run):
   config = load.run_config(tiny_run)
   mesh = sharding.make_mesh(config.mesh)
-  model_cfg, graphdef, params, tok, label = load.load_params(tiny_run, config, mesh)
-  by_hand = Translator(model_cfg, graphdef, tok, mesh, alpha=config.eval.alpha, max_len_a=1.0, **SMALL)
+  loaded = load.load_params(tiny_run, config, mesh)
+  params, label = loaded.params, loaded.checkpoint.label
+  by_hand = Translator(loaded.model_cfg, loaded.graphdef, loaded.tokenizer, mesh, alpha=config.eval.alpha,
+                       max_len_a=1.0, **SMALL)
   translator = Translator.from_workdir(tiny_run, **SMALL)
   assert translator.translate(SENTENCES) == by_hand(params, SENTENCES)
   assert translator.translate(SENTENCES[0]) == by_hand(params, SENTENCES[:1])[0]  # one string in, one out
   assert translator.checkpoint == label == "step60"
   defaults = Translator.from_workdir(tiny_run)  # search settings from the run's config.eval
-  assert {k: defaults.settings[k] for k in ("beam_size", "alpha")} == {"beam_size": config.eval.beam_size,
+  assert {k: getattr(defaults.settings, k) for k in ("beam_size", "alpha")} == {"beam_size": config.eval.beam_size,
                                                                        "alpha": config.eval.alpha}
 
 
@@ -59,9 +61,9 @@ def test_from_workdir_chooses_the_checkpoint(tiny_run):
     Translator.from_workdir(tiny_run, beam=3)
   config = load.run_config(tiny_run)
   mesh = sharding.make_mesh(config.mesh)
-  model_cfg, graphdef, _, tok, _ = load.load_params(tiny_run, config, mesh)
+  loaded = load.load_params(tiny_run, config, mesh)
   with pytest.raises(ValueError, match="holds no parameters"):
-    Translator(model_cfg, graphdef, tok, mesh).translate(["x"])
+    Translator(loaded.model_cfg, loaded.graphdef, loaded.tokenizer, mesh).translate(["x"])
 
 
 @pytest.mark.parametrize("beam", [pytest.param(1, marks=pytest.mark.slow), 3])
@@ -74,8 +76,9 @@ def test_scores_are_the_models_log_probability_of_the_translation(tiny_run, beam
   for src, best, best_scores in zip(ids, hyps, scores):
     assert len({tuple(h) for h in best}) == beam and best_scores == sorted(best_scores, reverse=True)
     for hyp, score in zip(best, best_scores):
-      target = hyp + [1]  # the search's output ends with eos (id 1), which is scored too
-      logits_btv = model(jnp.asarray([src]), jnp.asarray([[1] + target[:-1]]))
+      special = translator.tok.special
+      target = hyp + [special.eos]  # the search's output ends with eos, which is scored too
+      logits_btv = model(jnp.asarray([src]), jnp.asarray([[special.bos] + target[:-1]]))
       logp = float(jnp.sum(jnp.take_along_axis(jax.nn.log_softmax(logits_btv[0]), jnp.asarray(target)[:, None], 1)))
       expected = logp if beam == 1 else logp / float(decode.length_penalty(len(target), 0.6))
       assert score == pytest.approx(expected, abs=1e-4)

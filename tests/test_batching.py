@@ -11,7 +11,7 @@ from conftest import make_config
 from seq2seq import data
 from seq2seq.data import batching as batching_lib
 from seq2seq.data.batching import BatchIterator, epoch_plan, make_batch, plan_stats
-from seq2seq.data.tokenizer import EOS_ID
+from seq2seq.special_tokens import SPECIAL
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +79,7 @@ def examples_in(batch):
       src = batch["src_bs"][r][batch["src_segments_bs"][r] == seg]
       tgt_mask = batch["tgt_segments_bt"][r] == seg
       tgt, tgt_in = batch["tgt_out_bt"][r][tgt_mask], batch["tgt_in_bt"][r][tgt_mask]
-      np.testing.assert_array_equal(tgt_in, np.concatenate([[EOS_ID], tgt[:-1]]))  # shifted per segment
+      np.testing.assert_array_equal(tgt_in, np.concatenate([[SPECIAL.bos], tgt[:-1]]))  # shifted per segment
       np.testing.assert_array_equal(batch["src_positions_bs"][r][batch["src_segments_bs"][r] == seg],
                                     np.arange(len(src)))
       np.testing.assert_array_equal(batch["tgt_positions_bt"][r][tgt_mask], np.arange(len(tgt)))

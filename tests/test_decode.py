@@ -12,8 +12,9 @@ from flax import nnx
 from seq2seq.inference import decode
 from seq2seq.model.config import ModelConfig
 from seq2seq.model.transformer import Transformer
+from seq2seq.special_tokens import SPECIAL
 
-EOS, PAD = 1, 0
+BOS, EOS, PAD = SPECIAL.bos, SPECIAL.eos, SPECIAL.pad
 
 
 def make_model(vocab: int, seed: int = 3, **overrides) -> Transformer:
@@ -38,7 +39,7 @@ def run_search(model, src_bs, limits_b, fn, **kwargs):
 
 def sequence_log_prob(model, src_1s, out):
   """log p(out | src) by teacher forcing, with the same length rules the search applies."""
-  tgt_in = np.array([[EOS] + list(out[:-1])])
+  tgt_in = np.array([[BOS] + list(out[:-1])])
   logp = jax.nn.log_softmax(model(src_1s, tgt_in)[0].astype(jnp.float32), axis=-1)
   return float(sum(logp[i, tok] for i, tok in enumerate(out)))
 
@@ -207,7 +208,7 @@ def test_ensemble_greedy_picks_the_most_probable_token_of_the_mean_distribution(
   out_bl = search_models(models, src_bs, limits, beam_size=1, alpha=0.0, max_len=10)
   single_bl = search_models(models[:1], src_bs, limits, beam_size=1, alpha=0.0, max_len=10)
   assert not np.array_equal(out_bl, single_bl)  # the second model changes the outputs
-  tgt_in_bl = np.concatenate([np.full((len(out_bl), 1), EOS), out_bl[:, :-1]], axis=1)
+  tgt_in_bl = np.concatenate([np.full((len(out_bl), 1), BOS), out_bl[:, :-1]], axis=1)
   probs_bl_v = sum(jax.nn.softmax(m(src_bs, tgt_in_bl).astype(jnp.float32), axis=-1) for m in models) / 2
   for row, probs_lv in zip(out_bl, np.array(probs_bl_v)):
     length = int(np.flatnonzero(row == EOS)[0]) + 1 if EOS in row else 10

@@ -85,7 +85,7 @@ def test_a_damaged_newest_checkpoint_is_skipped_by_eval_and_by_training_which_en
     DAMAGE[damage](target)
     named = str(target)
 
-  _, _, params, _, label = params_of(workdir)
+  label = params_of(workdir).checkpoint.label
   assert label == "step10"
   with pytest.raises(checkpoint.CheckpointError, match=r"checkpoint 20 .* is damaged"):
     params_of(workdir, step=20)
@@ -94,7 +94,7 @@ def test_a_damaged_newest_checkpoint_is_skipped_by_eval_and_by_training_which_en
   events = [r for r in metrics.read(workdir) if r.get("event") == "restore_fallback"]
   assert [(e["step"], e["damaged_step"]) for e in events] == [(10, 20)] and named in events[0]["problem"]
   assert [r["step"] for r in metrics.read(workdir) if "loss" in r] == [5, 10, 15, 20, 25, 30]
-  for x, y in zip(jax.tree.leaves(params_of(workdir)[2]), jax.tree.leaves(params_of(straight)[2])):
+  for x, y in zip(jax.tree.leaves(params_of(workdir).params), jax.tree.leaves(params_of(straight).params)):
     np.testing.assert_array_equal(x, y)
 
 
@@ -178,5 +178,5 @@ def test_soak_ten_sigkills_at_seeded_moments_end_bit_identical(data_dir, session
   assert kills >= 8
   got = {r["step"]: r["loss"] for r in metrics.read(workdir) if "loss" in r}
   assert got == {r["step"]: r["loss"] for r in metrics.read(straight_dir) if "loss" in r}
-  for x, y in zip(jax.tree.leaves(params_of(workdir)[2]), jax.tree.leaves(params_of(straight_dir)[2])):
+  for x, y in zip(jax.tree.leaves(params_of(workdir).params), jax.tree.leaves(params_of(straight_dir).params)):
     np.testing.assert_array_equal(x, y)

@@ -63,7 +63,7 @@ def test_evaluation_doc_python_block_runs(tiny_run, tiny_model):
   assert all(isinstance(h, str) and h.strip() for h in names["hypotheses"])
   assert all(isinstance(s, float) for s in names["scores"])
   assert isinstance(names["one"], str) and names["one"].strip()
-  assert names["greedy"].settings["beam_size"] == 1 and names["greedy"].checkpoint.startswith("best")
+  assert names["greedy"].settings.beam_size == 1 and names["greedy"].checkpoint.startswith("best")
   assert names["exported"].translate(names["sentences"]) == names["hypotheses"]
 
 

@@ -37,7 +37,7 @@ def _params(workdir):
 
   config = load.run_config(workdir)
   loaded = load.load_params(workdir, config, sharding.make_mesh(config.mesh))
-  return jax.tree.leaves(jax.device_get(loaded[2]))
+  return jax.tree.leaves(jax.device_get(loaded.params))
 
 
 def test_a_run_saved_by_0_1_0_resumes_as_if_never_stopped(data_dir, tmp_path):

@@ -103,7 +103,7 @@ def test_a_second_trainer_on_a_running_workdir_exits_2_naming_the_first_and_writ
   assert (workdir / "commands.txt").read_text().count("\n") == 1
   assert not list((workdir / "checkpoints").glob("*orbax-checkpoint-tmp*"))
   config = load.run_config(workdir)
-  _, _, _, _, label = load.load_params(workdir, config, sharding.make_mesh(config.mesh))
+  label = load.load_params(workdir, config, sharding.make_mesh(config.mesh)).checkpoint.label
   assert label.startswith("step")
 
 
@@ -235,7 +235,7 @@ def test_a_checkpoint_deleted_under_eval_falls_back_or_is_one_error(tiny_run, tm
     return verify(step_dir)
 
   monkeypatch.setattr(checkpoint, "verify", deleting_verify)
-  _, _, _, _, label = load.load_params(run, config, mesh)
+  label = load.load_params(run, config, mesh).checkpoint.label
   assert label == f"step{newest - 20}"
   shutil.rmtree(run)
   run = shutil.copytree(tiny_run, tmp_path / "run")

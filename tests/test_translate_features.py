@@ -15,6 +15,7 @@ from seq2seq.errors import ConfigError
 from seq2seq.inference import evaluate
 from seq2seq.inference.decode import Sampling
 from seq2seq.inference.translate import Translator, Want
+from seq2seq.special_tokens import SPECIAL
 from seq2seq.training.loss import cross_entropy_sums
 
 SOURCE = "A man in a blue shirt rides a red bike."
@@ -27,7 +28,7 @@ def first_token_log_probs(translator, source: str) -> np.ndarray:
   """The model's log-probabilities of the first output token, padding banned (as decoding does)."""
   model = nnx.merge(translator.graphdefs[0], translator.params)
   src = jnp.asarray([translator.tok.encode([source])[0]], jnp.int32)
-  logits = model(src, jnp.asarray([[EOS_ID]], jnp.int32))[0, 0]
+  logits = model(src, jnp.asarray([[SPECIAL.bos]], jnp.int32))[0, 0]
   logp = np.asarray(jax.nn.log_softmax(logits.astype(jnp.float32)), np.float64)
   logp[0] = -np.inf
   return logp - np.logaddexp.reduce(logp)
@@ -94,7 +95,7 @@ def test_a_reference_scores_its_teacher_forced_training_loss_and_beam_scores_nor
   model_graph, params, tok = translator.graphdefs[0], translator.params, translator.tok
   for source, reference, score in zip(sources, references, plain):
     src, tgt = (np.asarray([tok.encode([text])[0]], np.int32) for text in (source, reference))
-    tgt_in = np.concatenate([[[EOS_ID]], tgt[:, :-1]], axis=1)
+    tgt_in = np.concatenate([[[SPECIAL.bos]], tgt[:, :-1]], axis=1)
     model = nnx.merge(model_graph, params)
     logits = model(jnp.asarray(src), jnp.asarray(tgt_in), src_segments_bs=jnp.ones_like(src),
                    tgt_segments_bt=jnp.ones_like(tgt), packed=False)
@@ -128,7 +129,8 @@ def test_translate_reads_and_writes_files_with_evals_search_flags_and_scores_ref
   averaged = Translator.from_workdir(tiny_run, beam_size=3, max_len_a=0.5, max_len_b=5, batch_size=2)
   from seq2seq.inference import load
 
-  _, _, avg_params, _, label = load.load_params(tiny_run, load.run_config(tiny_run), averaged.mesh, average_last=2)
+  loaded = load.load_params(tiny_run, load.run_config(tiny_run), averaged.mesh, average_last=2)
+  avg_params, label = loaded.params, loaded.checkpoint.label
   assert label.startswith("average2-")
   assert (tmp_path / "out.de").read_text().splitlines() == averaged(avg_params, sources)
   scored = run_translate(f"--workdir={tiny_run}", "--input=in.en", "--score_reference=ref.de", "--beam_size=1",

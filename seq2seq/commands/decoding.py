@@ -33,27 +33,28 @@ def overrides() -> dict:
               batch_size=BATCH_SIZE.value, workers=WORKERS.value, max_programs=MAX_PROGRAMS.value)
 
 
-def load_run(workdir: str, config, mesh, *, step: int | None = None, best: bool = False):
-  """(model config(s), graphdef(s), params, tokenizer, label, ensemble members or None) of a run's
-  chosen checkpoint (`step`, `best`, --average_last), with the --ensemble runs if given."""
+def load_run(workdir: str, config, mesh, *, step: int | None = None, best: bool = False) -> load.Loaded:
+  """A run's chosen checkpoint (`step`, `best`, --average_last), with the --ensemble runs if given."""
   if [best, step is not None, bool(AVERAGE_LAST.value)].count(True) > 1:
     raise ConfigError("choose at most one checkpoint: a step, the best one, or --average_last")
   choice = dict(step=step, best=best, average_last=AVERAGE_LAST.value)
   if ENSEMBLE.value:
     return load.load_ensemble([workdir, *ENSEMBLE.value], config, mesh, **choice)
-  return (*load.load_params(workdir, config, mesh, **choice), None)
+  return load.load_params(workdir, config, mesh, **choice)
 
 
 def translator_for_run(workdir: str, config=None, *, step: int | None = None,
-                       best: bool = False) -> tuple[Translator, list | None]:
-  """A Translator holding the run's chosen model(s), searching as the flags say, and the
-  ensemble's members. `config`: the run's (read from the workdir when None)."""
+                       best: bool = False) -> tuple[Translator, load.Loaded]:
+  """A Translator holding the run's chosen model(s), searching as the flags say, and what was
+  loaded (the checkpoint, an ensemble's members). `config`: the run's (read from the workdir
+  when None)."""
   config = load.run_config(workdir) if config is None else config
   mesh = sharding.make_mesh(config.mesh)
-  model_cfg, graphdef, params, tok, label, members = load_run(workdir, config, mesh, step=step, best=best)
-  translator = Translator(model_cfg, graphdef, tok, mesh, params=params, **search_settings(config.eval, **overrides()))
-  translator.checkpoint, translator.config = label, config
-  return translator, members
+  loaded = load_run(workdir, config, mesh, step=step, best=best)
+  translator = Translator(loaded.model_cfg, loaded.graphdef, loaded.tokenizer, mesh, params=loaded.params,
+                          **search_settings(config.eval, **overrides()))
+  translator.checkpoint, translator.config = loaded.checkpoint.label, config
+  return translator, loaded
 
 
 def translator_for_export(model_dir: str) -> Translator:

@@ -16,7 +16,6 @@ process 0 writes the files and prints the scores.
 """
 
 import pathlib
-import re
 import sys
 
 import jax
@@ -66,8 +65,8 @@ def main(argv) -> None:
   workdir = _WORKDIR.value
   config = load.run_config(workdir)
   todo = jobs(config)
-  translator, members = decoding.translator_for_run(workdir, config, step=_STEP.value, best=_BEST.value)
-  params, label = translator.params, translator.checkpoint
+  translator, loaded = decoding.translator_for_run(workdir, config, step=_STEP.value, best=_BEST.value)
+  params, label, members = translator.params, translator.checkpoint, loaded.members
   extra = {"command": cli.command_line("seq2seq-eval")} | ({"ensemble": members} if members else {})
   if _SOURCE.value == "-":
     evaluate.translate_stream(translator, params, sys.stdin, sys.stdout)
@@ -79,9 +78,8 @@ def main(argv) -> None:
              for name, src, ref in todo]
   if jax.process_index() != 0:
     return
-  step = re.search(r"(\d+)$", label.split("+")[0])  # step20000, best20000, average5-20000
-  if step and results and not members:
-    metrics.write_scalars(workdir, int(step.group(1)), {
+  if results and not members:
+    metrics.write_scalars(workdir, loaded.checkpoint.step, {
         f"eval/{r['name']}/{key}": r[key] for r in results for key in ("bleu", "chrf")})
   for r in results:
     print(f"{r['name']} ({r['checkpoint']}): {r['sentences']} sentences in {r['seconds']:.1f} s "

@@ -15,7 +15,7 @@ process 0 writes the files and prints the scores.
 
 from __future__ import annotations
 
-import inspect
+import dataclasses
 import json
 import os
 import pathlib
@@ -65,18 +65,6 @@ def saved_results(outdir: pathlib.Path, name: str, label: str) -> list[dict]:
   return [json.loads(p.read_text()) for p in sorted(outdir.glob(f"{name}.{label}.*.json"))]
 
 
-def search_name(settings: dict) -> str:
-  """The SEARCH part of result file names: greedy or beamK-alphaA, plus the length limits
-  where they differ from Translator's defaults (so differently decoded runs do not
-  overwrite each other)."""
-  name = "greedy" if settings["beam_size"] == 1 else f"beam{settings['beam_size']}-alpha{settings['alpha']:g}"
-  defaults = {k: v.default for k, v in inspect.signature(Translator).parameters.items()}
-  a, b, m = settings["max_len_a"], settings["max_len_b"], settings["min_len"]
-  if (a, b) != (defaults["max_len_a"], defaults["max_len_b"]):
-    name += f"-len{a:g}x+{b}"
-  return name + (f"-min{m}" if m != defaults["min_len"] else "")
-
-
 def evaluate(translator: Translator, params, sources: list[str], references: list[str], *, name: str, label: str,
              outdir: pathlib.Path, output: str = "", tokenize: str = "13a", lowercase: bool = False,
              extra: dict | None = None, progress: bool = True) -> dict:
@@ -86,13 +74,13 @@ def evaluate(translator: Translator, params, sources: list[str], references: lis
   seconds = time.perf_counter() - start
   result = score(hypotheses, references, tokenize=tokenize, lowercase=lowercase) | {
       "name": name, "checkpoint": label, "sentences": len(sources), "seconds": seconds,
-      "sentences_per_s": len(sources) / max(seconds, 1e-9), "decode": translator.settings,
+      "sentences_per_s": len(sources) / max(seconds, 1e-9), "decode": dataclasses.asdict(translator.settings),
       "workers": translator.workers, "compiled_programs": translator.compiled_programs,
       "compile_seconds": translator.compile_seconds,
       "truncated_sources": translator.truncated, "hardware": hardware()} | (extra or {})
   if jax.process_index() == 0:
     outdir.mkdir(parents=True, exist_ok=True)
-    stem = f"{name}.{label}.{search_name(translator.settings)}"  # one file per checkpoint and search
+    stem = f"{name}.{label}.{translator.settings.name()}"  # one file per checkpoint and search
     hyp_path = outdir / f"{stem}.hyp"
     text = "".join(h + "\n" for h in hypotheses)
     for path in [hyp_path] + ([pathlib.Path(output)] if output else []):

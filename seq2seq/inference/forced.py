@@ -16,18 +16,19 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from seq2seq.data.tokenizer import EOS_ID
 from seq2seq.inference.decode import length_penalty
+from seq2seq.special_tokens import SPECIAL, SpecialTokens
 from seq2seq.training.loss import smoothed_xent
 
 
-def log_probs(graphdefs, params_list, src_bs, tgt_out_bt, *, alpha: float, normalize: bool, pad_id: int = 0):
+def log_probs(graphdefs, params_list, src_bs, tgt_out_bt, *, alpha: float, normalize: bool,
+              tokens: SpecialTokens = SPECIAL):
   """Log-probability [b] of each row's output (eos-terminated, padded) given its source, the
   mean of the models' probabilities per token for an ensemble; divided by the GNMT length
   penalty with `normalize`."""
-  src_segments_bs = (src_bs != pad_id).astype(jnp.int32)
-  tgt_segments_bt = (tgt_out_bt != pad_id).astype(jnp.int32)
-  tgt_in_bt = jnp.where(jnp.arange(tgt_out_bt.shape[1])[None, :] == 0, EOS_ID,
+  src_segments_bs = (src_bs != tokens.pad).astype(jnp.int32)
+  tgt_segments_bt = (tgt_out_bt != tokens.pad).astype(jnp.int32)
+  tgt_in_bt = jnp.where(jnp.arange(tgt_out_bt.shape[1])[None, :] == 0, tokens.bos,
                         jnp.pad(tgt_out_bt, ((0, 0), (1, 0)))[:, :-1]) * tgt_segments_bt
   token_logp_mbt = []
   for graphdef, params in zip(graphdefs, params_list):

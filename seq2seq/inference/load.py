@@ -4,11 +4,13 @@ several runs as an ensemble) laid out on a device mesh, with the run's tokenizer
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
 import pathlib
 import sys
+from typing import Any, Literal
 
 import jax
 import ml_collections
@@ -20,6 +22,39 @@ from seq2seq.data.tokenizer import Tokenizer
 from seq2seq.model import transformer
 from seq2seq.model.config import ModelConfig
 from seq2seq.training import checkpoint
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+  """Which parameters were loaded: checkpoint `step` ("step"), the kept one with the lowest
+  validation loss ("best", at `step`) or the average of the last `averaged` ("average", the
+  newest at `step`); an ensemble's (`members` runs, `digest` naming them) is its first run's."""
+
+  kind: Literal["step", "best", "average"]
+  step: int
+  averaged: int = 0
+  members: int = 1
+  digest: str = ""
+
+  @property
+  def label(self) -> str:
+    """How result files, tables and exports name it: step60, best40, average5-20000, and for
+    an ensemble e.g. step40+ensemble2-1a2b3c4d."""
+    name = f"average{self.averaged}-{self.step}" if self.kind == "average" else f"{self.kind}{self.step}"
+    return name + (f"+ensemble{self.members}-{self.digest}" if self.digest else "")
+
+
+@dataclasses.dataclass(frozen=True)
+class Loaded:
+  """A run's model ready to decode. An ensemble's has a list of model configs, graphdefs and
+  parameters, one per run, and `members`: each run's workdir, checkpoint label and summary."""
+
+  model_cfg: ModelConfig | list[ModelConfig]
+  graphdef: Any
+  params: Any  # on the mesh
+  tokenizer: Tokenizer
+  checkpoint: Checkpoint
+  members: list[dict] | None = None
 
 
 def run_config(workdir: str | os.PathLike) -> ml_collections.ConfigDict:
@@ -39,7 +74,8 @@ def run_config(workdir: str | os.PathLike) -> ml_collections.ConfigDict:
 
 
 def load_params(workdir, config, mesh, *, step: int | None = None, best: bool = False, average_last: int = 0):
-  """(model config, graphdef, parameters on `mesh`, tokenizer, label) of a run's checkpoint."""
+  """The model of a run's checkpoint (`step`, `best`, an average of the last `average_last`,
+  else the newest intact one), its parameters laid out on `mesh`."""
   tok_path = pathlib.Path(workdir) / data.SPM_FILE
   if not tok_path.is_file():
     raise CheckpointError(f"{tok_path} not found: the run's sentencepiece model is needed to translate")
@@ -59,7 +95,7 @@ def load_params(workdir, config, mesh, *, step: int | None = None, best: bool = 
       average.save_average(workdir, steps)
     params, saved = average.load_average(path, target)
     checkpoint.check_identity(saved, run_identity, str(path))
-    return model_cfg, graphdef, params, tok, f"average{average_last}-{saved['averaged_steps'][-1]}"
+    return Loaded(model_cfg, graphdef, params, tok, Checkpoint("average", saved["averaged_steps"][-1], average_last))
   try:
     return _restore(workdir, model_cfg, graphdef, target, run_identity, tok, step, best)
   except FileNotFoundError as err:  # a checkpoint deleted under us by a training run keeping only its newest
@@ -83,29 +119,26 @@ def _restore(workdir, model_cfg, graphdef, target, run_identity, tok, step, best
             file=sys.stderr, flush=True)
   finally:
     ckpts.close()
-  return model_cfg, graphdef, params, tok, f"{'best' if best else 'step'}{chosen}"
+  return Loaded(model_cfg, graphdef, params, tok, Checkpoint("best" if best else "step", chosen))
 
 
 def load_ensemble(workdirs: list[str], config, mesh, *, step: int | None = None, best: bool = False,
-                  average_last: int = 0):
-  """(model configs, graphdefs, parameters, tokenizer, label, members) of several runs decoded
-  as one ensemble. The first run's checkpoint is chosen by `step`; every run's by `best` or
+                  average_last: int = 0) -> Loaded:
+  """Several runs decoded as one ensemble (model configs, graphdefs and parameters listed per
+  run). The first run's checkpoint is chosen by `step`; every run's by `best` or
   `average_last` (else its latest). The runs must share the sentencepiece model."""
-  cfgs, graphdefs, params, members = [], [], [], []
-  tok = None
+  runs, members = [], []
   for i, workdir in enumerate(workdirs):
     member_config = config if i == 0 else run_config(workdir)
-    cfg, graphdef, p, run_tok, label = load_params(workdir, member_config, mesh, step=step if i == 0 else None,
-                                                   best=best, average_last=average_last)
-    if tok is not None and run_tok.model_bytes != tok.model_bytes:
+    run = load_params(workdir, member_config, mesh, step=step if i == 0 else None, best=best,
+                      average_last=average_last)
+    if runs and run.tokenizer.model_bytes != runs[0].tokenizer.model_bytes:
       raise ConfigError(f"{pathlib.Path(workdir) / data.SPM_FILE} differs from {pathlib.Path(workdirs[0]) / data.SPM_FILE}: "
                        "ensembled runs must share one sentencepiece model")
-    tok = tok or run_tok
-    cfgs.append(cfg)
-    graphdefs.append(graphdef)
-    params.append(p)
-    members.append({"workdir": str(pathlib.Path(workdir).resolve()), "checkpoint": label}
+    runs.append(run)
+    members.append({"workdir": str(pathlib.Path(workdir).resolve()), "checkpoint": run.checkpoint.label}
                    | metrics.training_summary(workdir))
   digest = hashlib.sha1(json.dumps([[m["workdir"], m["checkpoint"]] for m in members]).encode()).hexdigest()[:8]
-  label = f"{members[0]['checkpoint']}+ensemble{len(members)}-{digest}"  # one result file per set of members
-  return cfgs, graphdefs, params, tok, label, members
+  chosen = dataclasses.replace(runs[0].checkpoint, members=len(members), digest=digest)  # one result file per set
+  return Loaded([r.model_cfg for r in runs], [r.graphdef for r in runs], [r.params for r in runs], runs[0].tokenizer,
+                chosen, members)

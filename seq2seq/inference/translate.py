@@ -32,16 +32,18 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from seq2seq import compilation, sharding
 from seq2seq.errors import ConfigError
-from seq2seq.data.tokenizer import EOS_ID, Tokenizer
+from seq2seq.data.tokenizer import Tokenizer
 from seq2seq.inference import decode
 from seq2seq.inference.programs import Programs, plan_widths, signature, source_bucket, step_cost, width_for
 from seq2seq.inference.progress import Progress
+from seq2seq.inference.settings import SearchSettings
 from seq2seq.model.config import ModelConfig
 
 # Batches of sources up to this many tokens hold `batch_size` sentences; longer ones hold as
 # many source tokens, in fewer sentences (a power of two): one long line cannot make a batch
 # that needs more memory than a batch of ordinary ones.
 FULL_ROWS_WIDTH = 128
+DEFAULT = SearchSettings()
 
 
 class Translator:
@@ -49,8 +51,9 @@ class Translator:
   per call (seq2seq/inference/programs.py; 0: one per source bucket), compiled ahead."""
 
   def __init__(self, model_cfg: ModelConfig | list[ModelConfig], graphdef, tok: Tokenizer, mesh, *,
-               beam_size: int = 4, alpha: float = 0.6, max_len_a: float = 1.0, max_len_b: int = 50,
-               batch_size: int = 64, min_len: int = 0, use_cache: bool = True, compact: tuple[int, ...] | None = None,
+               beam_size: int = DEFAULT.beam_size, alpha: float = DEFAULT.alpha, max_len_a: float = DEFAULT.max_len_a,
+               max_len_b: int = DEFAULT.max_len_b, batch_size: int = 64, min_len: int = DEFAULT.min_len,
+               use_cache: bool = True, compact: tuple[int, ...] | None = None,
                workers: int | None = None, max_source_len: int = 1024, max_programs: int = 3, params=None):
     if beam_size < 1 or batch_size < 1 or max_source_len < 2 or max_programs < 0:
       raise ConfigError(f"beam_size and batch_size must be >= 1, max_source_len >= 2 and max_programs >= 0, got "
@@ -65,7 +68,7 @@ class Translator:
     # Outputs must fit every learned position table (None: no limit); sources that too, and max_source_len.
     self.position_limit = min((c.max_len for c in cfgs if c.positions == "learned"), default=None)
     self.source_limit = min(max_source_len, self.position_limit or max_source_len)
-    self.settings = dict(beam_size=beam_size, alpha=alpha, max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len)
+    self.settings = SearchSettings(beam_size, alpha, max_len_a, max_len_b, min_len)
     dp = sharding.data_parallel_size(mesh)
     self.batch_size = dp * math.ceil(batch_size / dp)  # rows are split over the data-parallel devices
     self.use_cache = use_cache
@@ -96,12 +99,12 @@ class Translator:
                  sampling: decode.Sampling | None = None):
     models = [nnx.merge(g, p) for g, p in zip(self.graphdefs, params if self.ensemble else [params])]
     s = self.settings
-    return decode.search(models, src_bs, limits_b, beam_size=s["beam_size"], alpha=s["alpha"], max_len=max_len,
-                         min_len=s["min_len"], use_cache=self.use_cache, compact=self.compact, nbest=nbest,
-                         sampling=sampling, ids_b=ids_b, seed=seed)
+    return decode.search(models, src_bs, limits_b, beam_size=s.beam_size, alpha=s.alpha, max_len=max_len,
+                         min_len=s.min_len, use_cache=self.use_cache, compact=self.compact, nbest=nbest,
+                         sampling=sampling, ids_b=ids_b, seed=seed, tokens=self.tok.special)
 
   def _max_output(self, src_len: int) -> int:
-    out = int(self.settings["max_len_a"] * src_len) + self.settings["max_len_b"]
+    out = int(self.settings.max_len_a * src_len) + self.settings.max_len_b
     return out if self.position_limit is None else min(out, self.position_limit)
 
   def _program_key(self, params, batch: int, width: int, want: Want):
@@ -142,9 +145,10 @@ class Translator:
       raise ConfigError(f"checkpoint must be None, 'best' or a step number, got {checkpoint!r}")
     config = load.run_config(workdir)
     mesh = sharding.make_mesh(config.mesh) if mesh is None else mesh
-    model_cfg, graphdef, params, tok, label = load.load_params(
-        workdir, config, mesh, best=checkpoint == "best", step=checkpoint if isinstance(checkpoint, int) else None)
-    return cls._holding(config, model_cfg, graphdef, tok, mesh, params, label,
+    loaded = load.load_params(workdir, config, mesh, best=checkpoint == "best",
+                              step=checkpoint if isinstance(checkpoint, int) else None)
+    return cls._holding(config, loaded.model_cfg, loaded.graphdef, loaded.tokenizer, mesh, loaded.params,
+                        loaded.checkpoint.label,
                         **search_settings(config.eval, beam_size=beam_size, alpha=alpha, **settings))
 
   @classmethod
@@ -210,11 +214,12 @@ class Translator:
     """`score` of id sequences (with eos)."""
     from seq2seq.inference import forced
 
-    normalize = self.settings["beam_size"] > 1 if normalize is None else normalize
+    normalize = self.settings.beam_size > 1 if normalize is None else normalize
     src_ids, _ = self._truncate(list(src_ids))
     if self._score_fn is None:
       self._score_fn = jax.jit(lambda params, src_bs, tgt_bt, alpha, normalize: forced.log_probs(
-          self.graphdefs, params if self.ensemble else [params], src_bs, tgt_bt, alpha=alpha, normalize=normalize),
+          self.graphdefs, params if self.ensemble else [params], src_bs, tgt_bt, alpha=alpha, normalize=normalize,
+          tokens=self.tok.special),
           static_argnames=("alpha", "normalize"), out_shardings=NamedSharding(self.mesh, PartitionSpec()))
     order = sorted(range(len(src_ids)), key=lambda i: -max(len(src_ids[i]), len(tgt_ids[i])))
     out = [0.0] * len(src_ids)
@@ -225,11 +230,11 @@ class Translator:
       arrays = []
       for ids in (src_ids, tgt_ids):
         x = np.zeros((rows, source_bucket(max(len(ids[i]) for i in part))), np.int32)
-        x[len(part):, 0] = EOS_ID  # filler rows: an empty sentence
+        x[len(part):, 0] = self.tok.special.eos  # filler rows: an empty sentence
         for r, i in enumerate(part):
           x[r, :len(ids[i])] = ids[i]
         arrays.append(self._put(x))
-      logp_b = jax.device_get(self._score_fn(params, *arrays, alpha=float(self.settings["alpha"]), normalize=normalize))
+      logp_b = jax.device_get(self._score_fn(params, *arrays, alpha=float(self.settings.alpha), normalize=normalize))
       for r, i in enumerate(part):
         out[i] = float(logp_b[r])
       start += rows
@@ -248,7 +253,7 @@ class Translator:
     """(positions, sentences, width) of each batch of sources of these lengths (longest first):
     consecutive positions, as many as `rows_for` the width of the first, the smallest of
     `plan_widths` that holds it."""
-    a, b = self.settings["max_len_a"], self.settings["max_len_b"]
+    a, b = self.settings.max_len_a, self.settings.max_len_b
     widths = plan_widths(lengths, self.max_programs, lambda w: step_cost(w, self._max_output(w)),
                          weight=lambda n: max(1, min(int(a * n) + b, self._max_output(source_bucket(n)))))
     batches, start = [], 0
@@ -273,7 +278,7 @@ class Translator:
     limit = self.source_limit
     cut = [i for i, s in enumerate(sources) if len(s) > limit]
     self.truncated = len(cut)
-    return [s if len(s) <= limit else s[:limit - 1] + [EOS_ID] for s in sources], cut
+    return [s if len(s) <= limit else s[:limit - 1] + [self.tok.special.eos] for s in sources], cut
 
   def _decode_rows(self, params, sources, ids: list[int], rows: list[int], batch: int, width: int, want: Want):
     """[(tokens, score), ...] (the `nbest` best) of each source in `rows` (numbered by `ids`),
@@ -281,13 +286,13 @@ class Translator:
     memory for is decoded again in halves (one process only: the processes of a multi-host
     run must run the same programs)."""
     src_bs = np.zeros((batch, width), np.int32)
-    src_bs[:, 0] = EOS_ID  # filler rows: an empty sentence, finished after one step
+    src_bs[:, 0] = self.tok.special.eos  # filler rows: an empty sentence, finished after one step
     lengths, ids_b = np.ones((batch,), np.int32), np.zeros((batch,), np.int32)
     for r, i in enumerate(rows):
       src_bs[r, :len(sources[i])] = sources[i]
       lengths[r], ids_b[r] = len(sources[i]), ids[i]
     max_len = self._max_output(width)
-    limits = np.array(decode.output_limits(lengths, self.settings["max_len_a"], self.settings["max_len_b"], max_len))
+    limits = np.array(decode.output_limits(lengths, self.settings.max_len_a, self.settings.max_len_b, max_len))
     limits[len(rows):] = 1
     try:
       tokens_bl, scores_b = jax.device_get(self._search(params, self._put(src_bs), self._put(limits), self._put(ids_b),
@@ -311,8 +316,8 @@ class Translator:
     each source's input line number (default: 1, 2, ...), which names truncated sources in
     warnings and decides a sampled sentence's draws."""
     want = want or Want()
-    if want.sampling is None and not 1 <= want.nbest <= self.settings["beam_size"]:
-      raise ConfigError(f"nbest={want.nbest} must be between 1 and the beam size ({self.settings['beam_size']})")
+    if want.sampling is None and not 1 <= want.nbest <= self.settings.beam_size:
+      raise ConfigError(f"nbest={want.nbest} must be between 1 and the beam size ({self.settings.beam_size})")
     if want.nbest < 1:
       raise ConfigError(f"nbest must be >= 1, got {want.nbest}")
     if want.sampling is not None:
@@ -324,6 +329,7 @@ class Translator:
     lines = list(range(1, len(sources) + 1)) if lines is None else lines
     order = sorted(range(len(sources)), key=lambda i: -len(sources[i]))  # longest first: memory errors show early
     outputs: list[list[list[int]]] = [[] for _ in sources]
+    eos = self.tok.special.eos
     scores: list[list[float]] = [[] for _ in sources]
     batches = self._batches([len(sources[i]) for i in order])
     keys = list(dict.fromkeys(self._program_key(params, size, width, want) for _, size, width in batches))
@@ -339,7 +345,7 @@ class Translator:
                                                          *batch[1:], want), batches)
       for (rows, _, _), results in zip(batches, decoded):
         for j, best in zip(rows, results):
-          outputs[order[j]] = [row[:row.index(EOS_ID)] if EOS_ID in row else row for row, _ in best]
+          outputs[order[j]] = [row[:row.index(eos)] if eos in row else row for row, _ in best]
           scores[order[j]] = [score for _, score in best]
         bar.update(len(rows))
     finally:
