@@ -368,3 +368,19 @@ def test_the_divergence_guard_falls_back_past_a_restored_state_that_is_itself_ba
   assert [(e["step"], e["damaged_step"], e["problem"]) for e in events] == [(25, 20, "non-finite parameters")]
   assert ckpts.manager.all_steps() == [10] and (tmp_path / "damaged_checkpoints" / "20").is_dir()
   ckpts.close()
+
+
+def test_the_retired_pad_id_loads_at_the_tokenizers_value_only():
+  """Runs written before config.model.pad_id was retired have pad_id 0 in config.json and in
+  their checkpoints' identity: both still load; another value is refused, naming the key."""
+  from seq2seq.model.config import ModelConfig
+
+  cfg = ModelConfig.from_config({"pad_id": 0, "d_model": 16, "num_heads": 2}, vocab_size=10)
+  assert cfg == ModelConfig(vocab_size=10, d_model=16, num_heads=2)
+  with pytest.raises(ValueError, match="config.model.pad_id is not a setting any more: the tokenizer fixes it"):
+    ModelConfig.from_config({"pad_id": 3}, vocab_size=10)
+  current = checkpoint.identity(cfg, b"spm")
+  assert "pad_id" not in current["model"]
+  checkpoint.check_identity(current | {"model": current["model"] | {"pad_id": 0}}, current, "old")
+  with pytest.raises(checkpoint.IdentityError, match="config.model.pad_id: checkpoint has 3, config has 0"):
+    checkpoint.check_identity(current | {"model": current["model"] | {"pad_id": 3}}, current, "old")

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from seq2seq.data.tokenizer import EOS_ID
 from seq2seq.errors import ConfigError
 from seq2seq.inference import evaluate
 from seq2seq.inference.decode import Sampling
@@ -38,7 +37,7 @@ def first_tokens(translator, sampling: Sampling, draws: int) -> np.ndarray:
   """The first output token of `draws` samples of SOURCE (eos where the output is empty)."""
   ids = translator.tok.encode([SOURCE])[0]
   outputs, _ = translator._translate_ids(translator.params, [ids] * draws, False, Want(1, sampling))
-  return np.array([out[0][0] if out[0] else EOS_ID for out in outputs])
+  return np.array([out[0][0] if out[0] else SPECIAL.eos for out in outputs])
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +79,7 @@ def test_sampled_nbest_are_independent_draws_most_likely_first_with_their_log_pr
   ids = translator.tok.encode([SOURCE])
   outputs, logps = translator._translate_ids(translator.params, ids, False, Want(5, Sampling(seed=0)))
   assert [translator.tok.decode(o) for o in outputs[0]] == hyps[0] and logps[0] == scores[0]
-  rescored = translator.score_ids(translator.params, ids * 5, [o + [EOS_ID] for o in outputs[0]], normalize=False)
+  rescored = translator.score_ids(translator.params, ids * 5, [o + [SPECIAL.eos] for o in outputs[0]], normalize=False)
   # a sample's score is its log-probability: the cached decoder's sum equals the full decoder's
   assert rescored == pytest.approx(scores[0], rel=1e-5)
   with pytest.raises(ConfigError, match="temperature > 0"):
@@ -106,7 +105,7 @@ def test_a_reference_scores_its_teacher_forced_training_loss_and_beam_scores_nor
   assert normalized == pytest.approx([s / ((5 + n) / 6) ** 0.6 for s, n in zip(plain, lengths)], rel=1e-6)
   ids = tok.encode(sources)
   outputs, beam_scores = translator._translate_ids(params, ids, False)
-  rescored = translator.score_ids(params, ids, [out[0] + [EOS_ID] for out in outputs])  # normalised as beam 2's
+  rescored = translator.score_ids(params, ids, [out[0] + [SPECIAL.eos] for out in outputs])  # normalised as beam 2's
   assert rescored == pytest.approx([s[0] for s in beam_scores], rel=1e-5)
   with pytest.raises(ConfigError, match="one target per source"):
     translator.score(sources, references[:2])
