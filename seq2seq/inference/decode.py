@@ -160,8 +160,8 @@ def greedy(stepper: Stepper, src_bs, limits_b, *, max_len: int, min_len: int = 0
 
 def _one_per_row(stepper: Stepper, src_bs, limits_b, state_type, pick, *, max_len: int, min_len: int,
                  tokens: SpecialTokens, compact: Sequence[int], **fields):
-  """Greedy search or sampling: each step extends every row that has not ended with the token
-  `pick(logp_bv, state)` chooses. Returns (tokens [b, max_len], log-probabilities [b])."""
+  """Greedy search or sampling: each step extends every row that has not ended (with eos) by
+  the token `pick(logp_bv, state)` chooses. Returns (tokens [b, max_len], log-probabilities [b])."""
   b = src_bs.shape[0]
   tokens_bl = jnp.full((b, max_len + 1), tokens.pad, jnp.int32).at[:, 0].set(tokens.bos)
   state = state_type(t=jnp.int32(0), tokens_bl=tokens_bl, done_b=jnp.zeros((b,), bool),
