@@ -17,7 +17,7 @@ import pytest
 from flax import nnx
 
 from seq2seq import configs, metrics
-from seq2seq.research import ablations, sweep, variants
+from seq2seq.research import ablations, multiplier, significance, sweep, variants
 from seq2seq.model.config import ModelConfig
 from seq2seq.model.transformer import abstract, count_params
 
@@ -126,14 +126,16 @@ def synthetic(variant, seed, final, bleu=30.0, size="base", curve=None):
                           curve=curve or [(1e12, final + 1), (2e12, final)])
 
 
-def test_mean_std_and_the_two_standard_error_rule():
+def test_mean_std_and_the_welch_test_that_replaced_the_two_standard_error_rule():
   mean, std, n = ablations.summary([1.0, 2.0, 3.0])
   assert (mean, std, n) == (2.0, 1.0, 3)
-  # se = sqrt(1/3 + 1/3); a difference of 2.0 is more than 2 se (1.633), 1.5 is not.
-  diff, se, marked = ablations.difference([3.0, 4.0, 5.0], [1.0, 2.0, 3.0])
-  assert diff == 2.0 and math.isclose(se, math.sqrt(2 / 3)) and marked
-  assert not ablations.difference([2.5, 3.5, 4.5], [1.0, 2.0, 3.0])[2]
-  assert not ablations.difference([5.0], [1.0])[2]  # one seed: no standard error, nothing marked
+  # se = sqrt(1/3 + 1/3) and 4 degrees of freedom. The old rule marked this difference of 2.0
+  # (more than 2 se, 1.633); Welch's t-test gives t = 2.449, p = 0.070: not significant at 0.05.
+  test = significance.welch([3.0, 4.0, 5.0], [1.0, 2.0, 3.0])
+  assert test.difference == 2.0 and math.isclose(test.se, math.sqrt(2 / 3)) and math.isclose(test.df, 4.0)
+  assert math.isclose(test.p, 0.0705, abs_tol=5e-4) and not significance.significant(test.p)
+  assert significance.significant(significance.welch([3.5, 4.0, 4.5], [1.0, 1.5, 2.0]).p)  # t = 6.12, p = 0.004
+  assert not significance.welch([5.0], [1.0]).tested  # one seed: no test, nothing marked
   assert math.isnan(ablations.summary([5.0])[1])
 
 
@@ -147,8 +149,11 @@ def test_modifications_table_rows_and_marks():
   assert list(rows) == ["`vanilla`", "`gelu`", "`swiglu`"]  # vanilla first, then the variants' order
   final = {k: v[5] for k, v in rows.items()}
   assert final["`vanilla`"] == "2.010 ± 0.014"
-  # swiglu: -0.105, se = sqrt(0.0002/2 + 0.00005/2) = 0.0112: marked. gelu: +0.005, not.
-  assert final["`swiglu`"] == "1.905 ± 0.007 (−0.105*)"
+  # swiglu: -0.105, se = sqrt(0.0002/2 + 0.00005/2) = 0.0112, which the old two-standard-error
+  # rule marked. Welch's t-test (1.47 degrees of freedom) gives p = 0.027, 0.110 after Holm's
+  # correction over the table's 4 tests (2 variants x final loss and BLEU): not marked now.
+  # gelu: +0.005, not marked either way.
+  assert final["`swiglu`"] == "1.905 ± 0.007 (−0.105)"
   assert final["`gelu`"] == "2.015 ± 0.021 (+0.005)"
   assert rows["`swiglu`"][-1] == "30.50 ± 0.14"  # the same mean BLEU as vanilla: no difference shown
   assert rows["`swiglu`"][1] == "1.00M" and rows["`vanilla`"][3] == "2.00"  # params, steps/s
@@ -178,11 +183,11 @@ def test_compute_multiplier_interpolates_on_vanillas_frontier():
              synthetic("transformer++", 0, 0.5, size="large", curve=[(1e13, 0.5)]),
              # a larger vanilla that trained badly: not on the frontier, but it bounds the multiplier
              synthetic("vanilla", 0, 2.5, size="large", curve=[(1e15, 2.5)])]
-  assert ablations.frontier([r.curve for r in results[:2]]) == [(1e12, 3.0), (1e13, 2.0), (1e14, 1.0)]
-  rows = {m["size"]: m for m in ablations.multipliers(results)}
+  assert multiplier.frontier([r.curve for r in results[:2]]) == [(1e12, 3.0), (1e13, 2.0), (1e14, 1.0)]
+  rows = {m["size"]: m for m in multiplier.multipliers(results)}
   # NLL 1.5 lies halfway between 2.0 (1e13) and 1.0 (1e14) in log FLOPs: 10^13.5.
   assert math.isclose(rows["base"]["weak_flops"], 10**13.5) and math.isclose(rows["base"]["multiplier"], 10**0.5)
-  assert ablations.frontier([r.curve for r in results if r.variant == "vanilla"]) == ablations.frontier(
+  assert multiplier.frontier([r.curve for r in results if r.variant == "vanilla"]) == multiplier.frontier(
       [r.curve for r in results[:2]])
   # Vanilla never reached 0.5, not even with 1e15 FLOPs: more than 100x transformer++ large's 1e13.
   assert math.isinf(rows["large"]["multiplier"]) and math.isclose(rows["large"]["weak_max"], 100.0)

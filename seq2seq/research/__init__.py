@@ -1,11 +1,13 @@
 """Research tools built on the core: they train, evaluate and report, and nothing in the
 core imports them (tests/test_layout.py).
 
-  sweep.py       python -m seq2seq.research.sweep: one run per (variant, size, seed), resumable
-  variants.py    the named architecture variants a sweep runs (vanilla, swiglu, transformer++, ...)
-  ablations.py   a sweep's tables (mean ± std, 2-SE marks), NLL-vs-FLOPs plot, compute multiplier
-  results.py     python -m seq2seq.research.results DIR...: the results table from eval JSON
-  plot.py        python -m seq2seq.research.plot DIR: PNGs from metrics.jsonl
+  sweep.py         python -m seq2seq.research.sweep: one run per (variant, size, seed), resumable
+  variants.py      the named architecture variants a sweep runs (vanilla, swiglu, transformer++, ...)
+  ablations.py     a sweep's tables (mean ± std, Welch tests, Holm-corrected marks) and plots
+  significance.py  Welch's t-test with its interval, Holm's correction (scipy.stats)
+  multiplier.py    Transformer vs Transformer++: vanilla's frontier, the compute multiplier and its interval
+  results.py       python -m seq2seq.research.results DIR...: the results table from eval JSON
+  plot.py          python -m seq2seq.research.plot DIR: PNGs from metrics.jsonl
 
 The old command lines `python -m seq2seq.sweep`, `seq2seq.results` and `seq2seq.plot`
 still run: seq2seq/sweep.py, results.py and plot.py forward to these.

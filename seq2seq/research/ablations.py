@@ -1,15 +1,19 @@
 """The tables and plots of an architecture sweep (`python -m seq2seq.research.sweep`), from
 the runs' own files: DIR/sweep.json (which runs), each run's config.json, metrics.jsonl and
-eval/*.json.
+eval/*.json. The statistics are seq2seq/research/significance.py's.
 
 - The modifications table (Narang et al. 2021): per variant at the base size, parameters,
   training FLOPs per target token, steps/s, early loss (validation NLL at 25% of the
   steps), final validation NLL and BLEU on each test set; mean ± std over seeds and the
-  difference to vanilla, marked * when it exceeds twice its standard error.
+  difference to the baseline. Final NLL and BLEU are tested against the baseline (Welch's
+  t-test, `comparisons`), with Holm's correction over every test of the table, and marked *
+  where significant at 0.05 after it; a second table gives each test's n, 95% interval, p
+  and adjusted p.
 - Transformer vs Transformer++ (Gu & Dao 2023): validation NLL against training FLOPs at each
   size, and the compute multiplier: the FLOPs vanilla needs to reach Transformer++'s final
-  NLL (interpolated on vanilla's best-so-far frontier over all its sizes) over the FLOPs
-  Transformer++ spent.
+  NLL (mean over seeds), interpolated on the best-so-far frontier of vanilla's mean curves
+  (over seeds) at all its sizes, over the FLOPs Transformer++ spent; with an interval where
+  both sides have 2 seeds or more (`multipliers`).
 """
 
 from __future__ import annotations
@@ -22,12 +26,18 @@ import statistics
 
 from seq2seq.errors import ConfigError, DataError
 from seq2seq import metrics
+from seq2seq.research import multiplier, significance
+from seq2seq.research.significance import summary
 
 # (Result field, heading, format, scale); params and FLOPs are exact, so differences carry no mark.
 COLUMNS = (("params", "Params", "{:.2f}M", 1e-6), ("flops", "FLOPs / token", "{:.2f}M", 1e-6),
            ("steps_per_s", "Steps/s", "{:.2f}", 1), ("early_nll", "Early loss", "{:.3f}", 1),
            ("final_nll", "Final loss", "{:.3f}", 1))
 EXACT = ("params", "flops")
+# The columns tested against the baseline, with BLEU on every test set: the outcomes. Steps/s
+# depends on what else the machine ran, and early loss is a point of the final loss's curve,
+# so theirs are shown untested rather than added to the family the correction divides by.
+TESTED = ("final_nll",)
 # The sweep command. Manifests written before the research tools had their own package name
 # it `python -m seq2seq.sweep`, which still runs (seq2seq/sweep.py forwards); they read as this.
 SWEEP, OLD_SWEEP = "python -m seq2seq.research.sweep", "python -m seq2seq.sweep"
@@ -117,61 +127,98 @@ def collect(root: pathlib.Path) -> tuple[list[Result], list[str], list[str]]:
   return results, missing, list(dict.fromkeys(canonical(c) for c in listed.get("sweeps", [])))
 
 
-def summary(values: list[float]) -> tuple[float, float, int]:
-  """(mean, sample standard deviation (nan for one value), count)."""
-  values = [v for v in values if not math.isnan(v)]
-  if not values:
-    return math.nan, math.nan, 0
-  return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else math.nan, len(values)
+def _columns(splits: list[str]) -> list[tuple]:
+  """The table's columns after Seeds: (heading, format, scale, value of a Result, exact, tested)."""
+  out = [(head, fmt, scale, lambda r, key=key: getattr(r, key), key in EXACT, key in TESTED)
+         for key, head, fmt, scale in COLUMNS]
+  return out + [(f"BLEU {s}", "{:.2f}", 1, lambda r, s=s: r.bleu.get(s, math.nan), False, True) for s in splits]
 
 
-def difference(values: list[float], baseline: list[float]) -> tuple[float, float, bool]:
-  """(mean difference, its standard error, whether |difference| > 2 standard errors). The
-  standard error is sqrt(s_a^2 / n_a + s_b^2 / n_b): nan, and nothing marked, with one seed."""
-  (ma, sa, na), (mb, sb, nb) = summary(values), summary(baseline)
-  se = math.sqrt(sa**2 / na + sb**2 / nb) if na > 1 and nb > 1 else math.nan
-  diff = ma - mb
-  return diff, se, bool(se > 0 and abs(diff) > 2 * se)
+def _signed(value: float, fmt: str) -> str:
+  """+0.105 / −0.105 in the column's format, with a minus sign."""
+  return ("+" if value >= 0 else "−") + fmt.format(abs(value)).rstrip("M")
 
 
-def _cell(values: list[float], baseline: list[float] | None, fmt: str, scale: float, exact: bool = False) -> str:
+def comparisons(results: list[Result], size: str = "base", baseline: str = "vanilla") -> list[dict]:
+  """Welch's t-test of every variant at `size` against `baseline` in every tested column, in
+  table order: {variant, column, format, mean, std, welch, adjusted}, `adjusted` being Holm's
+  p over all of them (nan where a side has fewer than 2 seeds: no test). Empty without the
+  baseline."""
+  rows = [r for r in results if r.size == size]
+  base = [r for r in rows if r.variant == baseline]
+  if not base:
+    return []
+  out = []
+  for v in _ordered({r.variant for r in rows}, baseline)[1:]:
+    runs = [r for r in rows if r.variant == v]
+    for head, fmt, scale, value, _, tested in _columns(sorted({s for r in rows for s in r.bleu})):
+      if tested:
+        values = [value(r) * scale for r in runs]
+        mean, std, _ = summary(values)
+        out.append({"variant": v, "column": head, "format": fmt, "mean": mean, "std": std,
+                    "welch": significance.welch(values, [value(r) * scale for r in base])})
+  for c, adjusted in zip(out, significance.holm([c["welch"].p for c in out])):
+    c["adjusted"] = adjusted
+  return out
+
+
+def _cell(values: list[float], baseline: list[float] | None, fmt: str, scale: float, exact: bool = False,
+          marked: bool = False) -> str:
   """mean ± std, then the difference to the baseline: in percent for exact columns (params,
-  FLOPs), else in the column's unit and marked * beyond two standard errors."""
+  FLOPs), else in the column's unit, with * where `marked` (significant after the correction)."""
   mean, std, n = summary([v * scale for v in values])
   if n == 0:
     return "–"
   text = fmt.format(mean) + (f" ± {fmt.format(std).rstrip('M')}" if n > 1 and std > 0 else "")
   if baseline is None:
     return text
-  diff, _, marked = difference([v * scale for v in values], [v * scale for v in baseline])
+  base = summary([v * scale for v in baseline])[0]
+  diff = mean - base
   if exact:
-    base = summary([v * scale for v in baseline])[0]
     return text + (f" ({diff / base:+.2%})".replace("-", "−") if diff and base else "")
-  shown = fmt.format(abs(diff)).rstrip("M")
-  if float(shown) == 0:
+  if float(fmt.format(abs(diff)).rstrip("M")) == 0:
     return text
-  return text + f" ({'+' if diff > 0 else '−'}{shown}{'*' if marked else ''})"
+  return text + f" ({_signed(diff, fmt)}{'*' if marked else ''})"
 
 
 def modifications_table(results: list[Result], size: str = "base", baseline: str = "vanilla") -> str:
   """Markdown: one row per variant at `size` (the baseline first), columns as in Narang et al.,
-  with differences to the baseline."""
+  with differences to the baseline, marked * where significant after Holm's correction."""
   rows = [r for r in results if r.size == size]
   variants = _ordered({r.variant for r in rows}, baseline)
-  splits = sorted({s for r in rows for s in r.bleu})
+  columns = _columns(sorted({s for r in rows for s in r.bleu}))
   by = {v: [r for r in rows if r.variant == v] for v in variants}
   base = by.get(baseline)
-  head = ["Variant", "Seeds"] + [c[1] for c in COLUMNS] + [f"BLEU {s}" for s in splits]
+  marks = {(c["variant"], c["column"]): significance.significant(c["adjusted"])
+           for c in comparisons(results, size, baseline)}
+  head = ["Variant", "Seeds"] + [c[0] for c in columns]
   lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
   for v in variants:
     cells = [f"`{v}`", str(len(by[v]))]
-    for key, _, fmt, scale in COLUMNS:
-      ref = None if base is None or v == baseline else [getattr(r, key) for r in base]
-      cells.append(_cell([getattr(r, key) for r in by[v]], ref, fmt, scale, key in EXACT))
-    for s in splits:
-      ref = None if base is None or v == baseline else [r.bleu.get(s, math.nan) for r in base]
-      cells.append(_cell([r.bleu.get(s, math.nan) for r in by[v]], ref, "{:.2f}", 1))
+    for heading, fmt, scale, value, exact, _ in columns:
+      ref = None if base is None or v == baseline else [value(r) for r in base]
+      cells.append(_cell([value(r) for r in by[v]], ref, fmt, scale, exact, marks.get((v, heading), False)))
     lines.append("| " + " | ".join(cells) + " |")
+  return "\n".join(lines) + "\n"
+
+
+def tests_table(results: list[Result], size: str = "base", baseline: str = "vanilla") -> str:
+  """Markdown: one row per test of `comparisons` (variant and column): n on each side, the
+  variant's mean ± std, the difference, its 95% interval, Welch's degrees of freedom, p and
+  Holm's adjusted p (* below 0.05); "n/a" where there is no test. Empty without tests."""
+  found = comparisons(results, size, baseline)
+  if not found:
+    return ""
+  p = lambda x: "n/a" if math.isnan(x) else ("< 0.001" if x < 0.001 else f"{x:.3f}")
+  lines = [f"| Variant | Column | n (variant / `{baseline}`) | mean ± std | difference | 95% interval | Welch df | p "
+           "| p, Holm |", "|---|---|---|---|---|---|---|---|---|"]
+  for c in found:
+    w, fmt = c["welch"], c["format"]
+    spread = f" ± {fmt.format(c['std'])}" if math.isfinite(c["std"]) else ""
+    interval = f"[{_signed(w.low, fmt)}, {_signed(w.high, fmt)}]" if w.tested else "n/a"
+    lines.append(f"| `{c['variant']}` | {c['column']} | {w.n} / {w.base_n} | {fmt.format(c['mean'])}{spread} | "
+                 f"{_signed(w.difference, fmt)} | {interval} | {f'{w.df:.2f}' if w.tested else 'n/a'} | {p(w.p)} | "
+                 f"{p(c['adjusted'])}{'*' if significance.significant(c['adjusted']) else ''} |")
   return "\n".join(lines) + "\n"
 
 
@@ -191,53 +238,6 @@ def _ordered(names: set[str], baseline: str = "vanilla") -> list[str]:
   return sorted(names, key=lambda v: (v != baseline, v == "transformer++", position(v), v))
 
 
-def frontier(curves: list[list[tuple[float, float]]]) -> list[tuple[float, float]]:
-  """The best NLL reached with at most each amount of FLOPs, over all the curves' points."""
-  best, out = math.inf, []
-  for f, nll in sorted(p for curve in curves for p in curve):
-    if nll < best:
-      best = nll
-      out.append((f, nll))
-  return out
-
-
-def flops_to_reach(front: list[tuple[float, float]], target: float) -> float:
-  """FLOPs at which the frontier reaches `target` NLL, interpolated linearly in (log FLOPs,
-  NLL) between its neighbouring points; inf if it never does."""
-  for (f0, n0), (f1, n1) in zip([(math.nan, math.inf)] + front, front):
-    if n1 <= target:
-      if math.isnan(f0):
-        return f1  # reached at the first point: no smaller amount was measured
-      return math.exp(math.log(f0) + (n0 - target) / (n0 - n1) * (math.log(f1) - math.log(f0)))
-  return math.inf
-
-
-def multipliers(results: list[Result], strong: str = "transformer++", weak: str = "vanilla") -> list[dict]:
-  """Per size of `strong`: its final NLL and FLOPs (means over seeds), and the FLOPs `weak`
-  needs to reach that NLL, from weak's frontier over every size it ran."""
-  curves = [r.curve for r in results if r.variant == weak]
-  front = frontier(curves)
-  spent_max = max((f for curve in curves for f, _ in curve), default=math.nan)  # its largest run, reached or not
-  out = []
-  for size in sorted({r.size for r in results if r.variant == strong}, key=_size_order):
-    runs = [r for r in results if r.variant == strong and r.size == size]
-    nll = statistics.fmean(r.final_nll for r in runs)
-    spent = statistics.fmean(r.curve[-1][0] for r in runs)
-    needed = flops_to_reach(front, nll)
-    same = [r.final_nll for r in results if r.variant == weak and r.size == size]
-    out.append({"size": size, "params": runs[0].params, "learning_rate": runs[0].learning_rate, "nll": nll,
-                "flops": spent, "weak_flops": needed,
-                "multiplier": needed / spent, "weak_max": spent_max / spent,
-                "weak_nll": statistics.fmean(same) if same else math.nan})
-  return out
-
-
-def _size_order(size: str) -> int:
-  from seq2seq.research import variants
-
-  return list(variants.SIZES).index(size) if size in variants.SIZES else len(variants.SIZES)
-
-
 def plot_scaling(results: list[Result], path: pathlib.Path, variants=("vanilla", "transformer++")) -> bool:
   """Validation NLL against training FLOPs, one line per run of `variants`; False if none."""
   runs = [r for r in results if r.variant in variants]
@@ -251,7 +251,7 @@ def plot_scaling(results: list[Result], path: pathlib.Path, variants=("vanilla",
   fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
   colours = dict(zip(variants, ("tab:blue", "tab:red", "tab:green")))
   markers = {"small": "v", "base": "o", "large": "^"}
-  for r in sorted(runs, key=lambda r: (r.variant, _size_order(r.size), r.seed)):
+  for r in sorted(runs, key=lambda r: (r.variant, multiplier.size_order(r.size), r.seed)):
     f, nll = zip(*r.curve)
     ax.plot(f, nll, color=colours.get(r.variant), marker=markers.get(r.size, "s"), markersize=4, alpha=0.8,
             label=f"{r.variant} {r.size}" if r.seed == min(q.seed for q in runs if q.variant == r.variant
@@ -324,39 +324,66 @@ def markdown(results: list[Result], missing: list[str], plots: dict[str, str], c
   first = next((r for r in results if r.variant == baseline and r.size == "base"), None)
   if first and first.command:
     out += [f"One of them ({baseline}, first seed), as the sweep ran it:", "", f"```bash\n{first.command}\n```", ""]
+  tested = sum(c["welch"].tested for c in comparisons(results, baseline=baseline))
   out += ["## Modifications (Narang et al. 2021)", "",
-          f"Mean ± standard deviation over seeds; in brackets the difference to `{baseline}`, marked * when "
-          f"it exceeds twice its standard error (sqrt(s²/n + s_{baseline}²/n_{baseline})). Early loss: validation NLL "
-          "at 25% of the steps. FLOPs: matmul FLOPs of a training step (forward and backward) per target "
-          "position. Gated feed-forwards have 2/3 of the width (equal parameters).", "",
+          f"Mean ± standard deviation over the seeds (Seeds: how many runs); in brackets the difference to "
+          f"`{baseline}` (of the means). Final loss and BLEU are tested: Welch's t-test of each variant against `{baseline}` "
+          "(two-sided, t distribution with Welch–Satterthwaite degrees of freedom), then Holm's correction over "
+          + (f"all {tested} tests of the table (every variant x final loss and each BLEU column); * marks a "
+             "difference significant at 0.05 after the correction." if tested else "the table's tests: none here.")
+          + " A variant or baseline with fewer than 2 seeds gets no test (n/a) and no mark. The tests follow the "
+          "table: n, the 95% interval of the difference, p and Holm's adjusted p. With 2 seeds a side Welch's "
+          "degrees of freedom are 1 to 2, so the interval spans 4.3 to 12.7 standard errors either side of the "
+          "difference. Steps/s and early loss show the difference untested, params and FLOPs (exact) in percent. "
+          "Early loss: validation NLL at 25% of the steps. FLOPs: matmul FLOPs of a training step (forward and "
+          "backward) per target position. Gated feed-forwards have 2/3 of the width (equal parameters).", "",
           modifications_table(results, baseline=baseline)]
   if "modifications" in plots:
     out += [f"![final validation NLL per variant]({plots['modifications']})", ""]
+  if tested:
+    out += [f"Welch's t-tests against `{baseline}`, Holm-corrected over the {tested} tests (* below 0.05):", "",
+            tests_table(results, baseline=baseline)]
   out += ["Variants:", ""] + [f"- `{name}`: {variants.describe(name)}"
                               for name in _ordered({r.variant for r in results}, baseline)] + [""]
-  rows = multipliers(results)
+  rows = multiplier.multipliers(results)
   if rows:
     out += ["## Transformer vs Transformer++ (Gu & Dao 2023)", "",
-            "Validation NLL against training FLOPs. The multiplier is the FLOPs vanilla needs to reach "
-            "Transformer++'s final NLL (interpolated on vanilla's best-so-far frontier over all its sizes) "
-            "divided by the FLOPs Transformer++ spent; `> N` when vanilla never got there, N being the FLOPs "
-            "of vanilla's largest run over Transformer++'s. Both variants use the same peak learning rate at "
-            "each size (the sweep scales it with d_model^-0.5).", ""]
+            "Validation NLL against training FLOPs. Both sides are means over seeds: Transformer++'s final NLL "
+            "and FLOPs, and vanilla's curves averaged point by point at each size. The multiplier is the FLOPs "
+            "vanilla needs to reach Transformer++'s final NLL (interpolated on the best-so-far frontier of "
+            "vanilla's mean curves over all its sizes) divided by the FLOPs Transformer++ spent; `> N` when "
+            "vanilla never got there, N being the FLOPs of vanilla's largest run over Transformer++'s. The 95% "
+            "interval is the multiplier at the ends of Welch's 95% interval of the NLL gap, sqrt(s²/n + "
+            "s_vanilla²/n_vanilla), with s_vanilla from vanilla's seeds where its frontier crosses that NLL; with "
+            "one seed on either side there is none. Both variants use the same peak learning rate at each size "
+            "(the sweep scales it with d_model^-0.5).", ""]
     if "scaling" in plots:
       out += [f"![validation NLL against training FLOPs]({plots['scaling']})", ""]
     out += ["| size | Transformer++ params | peak learning rate | its final NLL | vanilla's final NLL | its FLOPs "
-            "| vanilla's FLOPs to match | multiplier |", "|---|---|---|---|---|---|---|---|"]
+            "| vanilla's FLOPs to match | multiplier | seeds (Transformer++ / vanilla) | 95% interval |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
     for m in rows:
       reached = math.isfinite(m["weak_flops"])
       weak = f"{m['weak_nll']:.3f}" if math.isfinite(m["weak_nll"]) else "not run"
       out.append(f"| {m['size']} | {m['params'] / 1e6:.2f}M | {m['learning_rate']:.4g} | {m['nll']:.3f} | {weak} | "
                  f"{m['flops']:.3g} | "
                  + (f"{m['weak_flops']:.3g} | **{m['multiplier']:.2f}x** |" if reached
-                    else f"not reached | **> {m['weak_max']:.2f}x** |"))
+                    else f"not reached | **> {m['weak_max']:.2f}x** |")
+                 + f" {m['seeds']} / {m['weak_seeds']} | {_interval(m)} |")
     out.append("")
   if missing:
     out += ["## Not finished yet", "", ", ".join(f"`{m}`" for m in missing), ""]
   return "\n".join(out)
+
+
+def _interval(m: dict) -> str:
+  """A multiplier's interval as the report shows it, or why it has none."""
+  times = lambda x: f"{x:.2f}x" if math.isfinite(x) else f"> {m['weak_max']:.2f}x"
+  if not math.isnan(m["low"]):
+    return f"> {m['weak_max']:.2f}x at both ends" if math.isinf(m["low"]) else f"[{times(m['low'])}, {times(m['high'])}]"
+  few = [f"{m[k]} seed{'' if m[k] == 1 else 's'} of {name}" for name, k in (("Transformer++", "seeds"),
+                                                                          ("vanilla", "weak_seeds")) if m[k] < 2]
+  return "no interval: " + (" and ".join(few) if few else "no spread between the seeds")
 
 
 def write(root: str | pathlib.Path, output: str | pathlib.Path, command: str = "", baseline: str = "vanilla") -> str:

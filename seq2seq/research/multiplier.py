@@ -1,0 +1,107 @@
+"""Transformer vs Transformer++ (Gu & Dao 2023) in a sweep's report (seq2seq/research/ablations.py):
+how many times the training FLOPs vanilla needs to reach Transformer++'s final validation NLL.
+
+- **The same aggregation on both sides.** Transformer++'s final NLL and FLOPs at a size are
+  means over its seeds. Vanilla's curve at a size is the mean of its seeds' curves, point by
+  point (`mean_curve`); its frontier is the best mean NLL reached with at most each amount of
+  FLOPs, over all its sizes (`frontier`).
+- **The multiplier**: the FLOPs at which that frontier reaches Transformer++'s NLL,
+  interpolated linearly in (log FLOPs, NLL) (`flops_to_reach`), over Transformer++'s FLOPs;
+  infinite when vanilla never got there (the report then gives the lower bound: vanilla's
+  largest run over Transformer++'s FLOPs).
+- **Its interval**, from the seeds' spread, by taking the multiplier at the ends of an
+  interval of NLL. The NLL gap between Transformer++'s final NLL and vanilla's frontier is
+  uncertain by sqrt(s²/n + s_vanilla²/n_vanilla): s and n of Transformer++'s final NLL, and
+  s_vanilla, n_vanilla the seeds' standard deviation and count on vanilla's frontier where it
+  crosses that NLL (of the points either side of the crossing, the larger deviation and the
+  fewer seeds; its last point when it never crosses). Welch's 95% half-width h of that gap
+  (t distribution, Welch–Satterthwaite degrees of freedom: significance.welch_summary) moves the
+  target: the interval is [multiplier at NLL + h, multiplier at NLL − h]. The FLOPs' own
+  spread over seeds (the same steps; batches of different token counts) is left out. With
+  one seed on either side there is no interval, and the report says so.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+from seq2seq.research import significance
+
+
+def mean_curve(runs: list) -> list[tuple[float, float, float, int]]:
+  """The runs' (seeds') curves averaged point by point, up to the shortest: (mean training
+  FLOPs so far, mean validation NLL, its standard deviation (nan for one run), runs) at each
+  evaluation."""
+  out = []
+  for i in range(min(len(r.curve) for r in runs)):
+    mean, std, n = significance.summary([r.curve[i][1] for r in runs])
+    out.append((statistics.fmean(r.curve[i][0] for r in runs), mean, std, n))
+  return out
+
+
+def frontier(curves: list[list[tuple]]) -> list[tuple]:
+  """The best NLL reached with at most each amount of FLOPs, over all the curves' points
+  ((FLOPs, NLL, ...) each; the points are kept whole)."""
+  best, out = math.inf, []
+  for point in sorted((p for curve in curves for p in curve), key=lambda p: (p[0], p[1])):
+    if point[1] < best:
+      best = point[1]
+      out.append(point)
+  return out
+
+
+def flops_to_reach(front: list[tuple], target: float) -> float:
+  """FLOPs at which the frontier reaches `target` NLL, interpolated linearly in (log FLOPs,
+  NLL) between its neighbouring points; inf if it never does."""
+  for (f0, n0, *_), (f1, n1, *_) in zip([(math.nan, math.inf)] + front, front):
+    if n1 <= target:
+      if math.isnan(f0):
+        return f1  # reached at the first point: no smaller amount was measured
+      return math.exp(math.log(f0) + (n0 - target) / (n0 - n1) * (math.log(f1) - math.log(f0)))
+  return math.inf
+
+
+def spread_at(front: list[tuple], target: float) -> tuple[float, int]:
+  """(seeds' standard deviation, seeds) of the frontier where it reaches `target`: of the points
+  either side of the crossing the larger deviation and the fewer seeds; the last point's when
+  it never does. (nan, n) where a point has one seed."""
+  if not front:
+    return math.nan, 0
+  i = next((i for i, p in enumerate(front) if p[1] <= target), len(front) - 1)
+  near = front[max(i - 1, 0):i + 1]
+  n = min(p[3] if len(p) > 3 else 1 for p in near)
+  return (max(p[2] for p in near) if n > 1 else math.nan), n
+
+
+def multipliers(results: list, strong: str = "transformer++", weak: str = "vanilla") -> list[dict]:
+  """Per size of `strong`: its final NLL and FLOPs (means over seeds), the FLOPs `weak` needs
+  to reach that NLL on the frontier of its mean curves over every size it ran, the multiplier,
+  and its interval (low, high: nan without one; `seeds` and `weak_seeds` say why)."""
+  weak_sizes = {r.size for r in results if r.variant == weak}
+  front = frontier([mean_curve([r for r in results if r.variant == weak and r.size == s]) for s in weak_sizes])
+  curves = [r.curve for r in results if r.variant == weak]
+  spent_max = max((f for curve in curves for f, _ in curve), default=math.nan)  # its largest run, reached or not
+  out = []
+  for size in sorted({r.size for r in results if r.variant == strong}, key=size_order):
+    runs = [r for r in results if r.variant == strong and r.size == size]
+    nll, std, n = significance.summary([r.final_nll for r in runs])
+    spent = statistics.fmean(r.curve[-1][0] for r in runs)
+    needed = flops_to_reach(front, nll)
+    weak_std, weak_n = spread_at(front, nll)
+    gap = significance.welch_summary(0.0, std, n, 0.0, weak_std, weak_n)  # the interval of the NLL gap
+    low, high = ((flops_to_reach(front, nll + gap.high) / spent, flops_to_reach(front, nll + gap.low) / spent)
+                 if gap.tested else (math.nan, math.nan))
+    same = [r.final_nll for r in results if r.variant == weak and r.size == size]
+    out.append({"size": size, "params": runs[0].params, "learning_rate": runs[0].learning_rate, "nll": nll,
+                "flops": spent, "weak_flops": needed, "multiplier": needed / spent, "weak_max": spent_max / spent,
+                "weak_nll": statistics.fmean(same) if same else math.nan, "low": low, "high": high,
+                "seeds": n, "weak_seeds": weak_n})
+  return out
+
+
+def size_order(size: str) -> int:
+  """A size's place in variants.SIZES (small, base, large); unknown sizes last."""
+  from seq2seq.research import variants
+
+  return list(variants.SIZES).index(size) if size in variants.SIZES else len(variants.SIZES)

@@ -1,0 +1,92 @@
+"""The statistics of a sweep's tables (seq2seq/research/ablations.py): Welch's t-test of a
+variant against the baseline with its 95% interval, and Holm's correction across a table.
+
+- **Welch's t-test** (Welch 1947), two-sided, from each side's mean m, sample standard
+  deviation s and count n: the difference d = m_a − m_b, its standard error
+  se = sqrt(s_a²/n_a + s_b²/n_b), the Welch–Satterthwaite degrees of freedom
+  ν = se⁴ / ((s_a²/n_a)²/(n_a − 1) + (s_b²/n_b)²/(n_b − 1)), the p-value 2·P(T_ν > |d|/se)
+  and the interval d ± t_ν(0.975)·se, with T_ν Student's t distribution (scipy.stats.t).
+  The same as scipy.stats.ttest_ind(a, b, equal_var=False) and R's t.test(a, b) on the
+  values (tests/test_ablation_stats.py). With 2 seeds a side ν lies between 1 and 2, where
+  t_ν(0.975) is 12.7 to 4.3: only a gap of many standard errors reaches p < 0.05.
+- **No test** (p, interval: nan, shown "n/a") where either side has fewer than 2 values, or
+  where neither side varies at all (se = 0: nothing to measure the difference against).
+- **Holm's correction** (Holm 1979) over a family of m tests: the p-values sorted,
+  p_(i) becomes max over j <= i of min(1, (m − j + 1)·p_(j)). Rejecting where the adjusted p is
+  below 0.05 keeps the chance of any false claim in the family at 5% whatever the tests'
+  dependence. Tests without a p-value are not counted in m.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+
+from scipy import stats
+
+ALPHA = 0.05  # the family-wise error rate the marks control
+LEVEL = 0.95  # the intervals' confidence
+
+
+def summary(values: list[float]) -> tuple[float, float, int]:
+  """(mean, sample standard deviation (nan for one value), count) of the values that are not nan."""
+  values = [v for v in values if not math.isnan(v)]
+  if not values:
+    return math.nan, math.nan, 0
+  return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else math.nan, len(values)
+
+
+@dataclasses.dataclass(frozen=True)
+class Welch:
+  """Welch's t-test of a (mean m_a, n_a values) against b: nan where there is no test."""
+  difference: float  # m_a − m_b
+  se: float
+  df: float  # Welch–Satterthwaite
+  low: float  # the interval of the difference at `level`
+  high: float
+  p: float  # two-sided
+  n: int
+  base_n: int
+
+  @property
+  def tested(self) -> bool:
+    return not math.isnan(self.p)
+
+
+def welch_summary(mean: float, std: float, n: int, base_mean: float, base_std: float, base_n: int,
+                  level: float = LEVEL) -> Welch:
+  """Welch's t-test from each side's mean, sample standard deviation and count (a table's
+  published mean ± std over n seeds is enough)."""
+  diff = mean - base_mean
+  if n < 2 or base_n < 2:
+    return Welch(diff, math.nan, math.nan, math.nan, math.nan, math.nan, n, base_n)
+  va, vb = std**2 / n, base_std**2 / base_n
+  se = math.sqrt(va + vb)
+  if not se > 0:
+    return Welch(diff, 0.0, math.nan, math.nan, math.nan, math.nan, n, base_n)
+  df = (va + vb) ** 2 / (va**2 / (n - 1) + vb**2 / (base_n - 1))
+  half = float(stats.t.ppf(0.5 + level / 2, df)) * se
+  p = float(2 * stats.t.sf(abs(diff) / se, df))
+  return Welch(diff, se, df, diff - half, diff + half, p, n, base_n)
+
+
+def welch(values: list[float], baseline: list[float], level: float = LEVEL) -> Welch:
+  """Welch's t-test of `values` (one per seed) against `baseline`'s; nan values left out."""
+  return welch_summary(*summary(values), *summary(baseline), level=level)
+
+
+def holm(pvalues: list[float]) -> list[float]:
+  """Holm's step-down adjusted p-values, in the order given; nan (no test) stays nan and is
+  not counted among the m tests. [0.01, 0.04, 0.03, 0.005] -> [0.03, 0.06, 0.06, 0.02]."""
+  tested = sorted((p, i) for i, p in enumerate(pvalues) if not math.isnan(p))
+  out, running = [math.nan] * len(pvalues), 0.0
+  for rank, (p, i) in enumerate(tested):
+    running = max(running, min(1.0, (len(tested) - rank) * p))
+    out[i] = running
+  return out
+
+
+def significant(adjusted: float) -> bool:
+  """Whether an adjusted p-value is below ALPHA (nan, no test: False)."""
+  return adjusted < ALPHA

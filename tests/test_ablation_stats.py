@@ -1,0 +1,186 @@
+"""The statistics of the sweep's tables (seq2seq/research/significance.py, multiplier.py):
+Welch's t-test against scipy and against published values, Holm's correction against a
+hand-worked example, no test for a side with one seed, the marks meaning "significant after
+the correction", the compute multiplier's aggregation and interval, and the report built from
+run files on disk carrying the new columns."""
+
+import json
+import math
+
+import pytest
+from scipy import stats
+
+from seq2seq import configs
+from seq2seq.research import ablations, multiplier, significance
+
+
+def result(variant, seed, final, bleu=30.0, size="base", curve=None):
+  return ablations.Result(f"{variant}-s{seed}", variant, size, seed, params=1e6, flops=2e6, steps_per_s=2.0,
+                          early_nll=final + 1, final_nll=final, bleu={"test": bleu},
+                          curve=curve or [(1e12, final + 1), (2e12, final)])
+
+
+@pytest.mark.parametrize("a, b", [([2.41, 2.404, 2.398], [2.49, 2.53, 2.51, 2.52]), ([27.85, 28.1], [26.7, 27.2]),
+                                  ([1.0, 2.0, 4.0, 8.0, 16.0], [3.0, 3.5])])
+def test_welch_matches_scipys_ttest_ind_on_fixed_samples(a, b):
+  test, scipy = significance.welch(a, b), stats.ttest_ind(a, b, equal_var=False)
+  assert math.isclose(test.p, scipy.pvalue, rel_tol=1e-9) and math.isclose(test.df, scipy.df, rel_tol=1e-9)
+  assert math.isclose(test.difference / test.se, scipy.statistic, rel_tol=1e-9)
+  interval = scipy.confidence_interval(0.95)
+  assert math.isclose(test.low, interval.low, rel_tol=1e-9) and math.isclose(test.high, interval.high, rel_tol=1e-9)
+  assert (test.n, test.base_n) == (len(a), len(b))
+
+
+def test_welch_matches_published_examples():
+  # R's t.test (Welch by default) as printed in its output: t = -1.8325, df = 17.9,
+  # p-value = 0.08356, 95 percent confidence interval -2.1469104 0.1469104.
+  test = significance.welch([11, 9, 10, 11, 10, 12, 9, 11, 12, 9], [11, 13, 10, 13, 12, 9, 11, 12, 12, 11])
+  assert round(test.difference / test.se, 4) == -1.8325 and round(test.df, 1) == 17.9
+  assert round(test.p, 5) == 0.08356 and (round(test.low, 7), round(test.high, 7)) == (-2.1469104, 0.1469104)
+  # Wikipedia, "Welch's t-test", examples 1 and 2: t = -2.46, ν = 25.0, p = 0.021; t = -1.57, ν = 9.9, p = 0.149.
+  a1 = [27.5, 21.0, 19.0, 23.6, 17.0, 17.9, 16.9, 20.1, 21.9, 22.6, 23.1, 19.6, 19.0, 21.7, 21.4]
+  a2 = [27.1, 22.0, 20.8, 23.4, 23.4, 23.5, 25.8, 22.0, 24.8, 20.2, 21.9, 22.1, 22.9, 20.5, 24.4]
+  test = significance.welch(a1, a2)
+  assert (round(test.difference / test.se, 2), round(test.df, 1), round(test.p, 3)) == (-2.46, 25.0, 0.021)
+  b1 = [17.2, 20.9, 22.6, 18.1, 21.7, 21.4, 23.5, 24.2, 14.7, 21.8]
+  b2 = [21.5, 22.8, 21.0, 23.0, 21.6, 23.6, 22.5, 20.7, 23.4, 21.8, 20.7, 21.7, 21.5, 22.5, 23.6, 21.5, 22.5, 23.5,
+        21.5, 21.8]
+  test = significance.welch(b1, b2)
+  assert (round(test.difference / test.se, 2), round(test.df, 1), round(test.p, 3)) == (-1.57, 9.9, 0.149)
+
+
+def test_welch_from_a_tables_mean_std_and_n_equals_welch_from_the_values():
+  a, b = [2.404, 2.416], [2.486, 2.538]
+  test = significance.welch(a, b)
+  assert significance.welch_summary(*significance.summary(a), *significance.summary(b)) == test
+  scipy = stats.ttest_ind_from_stats(*significance.summary(a), *significance.summary(b), equal_var=False)
+  assert math.isclose(test.p, scipy.pvalue, rel_tol=1e-9)
+  # 2 seeds a side: 1 to 2 degrees of freedom.
+  assert 1 <= test.df <= 2
+
+
+def test_holm_against_a_hand_worked_example():
+  # Sorted: 0.005 x 4 = 0.02, 0.01 x 3 = 0.03, 0.03 x 2 = 0.06, 0.04 x 1 = 0.04 -> 0.06 (never below the one before).
+  adjusted = significance.holm([0.01, 0.04, 0.03, 0.005])
+  assert adjusted == pytest.approx([0.03, 0.06, 0.06, 0.02])
+  assert [significance.significant(p) for p in adjusted] == [True, False, False, True]
+  # No test (nan) is not counted among m and stays nan; adjusted p-values stop at 1.
+  adjusted = significance.holm([0.01, math.nan, 0.04, 0.6])
+  assert adjusted[0] == pytest.approx(0.03) and math.isnan(adjusted[1]) and adjusted[2:] == pytest.approx([0.08, 0.6])
+  assert significance.holm([0.5, 0.7]) == [1.0, 1.0] and significance.holm([]) == []
+
+
+def rows_of(table: str) -> dict[str, list[str]]:
+  lines = table.splitlines()[2:]
+  return {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in lines}
+
+
+def test_rows_with_fewer_than_two_seeds_get_no_p_value_and_no_mark():
+  results = [result("vanilla", 0, 2.50, 26.0), result("vanilla", 1, 2.51, 26.1),
+             result("rope", 0, 1.50, 36.0)]  # far better, but one seed
+  assert not significance.welch([1.5], [2.5, 2.51]).tested and not significance.welch([1.5, 1.6], [2.5]).tested
+  final = rows_of(ablations.modifications_table(results))["`rope`"][5]
+  assert final == "1.500 (−1.005)"  # no mark
+  tests = [c.strip() for c in ablations.tests_table(results).splitlines()[2].split("|")[1:-1]]
+  assert tests == ["`rope`", "Final loss", "1 / 2", "1.500", "−1.005", "n/a", "n/a", "n/a", "n/a"]
+  report = ablations.markdown(results, [], {}, "cmd", [])
+  assert "the table's tests: none here." in report and "Welch's t-tests against" not in report
+  # No spread on either side (se = 0): no test either.
+  assert not significance.welch([1.0, 1.0], [2.0, 2.0]).tested
+
+
+def test_marks_mean_significant_after_holms_correction():
+  """Five seeds each: `rope` is far better (survives the correction), `gelu` has p < 0.05
+  alone but not after Holm's correction over the table's 4 tests (final loss and BLEU, whose
+  means do not differ)."""
+  base = [2.00, 2.02, 2.04, 2.06, 2.08]
+  gelu, rope = [1.95, 1.97, 1.99, 2.01, 2.03], [1.50, 1.52, 1.54, 1.56, 1.58]
+  bleu = [30.0, 30.5, 31.0, 30.2, 30.8]  # the same for every variant: p = 1
+  results = [result(name, i, v, bleu[i]) for name, values in (("vanilla", base), ("gelu", gelu), ("rope", rope))
+             for i, v in enumerate(values)]
+  raw = {name: stats.ttest_ind(values, base, equal_var=False).pvalue for name, values in (("gelu", gelu), ("rope", rope))}
+  assert raw["gelu"] < 0.05 and 3 * raw["gelu"] > 0.05 and 4 * raw["rope"] < 0.05
+  found = {(c["variant"], c["column"]): c for c in ablations.comparisons(results)}
+  assert len(found) == 4  # 2 variants x final loss and BLEU
+  assert found["gelu", "BLEU test"]["welch"].p == 1.0 and found["gelu", "BLEU test"]["adjusted"] == 1.0
+  # Holm: the smallest p (rope's) x 4, the next (gelu's) x 3.
+  assert found["rope", "Final loss"]["adjusted"] == pytest.approx(4 * raw["rope"])
+  assert found["gelu", "Final loss"]["adjusted"] == pytest.approx(3 * raw["gelu"])
+  rows = rows_of(ablations.modifications_table(results))
+  assert rows["`gelu`"][5] == "1.990 ± 0.032 (−0.050)" and rows["`rope`"][5] == "1.540 ± 0.032 (−0.500*)"
+  assert rows["`rope`"][4] == "2.540 ± 0.032 (−0.500)"  # early loss: shown untested, never marked
+  gelu_row, _, rope_row, _ = ablations.tests_table(results).splitlines()[2:]
+  assert gelu_row.startswith("| `gelu` | Final loss | 5 / 5 | 1.990 ± 0.032 | −0.050 | [−0.0")
+  assert gelu_row.endswith(f"| {raw['gelu']:.3f} | {3 * raw['gelu']:.3f} |")
+  assert rope_row.startswith("| `rope` | Final loss |") and rope_row.endswith("| < 0.001 | < 0.001* |")
+  report = ablations.markdown(results, [], {}, "cmd", [])
+  assert "then Holm's correction over all 4 tests of the table" in report
+  assert "* marks a difference significant at 0.05 after the correction" in report and "twice its standard" not in report
+
+
+def test_the_multiplier_takes_means_on_both_sides_with_an_interval_from_the_seeds():
+  # Vanilla's two seeds: 3.0 / 2.0 / 1.0 and 3.2 / 2.2 / 1.2 at 1e12 / 1e13 / 1e14 FLOPs; their
+  # mean curve 3.1 / 2.1 / 1.1. Transformer++'s two seeds end at 1.5 and 1.7, mean 1.6, at 1e13.
+  results = [result("vanilla", 0, 1.0, curve=[(1e12, 3.0), (1e13, 2.0), (1e14, 1.0)]),
+             result("vanilla", 1, 1.2, curve=[(1e12, 3.2), (1e13, 2.2), (1e14, 1.2)]),
+             result("transformer++", 0, 1.5, curve=[(1e12, 2.5), (1e13, 1.5)]),
+             result("transformer++", 1, 1.7, curve=[(1e12, 2.7), (1e13, 1.7)]),
+             result("transformer++", 0, 1.0, size="large", curve=[(1e13, 1.0)])]
+  for point, expected in zip(multiplier.mean_curve(results[:2]), [(1e12, 3.1), (1e13, 2.1), (1e14, 1.1)], strict=True):
+    assert point[:2] == pytest.approx(expected) and point[2:] == (pytest.approx(0.02**0.5), 2)
+  rows = {m["size"]: m for m in multiplier.multipliers(results)}
+  base = rows["base"]
+  # 1.6 is halfway from 2.1 to 1.1 in log FLOPs: 10^13.5, 10^0.5 times Transformer++'s. Vanilla's
+  # best seed alone (2.0 -> 1.0) would have given 10^0.4.
+  assert base["nll"] == pytest.approx(1.6) and base["multiplier"] == pytest.approx(10**0.5)
+  # The NLL gap's se is sqrt(0.02/2 + 0.02/2), with 2 degrees of freedom: NLL 1.6 +- h. At
+  # 1.6 + h vanilla's mean curve is reached between 1e12 (3.1) and 1e13 (2.1); at 1.6 - h never.
+  h = stats.t.ppf(0.975, 2) * 0.02**0.5
+  assert base["low"] == pytest.approx(10 ** (12 + (3.1 - (1.6 + h)) - 13)) and math.isinf(base["high"])
+  assert (base["seeds"], base["weak_seeds"]) == (2, 2)
+  large = rows["large"]
+  assert math.isnan(large["low"]) and large["seeds"] == 1
+  report = ablations.markdown(results, [], {}, "cmd", [])
+  assert f"| **3.16x** | 2 / 2 | [{base['low']:.2f}x, > 10.00x] |" in report
+  assert "| not reached | **> 10.00x** | 1 / 2 | no interval: 1 seed of Transformer++ |" in report
+  assert "Both sides are means over seeds" in report
+
+
+def write_run(root, name, variant, seed, final, bleu, config, size="base"):
+  """A finished run's files as seq2seq-train and seq2seq-eval write them."""
+  run = root / name
+  (run / "eval").mkdir(parents=True)
+  (run / "config.json").write_text(json.dumps(config))
+  steps = config["train"]["steps"]
+  records = [{"step": s, "loss": 4.0, "tokens": 1000.0, "wall_time_s": s / 10} for s in range(10, steps + 1, 10)]
+  records += [{"step": s, "val_nll": final + (steps - s) / steps} for s in range(50, steps + 1, 50)]
+  (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+  decode = {k: config["eval"][k] for k in ("beam_size", "alpha")}
+  for split in config["data"]["test_splits"]:
+    (run / "eval" / f"{split}.step{steps}.beam.json").write_text(json.dumps({"bleu": bleu, "decode": decode,
+                                                                             "seconds": 1.0, "hardware": "test CPU"}))
+  return {"name": name, "variant": variant, "size": size, "seed": seed, "command": f"train {name}"}
+
+
+def test_the_report_from_run_files_carries_the_tests_and_the_intervals(tmp_path):
+  config = json.loads(configs.get("tiny").to_json_best_effort())
+  runs = [write_run(tmp_path, f"{v}-s{seed}", v, seed, final, bleu, config)
+          for v, seed, final, bleu in (("vanilla", 0, 2.50, 26.5), ("vanilla", 1, 2.52, 27.0),
+                                       ("swiglu", 0, 2.38, 27.6), ("swiglu", 1, 2.39, 27.9),
+                                       ("transformer++", 0, 2.20, 30.2))]
+  runs.append(write_run(tmp_path, "transformer++@small-s0", "transformer++", 0, 2.56, 25.0, config, "small"))
+  (tmp_path / "sweep.json").write_text(json.dumps({"runs": runs, "sweeps": ["python -m seq2seq.research.sweep x"]}))
+  ablations.write(tmp_path, tmp_path / "ablations.md")
+  report = (tmp_path / "ablations.md").read_text()
+  assert "| `swiglu` | 2 |" in report and "| `transformer++` | 1 |" in report
+  heading = "| Variant | Column | n (variant / `vanilla`) | mean ± std | difference | 95% interval | Welch df | p | p, Holm |"
+  assert heading in report
+  tests = [line.split("|")[1].strip() for line in report[report.index(heading):].split("\n\n")[0].splitlines()[2:]]
+  assert tests == ["`swiglu`", "`swiglu`", "`transformer++`", "`transformer++`"]  # final loss, BLEU each
+  swiglu = [line for line in report.splitlines() if line.startswith("| `swiglu` | Final loss |")][0]
+  expected = significance.welch([2.38, 2.39], [2.50, 2.52])
+  assert swiglu.startswith(f"| `swiglu` | Final loss | 2 / 2 | 2.385 ± 0.007 | −0.125 | [−{-expected.low:.3f}, "
+                           f"−{-expected.high:.3f}] | {expected.df:.2f} | {expected.p:.3f} |")
+  assert "| `transformer++` | Final loss | 1 / 2 | 2.200 | −0.310 | n/a | n/a | n/a | n/a |" in report
+  assert "Holm's correction over all 2 tests of the table" in report
+  assert "| seeds (Transformer++ / vanilla) | 95% interval |" in report and "no interval: 1 seed of Transformer++" in report
