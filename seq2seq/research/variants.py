@@ -4,10 +4,18 @@ overrides, defined here and nowhere else.
 `vanilla` is Vaswani et al.'s Transformer: post-norm LayerNorm, ReLU, sinusoidal positions,
 biases, tied output embedding. Every other variant is vanilla plus one modification (as in
 Narang et al. 2021, "Do Transformer Modifications Transfer Across Implementations and
-Applications?"), except `transformer++`, the LLaMA-style bundle (pre-norm RMSNorm, SwiGLU,
-RoPE, no biases) that Gu & Dao 2023 compare against vanilla. Names joined by + combine
-variants in order ("prenorm+rope": vanilla, then pre-norm, then RoPE), to test a modification
-on another base (`python -m seq2seq.research.sweep --baseline=prenorm`).
+Applications?"), except `transformer++`. Names joined by + combine variants in order
+("prenorm+rope": vanilla, then pre-norm, then RoPE), to test a modification on another base
+(`python -m seq2seq.research.sweep --baseline=prenorm`).
+
+`transformer++` here is vanilla with four changes at once: pre-norm residual blocks with
+RMSNorm (and a final RMSNorm per stack), a SwiGLU feed-forward at 2/3 width, rotary
+positions, and no biases (RMSNorm has a scale only); it keeps vanilla's encoder-decoder, tied
+output embedding, sizes and learning rate, and is compared on translation (NLL, BLEU). Gu &
+Dao (2023, Mamba) name Transformer++ a decoder-only language model: the GPT-3 architecture
+improved as in the PaLM and LLaMA recipes (rotary embeddings, SwiGLU, RMSNorm, no linear
+biases), compared on language-modelling perplexity. The architectural recipe is theirs; the
+task, the model's shape, the scale and the training are not (docs/sweeps.md#variants).
 
 Widths are set so that parameters stay comparable:
 - Gated feed-forwards (glu, reglu, geglu, swiglu) have three matrices instead of two, so
