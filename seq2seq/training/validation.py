@@ -38,11 +38,11 @@ def bleu_validator(config, model_cfg, graphdef, tok, mesh):
   equal to `beam_size` its search programs are eval.py's, so the compilation cache they go
   into spares eval.py compiling them (`validate.translator`)."""
   e = config.eval
-  n = e.get("val_bleu_sentences", 0)
+  n = e.val_bleu_sentences
   if not n:
     return None
   pairs = data.eval_pairs(config, config.data.validation_split)[:n]
-  translator = Translator(model_cfg, graphdef, tok, mesh, **search_settings(e, beam_size=e.get("val_beam_size", 1)))
+  translator = Translator(model_cfg, graphdef, tok, mesh, **search_settings(e, beam_size=e.val_beam_size))
 
   def validate(params) -> dict[str, float]:
     start = time.perf_counter()
