@@ -71,6 +71,37 @@ def test_each_variant_changes_what_it_names_and_nothing_else(name, settings):
     assert abs(layer_params(cfg) / layer_params(plain) - 1) < 0.01
 
 
+def test_adanorm_as_xu_et_al_released_it_is_prenorm_with_scale_two():
+  """`adanorm-xu`: pre-norm, AdaNorm with C = 2 and k = 0.1 (their released IWSLT14 script),
+  a valid model that differs from vanilla in those settings only, and from `prenorm` in the
+  norm; it has no norm parameters (AdaNorm has no gain or bias)."""
+  vanilla, cfg, prenorm = model_of("vanilla"), model_of("adanorm-xu"), model_of("prenorm")
+  changed = {k: getattr(cfg, k) for k in vars(cfg) if getattr(cfg, k) != getattr(vanilla, k)}
+  assert changed == {"norm_position": "pre", "norm": "adanorm", "adanorm_c": 2.0}
+  assert cfg.adanorm_k == 0.1 and prenorm.norm == "layernorm" and prenorm.norm_position == "pre"
+  assert not [p for p in param_paths(cfg) if "norm" in p]
+  assert variants.parts("prenorm+adanorm-xu") == ["prenorm", "adanorm-xu"] and variants.available("adanorm-xu")
+  assert "C = 2" in variants.describe("adanorm-xu")
+
+
+@pytest.mark.skipif(not variants.available("relative"), reason="model.positions=relative is not in this version")
+def test_relative_positions_variant_changes_the_positions_only():
+  vanilla = model_of("vanilla")
+  for name, base in (("relative", vanilla), ("prenorm+relative", model_of("prenorm"))):
+    cfg = model_of(name)
+    assert {k for k in vars(cfg) if getattr(cfg, k) != getattr(base, k)} == {"positions"} and cfg.positions == "relative"
+  assert "relative" in variants.DEFAULT and variants.DEFAULT.index("relative") == variants.DEFAULT.index("rope") + 1
+
+
+def test_a_variant_the_model_does_not_offer_is_refused_when_planned(monkeypatch):
+  """Until the model has a choice a variant sets (as `relative` had to wait for
+  model.positions=relative), planning its runs fails, naming the setting."""
+  monkeypatch.setitem(variants.VARIANTS, "hyperbolic", ("", lambda m, v: {"model.positions": "hyperbolic"}))
+  assert not variants.available("prenorm+hyperbolic") and variants.available("prenorm+rope")
+  with pytest.raises(ValueError, match="model.positions='hyperbolic', which this version's model does not offer"):
+    sweep.plan(configs.get("tiny"), "tiny", [], ["prenorm+hyperbolic"], ["base"], seeds=1)
+
+
 def layer_params(cfg: ModelConfig) -> int:
   return variants.layer_params({k: v for k, v in vars(cfg).items() if k != "vocab_size"}, cfg.vocab_size)
 

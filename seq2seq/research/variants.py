@@ -17,6 +17,22 @@ improved as in the PaLM and LLaMA recipes (rotary embeddings, SwiGLU, RMSNorm, n
 biases), compared on language-modelling perplexity. The architectural recipe is theirs; the
 task, the model's shape, the scale and the training are not (docs/sweeps.md#variants).
 
+`adanorm-xu` is AdaNorm as Xu et al. (2019, "Understanding and Improving Layer
+Normalization") released it for translation, also a bundle: pre-norm residual blocks and
+norm = adanorm with k = 1/10 and scale C = 2 (their script `machine translation/
+baseline-adanorm-km.sh` in lancopku/AdaNorm: fairseq's IWSLT14 de-en Transformer with
+--encoder-normalize-before --decoder-normalize-before --lnv adanorm --adanorm_scale 2; their
+README's command line shows --adanorm_scale 1). Their fairseq norm divides by the standard
+deviation plus eps and uses Kaiming initialisation (--init_method km); here the norm is
+seq2seq/model/layers.py's Norm, z = C (1 - k y) y with y standardised and C (1 - k y)
+detached, and initialisation stays the project's. `adanorm` alone is that norm with the base
+config's C (1 by default) on post-norm vanilla. Run it beside LayerNorm and RMSNorm on the
+pre-norm base: --variants=prenorm,prenorm+rmsnorm,prenorm+adanorm,adanorm-xu --baseline=prenorm.
+
+`relative` is T5's bucketed relative position bias (model.positions=relative, Raffel et al.
+2020). A variant that sets a model choice this version does not offer yet is refused when its
+runs are planned (`available`), and the default grid takes `relative` only where the model has it.
+
 Widths are set so that parameters stay comparable:
 - Gated feed-forwards (glu, reglu, geglu, swiglu) have three matrices instead of two, so
   their hidden width is 2/3 of the base d_ff, rounded to a multiple of 8 (`glu_width`):
@@ -34,6 +50,7 @@ learning rate goes with d_model^-0.5, as in Vaswani et al.'s schedule (`size_lea
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 
@@ -42,7 +59,7 @@ from flax import nnx
 
 from seq2seq.errors import ConfigError
 from seq2seq.model import transformer
-from seq2seq.model.config import ModelConfig
+from seq2seq.model.config import CHOICES, ModelConfig
 
 # The settings every variant starts from; a variant's own overrides replace some of them.
 VANILLA = {"model.norm_position": "post", "model.norm": "layernorm", "model.activation": "relu",
@@ -117,8 +134,12 @@ VARIANTS: dict[str, tuple[str, Callable[[dict, int], dict]]] = {
     "rmsnorm": ("RMSNorm instead of LayerNorm", lambda m, v: {"model.norm": "rmsnorm"}),
     "prenorm": ("pre-norm residual blocks", lambda m, v: {"model.norm_position": "pre"}),
     "adanorm": ("AdaNorm instead of LayerNorm", lambda m, v: {"model.norm": "adanorm"}),
+    "adanorm-xu": ("pre-norm AdaNorm with C = 2, k = 0.1 (Xu et al. 2019's released translation setting)",
+                   lambda m, v: {"model.norm_position": "pre", "model.norm": "adanorm", "model.adanorm_c": 2.0,
+                                 "model.adanorm_k": 0.1}),
     "learned": ("learned position embeddings", lambda m, v: {"model.positions": "learned"}),
     "rope": ("rotary position embeddings", lambda m, v: {"model.positions": "rope"}),
+    "relative": ("T5 relative position bias, bucketed, per head", lambda m, v: {"model.positions": "relative"}),
     "untied": ("output projection untied from the target embedding", lambda m, v: {"model.tie_output": False}),
     "nobias": ("no biases in attention and feed-forward", lambda m, v: {"model.use_bias": False}),
     "deep": ("2x the layers, d_model x3/4, d_ff for equal layer parameters", _depth(2.0)),
@@ -128,9 +149,10 @@ VARIANTS: dict[str, tuple[str, Callable[[dict, int], dict]]] = {
                                     "model.use_bias": False} | _gated("swiglu")(m, v)),
 }
 
-# The default grid of `python -m seq2seq.research.sweep` (12 variants; the others are there to name).
-DEFAULT = ("vanilla", "gelu", "swish", "reglu", "geglu", "swiglu", "rmsnorm", "prenorm", "learned", "rope", "nobias",
-           "transformer++")
+# The default grid of `python -m seq2seq.research.sweep` (12 variants, 13 with `relative` once the
+# model offers model.positions=relative; the others are there to name).
+DEFAULT = ("vanilla", "gelu", "swish", "reglu", "geglu", "swiglu", "rmsnorm", "prenorm", "learned", "rope",
+           *(("relative",) if "relative" in CHOICES["positions"] else ()), "nobias", "transformer++")
 
 
 def size_overrides(size: str, model: dict) -> dict:
@@ -187,7 +209,23 @@ def overrides(name: str, model: dict, vocab_size: int, size: str = "base") -> di
   for part in names:
     current = model | {k.split(".", 1)[1]: v for k, v in (sized | changes).items()}
     changes |= VARIANTS[part][1](current, vocab_size)
+  for key, value in changes.items():
+    offered = CHOICES.get(key.split(".", 1)[1], (value,))
+    if value not in offered:
+      raise ConfigError(f"variant {name!r} sets {key}={value!r}, which this version's model does not offer "
+                        f"(seq2seq/model/config.py: {', '.join(offered)})")
   return sized | changes
+
+
+def available(name: str) -> bool:
+  """Whether this version's model offers every choice variant `name` sets (`relative` needs
+  model.positions=relative)."""
+  model = {f.name: f.default for f in dataclasses.fields(ModelConfig) if f.name != "vocab_size"}
+  try:
+    overrides(name, model, 1000)
+  except ConfigError:
+    return False
+  return True
 
 
 def flag(key: str, value) -> str:
