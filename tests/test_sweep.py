@@ -17,7 +17,7 @@ import pytest
 from flax import nnx
 
 from seq2seq import configs, metrics
-from seq2seq.research import ablations, multiplier, significance, sweep, variants
+from seq2seq.research import ablations, multiplier, runs as sweep_runs, significance, sweep, variants
 from seq2seq.model.config import ModelConfig
 from seq2seq.model.transformer import abstract, count_params
 
@@ -290,7 +290,7 @@ def test_a_rerun_skips_finished_runs_and_trains_only_the_rest(tmp_path, monkeypa
       (run.workdir(tmp_path) / "eval").mkdir()
       (run.workdir(tmp_path) / "eval" / f"test_2016_flickr.step{last}.beam2-alpha0.6.json").write_text("{}")
   calls = []
-  monkeypatch.setattr(sweep.subprocess, "run", lambda argv, **kw: calls.append(argv[2:4]) or
+  monkeypatch.setattr(sweep_runs.subprocess, "run", lambda argv, **kw: calls.append(argv[2:4]) or
                       subprocess.CompletedProcess(argv, 0))
   for run in runs:
     if not run.finished(tmp_path):

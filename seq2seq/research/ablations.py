@@ -114,15 +114,16 @@ def read_run(workdir: pathlib.Path, entry: dict) -> Result | None:
                 config["train"]["learning_rate"], train_seconds, eval_seconds)
 
 
-def collect(root: pathlib.Path) -> tuple[list[Result], list[str], list[str]]:
-  """(finished runs, names of the unfinished ones, the sweep commands) of the sweeps in `root`."""
+def collect(root: pathlib.Path, reader=None, command: str = SWEEP) -> tuple[list, list[str], list[str]]:
+  """(finished runs, names of the unfinished ones, the sweep commands) of the sweeps in `root`,
+  each run read by `reader(workdir, manifest entry)` (`read_run`; None while unfinished)."""
   manifest = root / "sweep.json"
   if not manifest.is_file():
-    raise ConfigError(f"{manifest} does not exist: run `{SWEEP} --config=... --workdir={root}` first")
+    raise ConfigError(f"{manifest} does not exist: run `{command} --config=... --workdir={root}` first")
   results, missing = [], []
   listed = json.loads(manifest.read_text())
   for entry in listed["runs"]:
-    result = read_run(root / entry["name"], entry)
+    result = (reader or read_run)(root / entry["name"], entry)
     (results.append(result) if result else missing.append(entry["name"]))
   return results, missing, list(dict.fromkeys(canonical(c) for c in listed.get("sweeps", [])))
 
@@ -207,16 +208,24 @@ def tests_table(results: list[Result], size: str = "base", baseline: str = "vani
   variant's mean ± std, the difference, its 95% interval, Welch's degrees of freedom, p and
   Holm's adjusted p (* below 0.05); "n/a" where there is no test. Empty without tests."""
   found = comparisons(results, size, baseline)
+  return format_tests([c | {"row": (f"`{c['variant']}`", c["column"])} for c in found], ("Variant", "Column"),
+                      baseline)
+
+
+def format_tests(found: list[dict], head: tuple[str, ...], baseline: str) -> str:
+  """Markdown of Welch's tests, one row per {row (the cells under `head`), format, mean, std,
+  welch, adjusted}: n on each side, the mean ± std, the difference, its 95% interval, Welch's
+  degrees of freedom, p and Holm's adjusted p (* below 0.05). Empty without tests."""
   if not found:
     return ""
   p = lambda x: "n/a" if math.isnan(x) else ("< 0.001" if x < 0.001 else f"{x:.3f}")
-  lines = [f"| Variant | Column | n (variant / `{baseline}`) | mean ± std | difference | 95% interval | Welch df | p "
-           "| p, Holm |", "|---|---|---|---|---|---|---|---|---|"]
+  lines = [f"| {' | '.join(head)} | n ({head[0].lower()} / `{baseline}`) | mean ± std | difference | 95% interval "
+           "| Welch df | p | p, Holm |", "|---" * (len(head) + 7) + "|"]
   for c in found:
     w, fmt = c["welch"], c["format"]
     spread = f" ± {fmt.format(c['std'])}" if math.isfinite(c["std"]) else ""
     interval = f"[{_signed(w.low, fmt)}, {_signed(w.high, fmt)}]" if w.tested else "n/a"
-    lines.append(f"| `{c['variant']}` | {c['column']} | {w.n} / {w.base_n} | {fmt.format(c['mean'])}{spread} | "
+    lines.append(f"| {' | '.join(c['row'])} | {w.n} / {w.base_n} | {fmt.format(c['mean'])}{spread} | "
                  f"{_signed(w.difference, fmt)} | {interval} | {f'{w.df:.2f}' if w.tested else 'n/a'} | {p(w.p)} | "
                  f"{p(c['adjusted'])}{'*' if significance.significant(c['adjusted']) else ''} |")
   return "\n".join(lines) + "\n"

@@ -20,13 +20,8 @@ the sweeps in DIR have named.
 
 from __future__ import annotations
 
-import ctypes
-import dataclasses
-import json
 import pathlib
 import shlex
-import signal
-import subprocess
 import sys
 
 from absl import flags
@@ -35,7 +30,8 @@ from ml_collections import config_flags
 from seq2seq.errors import ConfigError
 from seq2seq import cli
 from seq2seq.research import ablations, variants
-from seq2seq.inference import evaluate
+# The runs' machinery, here by its old names too (Run, plan, execute, ...: seq2seq/research/runs.py).
+from seq2seq.research.runs import MANIFEST, Run, execute, plan, run_all, user_overrides, write_manifest  # noqa: F401
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "The base config (a shipped name or a file); "
                                           "--config.KEY=VALUE overrides apply to every run.", lock_config=True)
@@ -48,114 +44,6 @@ _LIST = flags.DEFINE_bool("list", False, "Print each run's commands, one line pe
 _TABLE = flags.DEFINE_bool("table", False, "Only build the tables and plots from the runs in --workdir.")
 _BASELINE = flags.DEFINE_string("baseline", "vanilla", "The variant the modifications table compares every row with.")
 _OUTPUT = flags.DEFINE_string("output", "", "Where the markdown goes (plots beside it); default DIR/ablations.md.")
-
-MANIFEST = "sweep.json"
-
-
-@dataclasses.dataclass(frozen=True)
-class Run:
-  name: str  # the sub-directory: variant[@size]-sSEED
-  variant: str
-  size: str
-  seed: int
-  train: tuple[str, ...]  # seq2seq-train's arguments
-  splits: tuple[str, ...]  # the test sets eval writes, as file-name stems
-  steps: int
-
-  def workdir(self, root: pathlib.Path) -> pathlib.Path:
-    return root / self.name
-
-  def commands(self, root: pathlib.Path) -> list[list[str]]:
-    workdir = str(self.workdir(root))
-    return [["seq2seq-train", *self.train, f"--workdir={workdir}"], ["seq2seq-eval", f"--workdir={workdir}"]]
-
-  def shell(self, root: pathlib.Path) -> str:
-    return " && ".join(shlex.join(c) for c in self.commands(root))
-
-  def trained(self, root: pathlib.Path) -> bool:
-    return (self.workdir(root) / "checkpoints" / str(self.steps)).is_dir()
-
-  def finished(self, root: pathlib.Path) -> bool:
-    """Trained and evaluated at the last step on every test set."""
-    evaluated = self.workdir(root) / "eval"
-    return self.trained(root) and all(evaluate.saved_results(evaluated, split, f"step{self.steps}")
-                                      for split in self.splits)
-
-
-def user_overrides(argv: list[str]) -> list[str]:
-  """The --config.KEY=VALUE flags of the command line, in order."""
-  out = []
-  for arg in argv:
-    if arg.startswith("--config."):
-      if "=" not in arg:
-        raise ConfigError(f"write {arg} as {arg}=VALUE: the sweep passes overrides on to each run")
-      out.append(arg)
-  return out
-
-
-def plan(config, config_arg: str, overrides: list[str], names: list[str], sizes: list[str], seeds: int) -> list[Run]:
-  """The runs of a sweep, in order: seeds outermost, so a sweep cut short has every variant
-  of the first seed."""
-  if seeds < 1:
-    raise ConfigError(f"--seeds must be >= 1, got {seeds}")
-  for name in names:
-    try:
-      variants.parts(name)
-    except ValueError as e:
-      raise ConfigError(f"--variants: {e}") from None
-  model = config.model.to_dict()
-  splits = tuple(evaluate.result_name(s) for s in config.data.test_splits)
-  runs = []
-  for i in range(seeds):
-    seed = config.seed + i
-    for size in sizes:
-      for name in names:
-        changes = variants.overrides(name, model, config.data.vocab_size, size)
-        changes |= variants.size_learning_rate(size, config.train.learning_rate)
-        mine = {f"--config.{k}" for k in changes} | {"--config.seed"}
-        kept = [o for o in overrides if o.split("=", 1)[0] not in mine]  # the variant's settings win
-        train = (f"--config={config_arg}", *kept, *(variants.flag(k, v) for k, v in changes.items()),
-                 f"--config.seed={seed}")
-        label = name if size == "base" else f"{name}@{size}"
-        runs.append(Run(f"{label}-s{seed}", name, size, seed, train, splits, config.train.steps))
-  return runs
-
-
-def write_manifest(root: pathlib.Path, runs: list[Run], command: str) -> None:
-  """DIR/sweep.json: every run and sweep command so far (earlier sweeps' are kept)."""
-  path = root / MANIFEST
-  old = json.loads(path.read_text()) if path.is_file() else {"runs": [], "sweeps": []}
-  known = {r["name"]: r for r in old["runs"]}
-  sweeps = [c for c in dict.fromkeys(map(ablations.canonical, old.get("sweeps", []))) if c != command] + [command]
-  for run in runs:
-    known[run.name] = {"name": run.name, "variant": run.variant, "size": run.size, "seed": run.seed,
-                       "command": run.shell(root)}
-  root.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_suffix(".tmp")
-  tmp.write_text(json.dumps({"runs": list(known.values()), "sweeps": sweeps}, indent=1) + "\n")
-  tmp.replace(path)
-
-
-def _die_with_parent() -> None:
-  """In the child: SIGKILL when the sweep dies (Linux), so a killed sweep leaves no run
-  training on in the background while a rerun resumes it."""
-  try:
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-  except (OSError, AttributeError):
-    pass
-
-
-def execute(run: Run, root: pathlib.Path) -> int:
-  """Trains (resuming) and evaluates one run with this Python; its exit status."""
-  modules = {"seq2seq-train": "seq2seq.commands.train", "seq2seq-eval": "seq2seq.commands.eval"}
-  for command in run.commands(root):
-    if command[0] == "seq2seq-train" and run.trained(root):
-      continue
-    status = subprocess.run([sys.executable, "-m", modules[command[0]], *command[1:]],
-                            preexec_fn=_die_with_parent).returncode
-    if status:
-      return status
-  return 0
 
 
 def main(argv) -> None:
@@ -174,14 +62,7 @@ def main(argv) -> None:
       print(run.shell(root))
     return
   write_manifest(root, runs, shlex.join([*ablations.SWEEP.split(), *sys.argv[1:]]))
-  failed = []
-  for i, run in enumerate(runs, 1):
-    if run.finished(root):
-      print(f"[{i}/{len(runs)}] {run.name}: finished already", flush=True)
-      continue
-    print(f"[{i}/{len(runs)}] {run.name}: {run.shell(root)}", flush=True)
-    if execute(run, root):
-      failed.append(run.name)
+  failed = run_all(runs, root)
   print(ablations.write(root, _OUTPUT.value or root / "ablations.md", baseline=_BASELINE.value))
   if failed:
     raise SystemExit(f"{len(failed)} run(s) failed: {', '.join(failed)}; rerun the sweep to retry them")
