@@ -2,6 +2,10 @@
 core imports them (tests/test_layout.py).
 
   sweep.py         python -m seq2seq.research.sweep: one run per (variant, size, seed), resumable
+  runs.py          a sweep's runs as shell commands: planned, listed in DIR/sweep.json, run, resumed
+  positions.py     python -m seq2seq.research.positions: the length-extrapolation study of positions
+  lengths.py       BLEU and NLL by source length (the study's per-run evaluation)
+  positions_report.py  the study's tables, tests and plot (docs/positions.md)
   variants.py      the named architecture variants a sweep runs (vanilla, swiglu, transformer++, ...)
   ablations.py     a sweep's tables (mean ± std, Welch tests, Holm-corrected marks) and plots
   significance.py  Welch's t-test with its interval, Holm's correction (scipy.stats)

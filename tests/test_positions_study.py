@@ -1,0 +1,258 @@
+"""The length-extrapolation study (seq2seq/research/positions.py, lengths.py and
+positions_report.py): sources bucketed by their tokens, BLEU per bucket as sacreBLEU gives it
+on the bucket's sentences, NLL per bucket from the forced score, the runs' commands, and the
+report (tables, tests, plot) from run files. positions.py defines absl flags, so it runs as a
+subprocess here, never imported."""
+
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import types
+
+import pytest
+from sacrebleu.metrics import BLEU
+
+from conftest import REPO
+from seq2seq.errors import ConfigError
+from seq2seq.inference.settings import SearchSettings
+from seq2seq.research import lengths, positions_report, significance, variants
+
+
+class Words:
+  """A tokenizer of whitespace-separated words, eos appended (as Tokenizer.encode does)."""
+
+  def encode(self, texts):
+    return [[5] * len(t.split()) + [1] for t in texts]
+
+
+def words(n: int, word: str = "w") -> str:
+  return " ".join([word] * n)
+
+
+def test_sources_are_bucketed_by_their_tokens_with_eos_at_multiples_of_the_training_length():
+  pairs = [(words(n), words(n + 1, "v")) for n in range(1, 71)]  # sources of 2 to 71 tokens with eos
+  columns = lengths.measure(Words(), {"val": pairs})
+  assert columns["src_len"] == list(range(2, 72)) and columns["tgt_len"] == list(range(3, 73))
+  upper = lengths.edges(16)
+  assert upper == (16, 32, 48, 64) and lengths.edges(16, (1, 1.5, 2)) == (16, 24, 32)
+  assert lengths.labels(upper) == ["1–16", "17–32", "33–48", "49–64", ">64"]
+  assert [lengths.bucket(n, upper) for n in (1, 16, 17, 32, 33, 64, 65)] == [0, 0, 1, 1, 2, 3, 4]
+  scored = columns | {"hypothesis": columns["reference"], "logprob": [-1.0] * 70}
+  assert [row["sentences"] for row in lengths.scores(scored, upper)] == [15, 16, 16, 16, 7]
+  assert [row["target_tokens"] for row in lengths.scores(scored, upper)] == [
+      sum(range(3, 18)), sum(range(18, 34)), sum(range(34, 50)), sum(range(50, 66)), sum(range(66, 73))]
+  with pytest.raises(ConfigError, match="positive"):
+    lengths.edges(0)
+
+
+def test_joined_pairs_fill_the_long_buckets():
+  pairs = [(words(n), words(n, "v")) for n in (3, 4, 5, 6, 7)]
+  assert lengths.joined(pairs, 2) == [(words(7), words(7, "v")), (words(11), words(11, "v"))]  # the 5th left out
+  columns = lengths.measure(Words(), {"val": pairs, "test": pairs[:4]}, joins=(1, 2, 4))
+  assert columns["split"] == ["val"] * 8 + ["test"] * 7
+  assert columns["join"] == [1] * 5 + [2, 2, 4] + [1] * 4 + [2, 2, 4]
+  assert columns["src_len"][5:8] == [8, 12, 19] and columns["source"][7] == words(18)  # 3+4+5+6 words and eos
+  scored = columns | {"hypothesis": columns["reference"], "logprob": [-1.0] * 15}
+  # Up to 8 tokens: 9 single sentences and the two joined pairs of 3+4 words; then 12 and 19 tokens, joined.
+  assert [(r["sentences"], r["joined"]) for r in lengths.scores(scored, lengths.edges(8))] == [
+      (11, 2), (2, 2), (2, 2), (0, 0), (0, 0)]
+  with pytest.raises(ConfigError, match=">= 1"):
+    lengths.joined(pairs, 0)
+
+
+def test_bucket_bleu_is_sacrebleu_on_the_buckets_sentences_and_nll_the_summed_forced_score_per_token():
+  references = ["a man rides a red bike", "two dogs run on the beach", "a woman sings on a stage",
+                "children play football in a park near the river", "an old man reads a newspaper on a bench"]
+  hypotheses = ["a man rides a bike", "two dogs run on a beach", "a woman is singing", "children play in a park",
+                "an old man reads a book on a bench"]
+  columns = {"split": ["val"] * 5, "join": [1, 1, 2, 1, 2], "src_len": [3, 4, 9, 12, 30], "tgt_len": [7, 7, 7, 10, 10],
+             "logprob": [-3.5, -2.0, -7.0, -12.5, -20.0], "hypothesis": hypotheses, "reference": references}
+  rows = lengths.scores(columns, (4, 8, 12, 16))
+  sacre = lambda idx: BLEU().corpus_score([hypotheses[i] for i in idx], [[references[i] for i in idx]]).score
+  assert rows[0]["bleu"] == pytest.approx(sacre([0, 1]), abs=1e-9) and rows[0]["nll"] == pytest.approx(5.5 / 14)
+  assert rows[2]["bleu"] == pytest.approx(sacre([2, 3]), abs=1e-9) and rows[2]["nll"] == pytest.approx(19.5 / 17)
+  assert rows[2]["joined"] == 1 and rows[4]["bleu"] == pytest.approx(sacre([4]), abs=1e-9)
+  assert rows[1]["sentences"] == 0 and math.isnan(rows[1]["bleu"]) and math.isnan(rows[1]["nll"])
+
+
+def test_the_study_refuses_a_source_the_model_would_cut():
+  translator = types.SimpleNamespace(settings=SearchSettings(max_len_a=1.0, max_len_b=10), position_limit=64,
+                                     source_limit=64)
+  lengths.check_fits(translator, [50, 54], [60, 64])
+  with pytest.raises(ConfigError, match="the longest evaluated source has 65 tokens.*--config.model.max_len=65"):
+    lengths.check_fits(translator, [65], [10])
+  with pytest.raises(ConfigError, match="outputs of up to 65 do not fit the learned position table of 64 rows"):
+    lengths.check_fits(translator, [55], [10])
+  with pytest.raises(ConfigError, match="references of up to 65"):
+    lengths.check_fits(translator, [10], [65])
+  sinusoidal = types.SimpleNamespace(settings=SearchSettings(), position_limit=None, source_limit=1024)
+  lengths.check_fits(sinusoidal, [1000], [2000])
+  with pytest.raises(ConfigError, match=r"\(eval.max_source_len\)"):
+    lengths.check_fits(sinusoidal, [1025], [10])
+
+
+def test_the_evaluation_records_the_translation_and_the_forced_score(tiny_run):
+  """On a trained tiny model: the hypotheses are Translator.translate's, the log-probabilities
+  Translator.score's (teacher-forced, unnormalized), so a bucket's NLL is the forced score."""
+  from seq2seq import data
+  from seq2seq.inference.translate import Translator
+
+  translator = Translator.from_workdir(tiny_run)
+  pairs = data.eval_pairs(translator.config, "val")[:24]
+  record = lengths.evaluate(translator, {"val": pairs}, joins=(1, 2))
+  columns = record["sentences"]
+  assert len(columns["source"]) == 36 and columns["src_len"] == [len(s) for s in translator.tok.encode(columns["source"])]
+  assert columns["hypothesis"] == translator.translate(columns["source"])
+  forced = translator.score(columns["source"], columns["reference"], normalize=False)
+  assert columns["logprob"] == pytest.approx(forced, rel=1e-6)
+  upper = lengths.edges(int(translator.config.data.max_len) // 4)
+  for b, row in enumerate(lengths.scores(columns, upper)):
+    rows = [i for i, n in enumerate(columns["src_len"]) if lengths.bucket(n, upper) == b]
+    assert row["sentences"] == len(rows)
+    if rows:
+      tokens = sum(columns["tgt_len"][i] for i in rows)
+      assert row["nll"] == pytest.approx(-sum(forced[i] for i in rows) / tokens, rel=1e-6)
+  assert record["position_table"] is None and record["checkpoint"] == translator.checkpoint
+  assert record["decode"]["beam_size"] == translator.settings.beam_size
+  with pytest.raises(ConfigError, match="eval.max_source_len"):
+    lengths.evaluate(Translator.from_workdir(tiny_run, max_source_len=8), {"val": pairs})
+
+
+def study(workdir, *extra, env=None, timeout=300):
+  return subprocess.run([sys.executable, "-m", "seq2seq.research.positions", f"--workdir={workdir}", *extra,
+                         "--compilation_cache="], capture_output=True, text=True, cwd=REPO, env=env, timeout=timeout)
+
+
+def kinds():
+  return ["sinusoidal", "learned", "rope"] + (["relative"] if variants.available("relative") else [])
+
+
+def test_list_prints_each_runs_training_and_evaluation(tmp_path):
+  listed = study(tmp_path, "--config=tiny", "--list", "--seeds=2", "--joins=1,3", "--config.train.steps=30")
+  assert listed.returncode == 0, listed.stderr[-2000:]
+  lines = listed.stdout.splitlines()
+  assert len(lines) == 2 * len(kinds())
+  for i, line in enumerate(lines):
+    seed, kind = divmod(i, len(kinds()))
+    kind = kinds()[kind]
+    name = ("prenorm" if kind == "sinusoidal" else f"prenorm+{kind}") + f"-s{seed}"
+    train, evaluation = line.split(" && ")
+    flags = train.split()
+    assert flags[:3] == ["seq2seq-train", "--config=tiny", "--config.train.steps=30"]
+    assert {f"--config.model.positions={kind}", "--config.model.norm_position=pre", f"--config.seed={seed}",
+            f"--workdir={tmp_path / name}"} <= set(flags)
+    assert evaluation == f"python -m seq2seq.research.positions --evaluate --workdir={tmp_path / name} --joins=1,3"
+  assert ("positions=relative is not in this version's model" in listed.stderr) != variants.available("relative")
+  assert not (tmp_path / "sweep.json").exists()  # --list runs nothing
+  bad = study(tmp_path, "--config=tiny", "--list", "--positions=sinusoidal,sinusoidal")
+  assert bad.returncode == 2 and "each position type once" in bad.stderr
+
+
+def write_run(root, name, kind, seed, bleu_noise, nll, steps=20):
+  """A finished run's files as the study leaves them: config.json, metrics.jsonl and its record."""
+  run = root / name
+  (run / "eval").mkdir(parents=True)
+  (run / "config.json").write_text(json.dumps({"train": {"steps": steps}, "data": {"max_len": 4},
+                                               "model": {"positions": kind, "max_len": 64},
+                                               "eval": {"beam_size": 2, "alpha": 0.6}}))
+  (run / "metrics.jsonl").write_text(json.dumps({"step": steps, "loss": 2.0, "wall_time_s": 60.0}) + "\n")
+  references = ["a man rides a red bike", "two dogs run on the beach", "a woman sings on a stage",
+                "children play football in a park", "an old man reads a newspaper"]
+  hypotheses = [r if i >= bleu_noise else " ".join(r.split()[:-1]) for i, r in enumerate(references)]
+  sentences = {"split": ["val"] * 5, "join": [1, 1, 1, 2, 2], "source": ["x"] * 5, "reference": references,
+               "hypothesis": hypotheses, "src_len": [2, 4, 6, 7, 20], "tgt_len": [7, 7, 7, 7, 6],
+               "logprob": [-nll * 7, -nll * 7, -2 * nll * 7, -2 * nll * 7, -3 * nll * 6]}
+  record = {"checkpoint": f"step{steps}", "decode": {"beam_size": 2, "alpha": 0.6}, "position_table": 64,
+            "splits": ["val"], "joins": [1, 2], "translate_seconds": 20.0, "score_seconds": 10.0,
+            "hardware": "2-core test CPU", "sentences": sentences}
+  (run / "eval" / f"lengths.step{steps}.beam2-alpha0.6.json").write_text(json.dumps(record))
+  return {"name": name, "variant": name.rsplit("-s", 1)[0], "size": "base", "seed": seed,
+          "command": f"seq2seq-train ... --workdir={run}"}
+
+
+def test_the_report_tables_tests_and_plot_from_run_files(tmp_path):
+  entries = [write_run(tmp_path, "prenorm-s0", "sinusoidal", 0, 1, 1.00),
+             write_run(tmp_path, "prenorm-s1", "sinusoidal", 1, 2, 1.02),
+             write_run(tmp_path, "prenorm+learned-s0", "learned", 0, 3, 1.50),
+             write_run(tmp_path, "prenorm+learned-s1", "learned", 1, 4, 1.56),
+             write_run(tmp_path, "prenorm+rope-s0", "rope", 0, 0, 0.90),
+             {"name": "prenorm+rope-s1", "variant": "prenorm+rope", "size": "base", "seed": 1, "command": ""}]
+  command = "python -m seq2seq.research.positions --config=configs/multi30k_positions.py --workdir=DIR"
+  (tmp_path / "sweep.json").write_text(json.dumps({"runs": entries, "sweeps": [command]}))
+  out = tmp_path / "docs" / "positions.md"
+  assert positions_report.write(tmp_path, out) == f"{out}: 5 finished runs, 1 unfinished"
+  report = out.read_text()
+  assert report.startswith("# Length extrapolation") and positions_report.START in report
+  assert f"```bash\n{command}\n```" in report and "`prenorm+rope-s1`" in report.split("### Not finished yet")[1]
+  assert "Time: 5.0 min of training and 2.5 min of the study's translation and scoring for 5 runs" in report
+  assert "Training pairs of at most 4 subword tokens" in report and "a table of 64 rows" in report
+  bleu_table = report.split("### BLEU by source length")[1].split("###")[0]
+  head = "| Source tokens | Sentences | Joined | `sinusoidal` (n = 2) | `learned` (n = 2) | `rope` (n = 1) |"
+  assert head in bleu_table
+  body = [line for line in bleu_table.splitlines() if line.startswith("| ") and not line.startswith("| Source")]
+  rows = {cells[0]: cells[1:] for cells in ([c.strip() for c in line.split("|")[1:-1]] for line in body)}
+  assert list(rows) == ["1–4", "5–8", "9–12", "13–16", ">16"] and rows["5–8"][:2] == ["2", "1"]
+  assert rows["9–12"][2:] == ["–", "–", "–"]  # an empty bucket
+  # learned in 1-4: the BLEU of each seed's two sentences, as sacreBLEU gives it; mean ± std, the difference.
+  refs = ["a man rides a red bike", "two dogs run on the beach"]
+  cut = lambda r: " ".join(r.split()[:-1])
+  learned = [BLEU().corpus_score([cut(r) for r in refs], [refs]).score] * 2
+  sinusoidal = [BLEU().corpus_score([cut(refs[0]), refs[1]], [refs]).score,
+                BLEU().corpus_score([cut(r) for r in refs], [refs]).score]
+  diff = statistics.fmean(learned) - statistics.fmean(sinusoidal)
+  assert rows["1–4"][3] == f"{learned[0]:.2f} (−{abs(diff):.2f})"  # no spread between its seeds
+  assert rows["1–4"][2] == f"{statistics.fmean(sinusoidal):.2f} ± {statistics.stdev(sinusoidal):.2f}"
+  # The tests: Welch against sinusoidal per bucket and metric, Holm over all that have a p.
+  found = positions_report.comparisons(positions_report.per_run(positions_report.collect(tmp_path)[0], lengths.edges(4)))
+  nll = next(c for c in found if c["kind"] == "learned" and c["bucket"] == "1–4" and c["metric"] == "NLL")
+  assert nll["welch"].p == pytest.approx(significance.welch([1.50, 1.56], [1.00, 1.02]).p)
+  tested = [c["welch"].p for c in found if c["welch"].tested]
+  assert nll["adjusted"] == pytest.approx(significance.holm(tested)[tested.index(nll["welch"].p)])
+  assert all(not c["welch"].tested for c in found if c["kind"] == "rope")  # one seed: no test
+  assert f"Holm-corrected over the {len(tested)} tests" in report
+  assert "| `learned` | 1–4 | NLL | 2 / 2 |" in report
+  png = out.with_name("positions_lengths.png")
+  assert png.read_bytes()[:4] == b"\x89PNG" and "![BLEU and NLL against source length" in report
+
+
+def test_the_report_goes_between_the_markers_of_a_written_page(tmp_path):
+  write_run(tmp_path, "prenorm-s0", "sinusoidal", 0, 1, 1.0)
+  (tmp_path / "sweep.json").write_text(json.dumps({"runs": [{"name": "prenorm-s0", "variant": "prenorm",
+                                                               "size": "base", "seed": 0}], "sweeps": []}))
+  page = tmp_path / "positions.md"
+  page.write_text(f"# Prose\n\nBefore.\n\n{positions_report.START}\n**Not run yet.**\n{positions_report.END}\n\nAfter.\n")
+  positions_report.write(tmp_path, page)
+  text = page.read_text()
+  assert text.startswith("# Prose\n\nBefore.\n\n") and text.endswith(f"{positions_report.END}\n\nAfter.\n")
+  assert "Not run yet" not in text and "from 1 finished runs" in text
+  positions_report.write(tmp_path, page)
+  assert page.read_text() == text  # rerunning replaces, never repeats
+  page.write_text("# Prose without markers\n")
+  with pytest.raises(ConfigError, match="markers"):
+    positions_report.write(tmp_path, page)
+
+
+@pytest.mark.slow
+def test_the_study_trains_evaluates_and_reports_two_position_types(tmp_path, data_dir, session_cache):
+  """Two position types x 1 seed of a few steps of the tiny config, on pairs of at most 16
+  tokens: each run trained and evaluated, the report written; a rerun only reports."""
+  env = os.environ | {"SEQ2SEQ_DATA_DIR": str(data_dir), "SEQ2SEQ_CACHE": str(session_cache)}
+  args = ["--config=tiny", "--positions=sinusoidal,learned", "--seeds=1", "--joins=1,2", "--splits=val",
+          "--config.train.steps=20", "--config.train.checkpoint_every=10", "--config.train.eval_every=10",
+          "--config.train.log_every=5", "--config.data.max_len=16", "--config.model.max_len=128",
+          "--config.eval.batch_size=64"]
+  first = study(tmp_path, *args, env=env, timeout=1200)
+  assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+  for name in ("prenorm-s0", "prenorm+learned-s0"):
+    (record,) = lengths.saved(tmp_path / name / "eval", 20)
+    sentences = json.loads(record.read_text())["sentences"]
+    assert len(sentences["source"]) == 450 and max(sentences["src_len"]) > 32  # val's 300 and 150 joined pairs
+  assert json.loads((tmp_path / "prenorm+learned-s0" / "config.json").read_text())["data"]["max_len"] == 16
+  report = (tmp_path / "positions.md").read_text()
+  assert "from 2 finished runs" in report and "| `sinusoidal` (n = 1) | `learned` (n = 1) |" in report
+  assert "a table of 128 rows (config.model.max_len), of which only the first 16 were trained" in report
+  rerun = study(tmp_path, *args, env=env, timeout=600)
+  assert rerun.returncode == 0 and "[2/2] prenorm+learned-s0: finished already" in rerun.stdout
