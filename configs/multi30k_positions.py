@@ -2,8 +2,8 @@
 #   SEQ2SEQ_DATA_DIR=../shared/data python -m seq2seq.research.positions --config=configs/multi30k_positions.py --workdir=workdirs/positions
 #   (one run alone: python train.py --config=configs/multi30k_positions.py --workdir=/tmp/positions1)
 # Expected: not run yet (docs/positions.md): BLEU and NLL per source-length bucket (1-16, 17-32, 33-48,
-#   49-64, >64 tokens) for sinusoidal, learned, rotary and relative positions, 3 seeds each; about 7 min a run
-#   on 2 cores (an estimate: 4.4 min of the sweep's training and translation, plus the longer evaluation).
+#   49-64, >64 tokens) for sinusoidal, learned, rotary and relative positions, 3 seeds each; about 7 to 8 min
+#   a run on 2 cores, an estimate from the sweep's times (docs/positions.md#budget).
 """multi30k_sweep.py with the training pairs cut to short ones: data.max_len = 16 subword tokens
 a side, eos included (the pipeline drops a pair longer than that on either side, so both
 sides are limited, not only the source). The learned position table keeps 256 rows

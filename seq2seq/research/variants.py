@@ -21,8 +21,8 @@ task, the model's shape, the scale and the training are not (docs/sweeps.md#vari
 Normalization") released it for translation, also a bundle: pre-norm residual blocks and
 norm = adanorm with k = 1/10 and scale C = 2 (their script `machine translation/
 baseline-adanorm-km.sh` in lancopku/AdaNorm: fairseq's IWSLT14 de-en Transformer with
---encoder-normalize-before --decoder-normalize-before --lnv adanorm --adanorm_scale 2; their
-README's command line shows --adanorm_scale 1). Their fairseq norm divides by the standard
+--encoder-normalize-before --decoder-normalize-before --lnv adanorm --adanorm_scale 2; one
+version of that folder's README example shows 1). Their fairseq norm divides by the standard
 deviation plus eps and uses Kaiming initialisation (--init_method km); here the norm is
 seq2seq/model/layers.py's Norm, z = C (1 - k y) y with y standardised and C (1 - k y)
 detached, and initialisation stays the project's. `adanorm` alone is that norm with the base
@@ -31,7 +31,8 @@ pre-norm base: --variants=prenorm,prenorm+rmsnorm,prenorm+adanorm,adanorm-xu --b
 
 `relative` is T5's bucketed relative position bias (model.positions=relative, Raffel et al.
 2020). A variant that sets a model choice this version does not offer yet is refused when its
-runs are planned (`available`), and the default grid takes `relative` only where the model has it.
+runs are planned (`overrides`; `available` asks), and the default grid takes `relative` only
+where the model has it.
 
 Widths are set so that parameters stay comparable:
 - Gated feed-forwards (glu, reglu, geglu, swiglu) have three matrices instead of two, so
