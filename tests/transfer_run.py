@@ -26,6 +26,7 @@ from jax._src import array  # noqa: E402
 from jax._src import config as jax_config
 
 from seq2seq.training import train  # noqa: E402
+from seq2seq.training.window import Window  # noqa: E402
 
 _read = array.ArrayImpl._value
 
@@ -51,8 +52,8 @@ if __name__ == "__main__":
     except RuntimeError:
       pass
   if sys.argv[4:] == ["read_every_step"]:  # the old loop: the guard read the loss after every step
-    account = train._account
-    train._account = lambda window, m, fed: (float(m["loss_sum"]), account(window, m, fed))
+    add = Window.add
+    Window.add = lambda window, m, counts, wait: (float(m["loss_sum"]), add(window, m, counts, wait))
   config = make_config("tiny", data_dir, cache_dir)
   config.mesh.update(data=2)
   config.train.update(steps=14, log_every=5, checkpoint_every=10, eval_every=7, transfer_guard="disallow",
