@@ -30,9 +30,13 @@ def get_config() -> ml_collections.ConfigDict:
       norm_eps=1e-6,
       adanorm_k=0.1,
       adanorm_c=1.0,
-      positions="sinusoidal",  # sinusoidal | learned | rope
+      positions="sinusoidal",  # sinusoidal | learned | rope | relative (T5's bucketed bias on self-attention scores)
       max_len=256,  # learned position table size
       rope_base=10000.0,
+      # relative: buckets of key - query distances per attention stack (half each way in the encoder, all
+      # backwards in the decoder), exact up to a quarter / half of them, log-spaced up to max_distance
+      relative_buckets=32,
+      relative_max_distance=128,
       dropout_rate=0.1,
       attention_dropout_rate=0.0,
       ffn_dropout_rate=0.0,

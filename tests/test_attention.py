@@ -1,7 +1,7 @@
 """Attention: masks, every attention path that runs on the CPU against `explicit_attention`
 (XLA with the dense mask, XLA given sequence lengths: the call cuDNN gets on GPU, the GPU
-flash kernel and the TPU splash kernel in Pallas' interpreter), gradients, and the choice of
-implementation."""
+flash kernel and the TPU splash kernel in Pallas' interpreter), gradients, an additive bias
+(relative positions), and the choice of implementation."""
 
 import jax
 import jax.numpy as jnp
@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from seq2seq.errors import ConfigError
 from seq2seq.model.attention import (
   SegmentMask,
   attention,
@@ -18,8 +19,10 @@ from seq2seq.model.attention import (
   explicit_attention,
   flash_attention,
   lengths_attention,
+  single_query_attention,
   splash_attention,
 )
+from seq2seq.model.config import ModelConfig
 from seq2seq.model.multihead import MultiHeadAttention
 
 
@@ -279,6 +282,56 @@ def test_choose_implementation_edge_cases():
   assert choose_implementation("auto", platform="gpu", device_count=8, mesh_size=8, **packed) == "flash"
   with pytest.raises(ValueError, match="flash kernel runs on GPU only"):
     choose_implementation("flash", platform="cpu", **packed)
+
+
+def test_a_bias_enters_the_scores_alike_on_every_path_that_takes_one():
+  """softmax(q k^T / sqrt(h) + bias + mask) v in numpy, against XLA, the explicit softmax,
+  `attention` (what the model calls: XLA on this CPU, padding queries zeroed) and one query
+  over a heads-first cache; the gradients of the bias agree between XLA and explicit."""
+  q, k, v, mask = qkv("causal", jnp.float32)
+  (_, t, n, h), s = q.shape, k.shape[1]
+  bias = jnp.asarray(np.random.default_rng(5).standard_normal((1, n, t, s)), jnp.float32)
+  mask_b1ts = np.asarray(mask.dense_b1ts())
+  logits = np.einsum("btnh,bsnh->bnts", q, k) / np.sqrt(h) + np.asarray(bias)
+  logits = np.where(mask_b1ts, logits, -np.inf)
+  real_bt = np.asarray(mask.q_segments_bt != 0)
+  weights = np.exp(logits - logits.max(-1, keepdims=True, initial=-1e30, where=mask_b1ts))
+  total = weights.sum(-1, keepdims=True)  # 0 for padding queries, which see no key
+  want = np.einsum("bnts,bsnh->btnh", np.divide(weights, total, out=np.zeros_like(weights), where=total > 0), v)
+  want = want[real_bt]
+  paths = {"xla": dot_product_attention(q, k, v, mask_b1ts, bias_bnts=bias),
+           "explicit": explicit_attention(q, k, v, mask_b1ts, bias_bnts=bias),
+           "attention": attention(q, k, v, mask, bias_bnts=bias)}
+  for name, got in paths.items():
+    np.testing.assert_allclose(np.asarray(got)[real_bt], want, rtol=1e-5, atol=3e-6, err_msg=name)
+  assert not np.allclose(np.asarray(attention(q, k, v, mask))[real_bt], want, atol=1e-3)  # the bias matters
+  # Query 60 of every row over the keys as a cache [b, n, s, h] with its row's mask, bias [n, s].
+  one = single_query_attention(q[:, 60], jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2), mask_b1ts[:, 0, 60][:, None],
+                               bias[0, :, 60])
+  np.testing.assert_allclose(np.asarray(one)[real_bt[:, 60]], np.asarray(paths["explicit"])[:, 60][real_bt[:, 60]],
+                             rtol=1e-5, atol=3e-6)
+  dz = jnp.asarray(np.random.default_rng(6).standard_normal(q.shape), jnp.float32) * real_bt[:, :, None, None]
+  bias_grad = {name: jax.grad(lambda bias: jnp.sum(f(q, k, v, mask_b1ts, bias_bnts=bias) * dz))(bias)
+               for name, f in (("xla", dot_product_attention), ("explicit", explicit_attention))}
+  np.testing.assert_allclose(bias_grad["xla"], bias_grad["explicit"], rtol=1e-5, atol=1e-6)
+  assert np.any(np.asarray(bias_grad["xla"]) != 0)
+
+
+@pytest.mark.parametrize("platform, dtype, lengths, packed, kernel", [
+    ("gpu", BF16, (40, 50), False, "cudnn"), ("gpu", BF16, (48, 64), True, "flash"),
+    ("tpu", BF16, (128, 256), True, "splash")])
+def test_with_a_bias_auto_takes_xla_and_a_requested_kernel_is_an_error(platform, dtype, lengths, packed, kernel):
+  common = dict(platform=platform, dtype=dtype, head_dim=64, q_len=lengths[0], kv_len=lengths[1], packed=packed)
+  assert choose_implementation("auto", **common) == kernel  # without a bias, this kernel would run
+  assert choose_implementation("auto", bias=True, **common) == "xla"
+  assert choose_implementation("auto", bias=True, dropout=True, **common) == "explicit"
+  assert choose_implementation("explicit", bias=True, **common) == "explicit"
+  with pytest.raises(ConfigError, match=rf"config.model.attention_impl='{kernel}'.*config.model.positions='relative'"):
+    choose_implementation(kernel, bias=True, **common)
+  # The model's settings refuse the pair before anything runs.
+  with pytest.raises(ConfigError, match=rf"config.model.attention_impl='{kernel}'.*config.model.positions='relative'"):
+    ModelConfig(vocab_size=10, positions="relative", attention_impl=kernel)
+  assert ModelConfig(vocab_size=10, positions="relative", attention_impl="xla").attention_impl == "xla"
 
 
 def test_on_a_gpu_packed_rows_take_the_flash_kernel_unless_it_does_not_compile(monkeypatch, caplog):

@@ -1,4 +1,5 @@
-"""Layers: dropout, norms (incl. AdaNorm's detached gradient), positions, feed-forward."""
+"""Layers: dropout, norms (incl. AdaNorm's detached gradient), positions (T5's relative
+buckets by hand, learned positions refusing what the table does not hold), feed-forward."""
 
 import math
 
@@ -8,7 +9,20 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from seq2seq.model.layers import FeedForward, Norm, dense, dropout, keep_mask, rope, sinusoidal, tied_logits
+from seq2seq.errors import ConfigError
+from seq2seq.model.layers import (
+  FeedForward,
+  LearnedPositions,
+  Norm,
+  RelativePositionBias,
+  dense,
+  dropout,
+  keep_mask,
+  relative_bucket,
+  rope,
+  sinusoidal,
+  tied_logits,
+)
 
 
 def test_dropout_identity_without_key_and_unbiased_with_it():
@@ -115,6 +129,62 @@ def test_rope_is_relative_and_norm_preserving():
   np.testing.assert_array_equal(rope(q, jnp.array([[0]])), q)  # position 0: identity
   np.testing.assert_allclose(jnp.linalg.norm(rope(q, jnp.array([[9]])), axis=-1), jnp.linalg.norm(q, axis=-1),
                              rtol=1e-5)
+
+
+# T5's buckets (Raffel et al. 2020), 32 of them, max_distance 128, worked by hand; relative
+# position = key - query. Bidirectional: 16 a side (keys after the query from 16), exact below
+# 8, then 8 + floor(8 * log(d / 8) / log(128 / 8)) = 8 + floor(2 log2(d / 8)), at most 15:
+# d = 20: 2 log2(2.5) = 2.64 -> 10; d = 127: 2 log2(15.875) = 7.98 -> 15; d = 16, 32, 64: exactly
+# 2, 4, 6 (where float rounding could give one less). Causal: 32 for keys at or before the
+# query, exact below 16, then 16 + floor(16 log(d / 16) / log(8)) = 16 + floor(16/3 log2(d / 16)):
+# d = 20: 1.72 -> 17; 32: 5.33 -> 21; 64: 10.67 -> 26; 100: 14.10 -> 30; 128: 16 -> 31 (capped);
+# keys after the query share bucket 0 (the causal mask hides them).
+BIDIRECTIONAL = {-1: 1, 0: 0, 1: 17, 7: 23, 8: 24, 16: 26, 20: 26, 32: 28, 64: 30, 127: 31, 128: 31, 200: 31,
+                 -7: 7, -8: 8, -16: 10, -20: 10, -127: 15, -200: 15}
+CAUSAL = {0: 0, -1: 1, -15: 15, -16: 16, -20: 17, -32: 21, -64: 26, -100: 30, -127: 31, -128: 31, -1000: 31,
+          1: 0, 20: 0}
+
+
+@pytest.mark.parametrize("bidirectional, expected", [(True, BIDIRECTIONAL), (False, CAUSAL)],
+                         ids=["bidirectional", "causal"])
+def test_relative_buckets_match_t5_by_hand(bidirectional, expected):
+  bucket = lambda rel: np.asarray(relative_bucket(jnp.asarray(rel, jnp.int32), bidirectional=bidirectional,
+                                                  num_buckets=32, max_distance=128))
+  assert dict(zip(expected, bucket(list(expected)).tolist())) == expected
+  # Monotone in the distance on each side, the buckets used all within [0, 32).
+  behind = bucket(-np.arange(0, 400))
+  assert np.all(np.diff(behind) >= 0) and behind[-1] == (15 if bidirectional else 31)
+  ahead = bucket(np.arange(1, 400))
+  assert np.all(np.diff(ahead) >= 0) if bidirectional else np.all(ahead == 0)
+  unused = {16} if bidirectional else set()  # as in T5: the keys-after side's distance 0 cannot occur
+  assert set(behind.tolist()) | set(ahead.tolist()) == set(range(32)) - unused
+
+
+def test_relative_bias_depends_only_on_key_minus_query():
+  table = RelativePositionBias(3, 32, 128, bidirectional=True, rngs=nnx.Rngs(0))
+  positions = jnp.array([[0, 1, 2, 3, 4, 40, 200]])
+  bias = np.asarray(table(positions, positions))
+  assert bias.shape == (1, 3, 7, 7)
+  for shift in (1, 17, 1000):  # shifting every position by a constant leaves the bias alone
+    np.testing.assert_array_equal(table(positions + shift, positions + shift), bias)
+  # Entry (i, j) of head n is the table's row for bucket(p_j - p_i).
+  p = np.asarray(positions[0])
+  buckets = np.asarray(relative_bucket(jnp.asarray(p[None, :] - p[:, None]), bidirectional=True, num_buckets=32,
+                                       max_distance=128))
+  np.testing.assert_array_equal(bias[0], np.asarray(table.bias_rn[...])[buckets].transpose(2, 0, 1))
+  assert table.bias_rn.get_metadata()["axes"] == (None, "heads")  # heads split on the tensor axis
+  # One query over every key (a decoding step over its cache): that query's row of the full bias.
+  full = table(jnp.arange(7)[None], jnp.arange(7)[None])
+  np.testing.assert_array_equal(table(jnp.array([[4]]), jnp.arange(7)[None])[:, :, 0], full[:, :, 4])
+
+
+def test_learned_positions_refuse_positions_past_the_table():
+  table = LearnedPositions(8, 4, rngs=nnx.Rngs(0))
+  np.testing.assert_array_equal(table(jnp.arange(8)[None]), np.asarray(table.table_ld[...])[None])
+  with pytest.raises(ConfigError, match=r"a row of 9 tokens reaches position 8, past .*config.model.max_len=8"):
+    table(jnp.arange(9)[None])
+  with pytest.raises(ConfigError, match="config.model.max_len=8"):  # inside jit too: from the shapes
+    jax.jit(lambda positions: table(positions))(jnp.zeros((2, 9), jnp.int32))
 
 
 @pytest.mark.parametrize("activation", ["relu", "gelu", "swish", "glu", "reglu", "geglu", "swiglu"])

@@ -1,4 +1,5 @@
-"""The Transformer: causality, padding invariance, cached decoding, gradients, sizes.
+"""The Transformer: causality, padding invariance, cached decoding, packed rows, relative
+positions' shift invariance, learned positions' limits, gradients, sizes.
 
 Every combination of positions x norm x placement x activation is checked: the fast suite
 runs a set that covers every pair of settings, the slow suite the rest of the grid.
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from seq2seq.errors import ConfigError
 from seq2seq.model.config import CHOICES, ModelConfig
 from seq2seq.model.layers import LOGICAL_AXES
 from seq2seq.model.transformer import Transformer, count_params
@@ -155,13 +157,69 @@ def test_untied_unshared_embeddings_have_their_own_parameters():
   assert untied - tied == 2 * VOCAB * 16
 
 
-def test_every_parameter_names_its_logical_axes():
-  model = Transformer(small_config(positions="learned", share_embeddings=False, tie_output=False),
+@pytest.mark.parametrize("positions", ["learned", "relative"])
+def test_every_parameter_names_its_logical_axes(positions):
+  model = Transformer(small_config(positions=positions, share_embeddings=False, tie_output=False),
                       rngs=nnx.Rngs(0))
   for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
     axes = var.get_metadata().get("axes")
     assert axes is not None and len(axes) == var[...].ndim, path
     assert set(axes) <= set(LOGICAL_AXES), (path, axes)
+
+
+@pytest.mark.parametrize("positions", CHOICES["positions"])
+def test_packed_rows_equal_separate_rows(positions):
+  """Two pairs packed into one row (segment ids 1, 2, positions restarting at each) give the
+  logits they get in rows of their own: positions come from each token's place in its
+  sentence, never from its index in the row (relative biases included)."""
+  model = Transformer(small_config(positions=positions), rngs=nnx.Rngs(0))
+  (src_a, src_b), (tgt_a, tgt_b) = ([5, 6, 7, 8, 9, 10], [11, 12, 13]), ([1, 20, 21, 22], [1, 26, 27, 28, 29])
+  separate = model(np.array([src_a, src_b + [0] * 3]), np.array([tgt_a + [0], tgt_b]))
+  place = lambda a, b, width: [(x + [0] * width)[:width] for x in (a + b, [1] * len(a) + [2] * len(b),
+                                                                     list(range(len(a))) + list(range(len(b))))]
+  src, src_segments, src_positions = (np.array([row]) for row in place(src_a, src_b, 11))
+  tgt, tgt_segments, tgt_positions = (np.array([row]) for row in place(tgt_a, tgt_b, 10))
+  packed = model(src, tgt, src_segments_bs=src_segments, tgt_segments_bt=tgt_segments, src_positions_bs=src_positions,
+                 tgt_positions_bt=tgt_positions)
+  np.testing.assert_allclose(packed[0, :4], separate[0, :4], atol=1e-5)
+  np.testing.assert_allclose(packed[0, 4:9], separate[1, :5], atol=1e-5)
+
+
+def test_relative_positions_make_outputs_depend_only_on_position_differences():
+  """No absolute position reaches a relative model: shifting every position of a sentence by a
+  constant leaves the encoder output and the logits alone. Sinusoidal positions (the control)
+  are absolute, and change them."""
+  shifted = lambda x, c: np.broadcast_to(np.arange(x.shape[1]) + c, x.shape)
+  for positions, invariant in (("relative", True), ("sinusoidal", False)):
+    model = Transformer(small_config(positions=positions), rngs=nnx.Rngs(0))
+    enc, logits = model.encode(SRC_BS), model(SRC_BS, TGT_BT)
+    for c in (3, 50):
+      enc_c = model.encode(SRC_BS, src_positions_bs=shifted(SRC_BS, c))
+      logits_c = model(SRC_BS, TGT_BT, src_positions_bs=shifted(SRC_BS, c), tgt_positions_bt=shifted(TGT_BT, c),
+                       packed=False)
+      real = SRC_BS != 0
+      assert np.allclose(enc_c[real], enc[real], atol=1e-5) == invariant, (positions, c)
+      assert np.allclose(logits_c[TGT_BT != 0], logits[TGT_BT != 0], atol=1e-5) == invariant, (positions, c)
+
+
+def test_learned_positions_refuse_what_the_table_does_not_hold():
+  """max_len=8: rows of up to 8 tokens run; a longer source or target row, or a decoding cache
+  of more positions, is an error naming config.model.max_len (found while tracing, from the
+  shapes), never positions that reuse the table's last row."""
+  model = Transformer(small_config(positions="learned", max_len=8), rngs=nnx.Rngs(0))
+  model(SRC_BS, TGT_BT)  # 8 source and 7 target tokens: within the table
+  with pytest.raises(ConfigError, match="a source row of 9 tokens .*config.model.max_len=8"):
+    nnx.jit(lambda m: m.encode(np.pad(SRC_BS, ((0, 0), (0, 1)))))(model)
+  with pytest.raises(ConfigError, match="a target row of 9 tokens .*config.model.max_len=8"):
+    model(SRC_BS, np.pad(TGT_BT, ((0, 0), (0, 2))))
+  enc = model.encode(SRC_BS)
+  with pytest.raises(ConfigError, match="a decoding cache of 9 positions .*config.model.max_len=8"):
+    model.init_cache(enc, (SRC_BS != 0).astype(np.int32), 9)
+  # A cache made longer elsewhere (a model with a larger table, the same shapes) is refused at the step.
+  larger = Transformer(small_config(positions="learned", max_len=16), rngs=nnx.Rngs(0))
+  cache = larger.init_cache(larger.encode(SRC_BS), (SRC_BS != 0).astype(np.int32), 12)
+  with pytest.raises(ConfigError, match="a decoding cache of 12 positions .*config.model.max_len=8"):
+    model.decode_step(TGT_BT[:, 0], cache)
 
 
 @pytest.mark.parametrize("overrides, expected_millions", [

@@ -11,9 +11,16 @@ What runs: `choose_implementation`, at trace time, from `config.model.attention_
   GPU, packed rows                         the Pallas flash kernel of seq2seq/model/flash.py
   TPU                                      Pallas splash attention with segment ids
   CPU, or what no kernel takes             XLA, with a dense [b, 1, t, s] mask
+  an additive bias (relative positions)    XLA (or explicit): no kernel here takes one
 Each kernel's conditions (dtypes, head dims, length multiples, meshes) and the notes on
 JAX's kernels are in docs/scaling.md ("Attention kernels"). On every path but a bare dense
 mask, outputs of padding queries (segment 0) are zeroed.
+
+An additive bias [1 or b, n, t, s] (`config.model.positions=relative`: T5's relative
+position bias) is added to the scaled logits before the mask. XLA and the explicit softmax
+take it; the flash and splash kernels have no bias input, and cuDNN's bias, beside the
+sequence lengths our masks take, is neither run nor tested here: all three are refused
+with a bias ("auto" takes XLA).
 """
 
 from __future__ import annotations
@@ -82,13 +89,17 @@ class SegmentMask:
 
 
 def explicit_attention(q_btnh: jax.Array, k_bsnh: jax.Array, v_bsnh: jax.Array, mask_b1ts: jax.Array,
-                       *, dropout_rate: float = 0.0, rng: jax.Array | None = None, return_weights: bool = False):
-  """softmax(q k^T / sqrt(h) + mask) v written out, with dropout on the attention weights
-  (and the weights [b, n, t, s] themselves with `return_weights`). A fully masked query row
-  gets uniform weights (finite), since masked logits are the dtype's minimum, not -inf."""
+                       *, dropout_rate: float = 0.0, rng: jax.Array | None = None, return_weights: bool = False,
+                       bias_bnts: jax.Array | None = None):
+  """softmax(q k^T / sqrt(h) + bias + mask) v written out, with dropout on the attention
+  weights (and the weights [b, n, t, s] themselves with `return_weights`). A fully masked
+  query row gets uniform weights (finite), since masked logits are the dtype's minimum, not
+  -inf. `bias_bnts`: an additive bias [1 or b, n, t, s], or None."""
   scale = q_btnh.shape[-1] ** -0.5
   softmax_dtype = jnp.promote_types(q_btnh.dtype, jnp.float32)  # f32 for bf16 inputs
   logits_bnts = jnp.einsum("btnh,bsnh->bnts", q_btnh, k_bsnh, preferred_element_type=softmax_dtype) * scale
+  if bias_bnts is not None:
+    logits_bnts = logits_bnts + bias_bnts.astype(softmax_dtype)
   logits_bnts = jnp.where(mask_b1ts, logits_bnts, jnp.finfo(logits_bnts.dtype).min)
   weights_bnts = jax.nn.softmax(logits_bnts, axis=-1).astype(v_bsnh.dtype)
   dropped_bnts = dropout(weights_bnts, dropout_rate, rng)
@@ -97,16 +108,18 @@ def explicit_attention(q_btnh: jax.Array, k_bsnh: jax.Array, v_bsnh: jax.Array, 
 
 
 def dot_product_attention(q_btnh: jax.Array, k_bsnh: jax.Array, v_bsnh: jax.Array, mask_b1ts: jax.Array,
-                          *, dropout_rate: float = 0.0, rng: jax.Array | None = None) -> jax.Array:
-  """softmax(q k^T / sqrt(h) + mask) v, per head, [b, t, n, h], from a dense boolean mask.
+                          *, dropout_rate: float = 0.0, rng: jax.Array | None = None,
+                          bias_bnts: jax.Array | None = None) -> jax.Array:
+  """softmax(q k^T / sqrt(h) + bias + mask) v, per head, [b, t, n, h], from a dense boolean
+  mask and an optional additive bias [1 or b, n, t, s].
 
   Without attention dropout this is XLA's `jax.nn.dot_product_attention(implementation=
   "xla")`: plain XLA ops on every platform (a dense mask rules the fused kernels out; see
   the module docstring). Dropout on the weights takes `explicit_attention`.
   """
   if rng is None or dropout_rate == 0.0:
-    return jax.nn.dot_product_attention(q_btnh, k_bsnh, v_bsnh, mask=mask_b1ts, implementation="xla")
-  return explicit_attention(q_btnh, k_bsnh, v_bsnh, mask_b1ts, dropout_rate=dropout_rate, rng=rng)
+    return jax.nn.dot_product_attention(q_btnh, k_bsnh, v_bsnh, bias=bias_bnts, mask=mask_b1ts, implementation="xla")
+  return explicit_attention(q_btnh, k_bsnh, v_bsnh, mask_b1ts, dropout_rate=dropout_rate, rng=rng, bias_bnts=bias_bnts)
 
 
 def lengths_attention(q_btnh, k_bsnh, v_bsnh, mask: SegmentMask, *, implementation: str = "cudnn") -> jax.Array:
@@ -216,13 +229,14 @@ def _splash_blockers(*, platform, q_len, kv_len, segments, device_count, mesh_si
 
 def choose_implementation(requested: str, *, platform: str, dtype, head_dim: int, q_len: int, kv_len: int,
                           packed: bool, segments: bool = True, dropout: bool = False, record_weights: bool = False,
-                          device_count: int = 1, mesh_size: int = 0) -> str:
+                          device_count: int = 1, mesh_size: int = 0, bias: bool = False) -> str:
   """Which attention runs: "explicit", "xla", "cudnn", "flash" or "splash" (a pure function of static facts).
 
   `requested` is `config.model.attention_impl`; "auto" takes the first kernel that can run
   on `platform` ("cpu" / "gpu" / "tpu", as `jax.default_backend()` names them), else XLA.
   A requested kernel that cannot run raises ValueError saying why. `segments` is False for
-  a bare dense mask; `dropout` means attention dropout is applied in this call.
+  a bare dense mask; `dropout` means attention dropout is applied in this call; `bias` that
+  an additive bias is (relative positions), which no kernel takes.
   """
   if requested not in IMPLEMENTATIONS:
     raise ConfigError(f"config.model.attention_impl must be one of {IMPLEMENTATIONS}, got {requested!r}")
@@ -238,12 +252,15 @@ def choose_implementation(requested: str, *, platform: str, dtype, head_dim: int
   on_mesh = [] if device_count == 1 or mesh_size >= 1 else [
       f"a Pallas kernel on {device_count} devices needs the mesh (seq2seq.sharding.activation_mesh) to run in "
       "jax.shard_map; it cannot be partitioned automatically"]
+  no_bias = ["it takes no additive attention bias, which config.model.positions='relative' adds: use 'auto', "
+             "'xla' or 'explicit'"] if bias else []
   blockers = {
-      "cudnn": _cudnn_blockers(platform=platform, dtype=dtype, head_dim=head_dim, packed=packed, segments=segments),
-      "flash": flash.blockers(platform=platform, dtype=dtype, head_dim=head_dim, q_len=q_len, kv_len=kv_len,
-                              segments=segments) + on_mesh,
-      "splash": _splash_blockers(platform=platform, q_len=q_len, kv_len=kv_len, segments=segments,
-                                 device_count=device_count, mesh_size=mesh_size),
+      "cudnn": no_bias + _cudnn_blockers(platform=platform, dtype=dtype, head_dim=head_dim, packed=packed,
+                                         segments=segments),
+      "flash": no_bias + flash.blockers(platform=platform, dtype=dtype, head_dim=head_dim, q_len=q_len, kv_len=kv_len,
+                                        segments=segments) + on_mesh,
+      "splash": no_bias + _splash_blockers(platform=platform, q_len=q_len, kv_len=kv_len, segments=segments,
+                                           device_count=device_count, mesh_size=mesh_size),
   }
   if requested != "auto":
     if blockers[requested]:
@@ -260,10 +277,12 @@ def _zero_padding_queries(out_btnh: jax.Array, mask) -> jax.Array:
 
 
 def attention(q_btnh: jax.Array, k_bsnh: jax.Array, v_bsnh: jax.Array, mask: SegmentMask | jax.Array, *,
-              impl: str = "auto", dropout_rate: float = 0.0, rng: jax.Array | None = None) -> jax.Array:
-  """softmax(q k^T / sqrt(h) + mask) v per head, [b, t, n, h], by the implementation
+              impl: str = "auto", dropout_rate: float = 0.0, rng: jax.Array | None = None,
+              bias_bnts: jax.Array | None = None) -> jax.Array:
+  """softmax(q k^T / sqrt(h) + bias + mask) v per head, [b, t, n, h], by the implementation
   `choose_implementation` picks (see the module docstring). `mask` is a `SegmentMask`, or a
-  dense boolean [b, 1, t, s] mask (then only "xla" / "explicit" can run)."""
+  dense boolean [b, 1, t, s] mask (then only "xla" / "explicit" can run); `bias_bnts` an
+  additive bias [1 or b, n, t, s] (then too)."""
   (_, t, _, h), s = q_btnh.shape, k_bsnh.shape[1]
   segments = isinstance(mask, SegmentMask)
   dense_b1ts = mask.dense_b1ts if segments else lambda: mask
@@ -272,9 +291,10 @@ def attention(q_btnh: jax.Array, k_bsnh: jax.Array, v_bsnh: jax.Array, mask: Seg
   choice = choose_implementation(impl, platform=jax.default_backend(), dtype=q_btnh.dtype, head_dim=h, q_len=t,
                                  kv_len=s, packed=not segments or mask.packed, segments=segments,
                                  dropout=apply_dropout, device_count=jax.device_count(),
-                                 mesh_size=0 if mesh is None else mesh.size)
+                                 mesh_size=0 if mesh is None else mesh.size, bias=bias_bnts is not None)
   if choice == "explicit":
-    out_btnh = explicit_attention(q_btnh, k_bsnh, v_bsnh, dense_b1ts(), dropout_rate=dropout_rate, rng=rng)
+    out_btnh = explicit_attention(q_btnh, k_bsnh, v_bsnh, dense_b1ts(), dropout_rate=dropout_rate, rng=rng,
+                                  bias_bnts=bias_bnts)
   elif choice == "cudnn":
     try:
       out_btnh = lengths_attention(q_btnh, k_bsnh, v_bsnh, mask, implementation="cudnn")
@@ -295,19 +315,24 @@ def attention(q_btnh: jax.Array, k_bsnh: jax.Array, v_bsnh: jax.Array, mask: Seg
   elif choice == "splash":
     out_btnh = splash_attention(q_btnh, k_bsnh, v_bsnh, mask)
   else:
-    out_btnh = dot_product_attention(q_btnh, k_bsnh, v_bsnh, dense_b1ts())
+    out_btnh = dot_product_attention(q_btnh, k_bsnh, v_bsnh, dense_b1ts(), bias_bnts=bias_bnts)
   return _zero_padding_queries(out_btnh, mask)
 
 
-def single_query_attention(q_bnh: jax.Array, k_cnsh: jax.Array, v_cnsh: jax.Array, mask_cns: jax.Array) -> jax.Array:
+def single_query_attention(q_bnh: jax.Array, k_cnsh: jax.Array, v_cnsh: jax.Array, mask_cns: jax.Array,
+                           bias_ns: jax.Array | None = None) -> jax.Array:
   """Attention of one query per row over cached keys/values stored heads-first ([c, n, s, h]):
   the layout a batched product reads without transposing the cache. The b = c * g query
   rows may share keys in groups of g consecutive rows (the beams of one sentence share its
-  cross-attention keys), so shared keys are read once per group. Returns [b, n, h]."""
+  cross-attention keys), so shared keys are read once per group. `bias_ns`: an additive
+  bias [n, s] of every row (the rows of a decoding step share their query position), or
+  None. Returns [b, n, h]."""
   (b, n, h), c = q_bnh.shape, k_cnsh.shape[0]
   q_cgnh = q_bnh.reshape(c, b // c, n, h)
   softmax_dtype = jnp.promote_types(q_bnh.dtype, jnp.float32)
-  logits_cgns = jnp.einsum("cgnh,cnsh->cgns", q_cgnh, k_cnsh, preferred_element_type=softmax_dtype)
-  logits_cgns = jnp.where(mask_cns[:, None], logits_cgns * h ** -0.5, jnp.finfo(softmax_dtype).min)
+  logits_cgns = jnp.einsum("cgnh,cnsh->cgns", q_cgnh, k_cnsh, preferred_element_type=softmax_dtype) * h ** -0.5
+  if bias_ns is not None:
+    logits_cgns = logits_cgns + bias_ns.astype(softmax_dtype)
+  logits_cgns = jnp.where(mask_cns[:, None], logits_cgns, jnp.finfo(softmax_dtype).min)
   weights_cgns = jax.nn.softmax(logits_cgns, axis=-1).astype(v_cnsh.dtype)
   return jnp.einsum("cgns,cnsh->cgnh", weights_cgns, v_cnsh).reshape(b, n, h)

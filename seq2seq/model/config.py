@@ -11,12 +11,12 @@ from seq2seq.errors import ConfigError
 from seq2seq.special_tokens import SPECIAL
 
 CHOICES = {
-    "positions": ("sinusoidal", "learned", "rope"),
+    "positions": ("sinusoidal", "learned", "rope", "relative"),
     "norm": ("layernorm", "rmsnorm", "adanorm"),
     "norm_position": ("pre", "post"),
     "activation": ("relu", "gelu", "swish", "glu", "reglu", "geglu", "swiglu"),  # see model/layers.py
     "dtype": ("float32", "bfloat16"),
-    "attention_impl": ("auto", "xla", "explicit", "cudnn", "splash"),  # see seq2seq/model/attention.py
+    "attention_impl": ("auto", "xla", "explicit", "cudnn", "flash", "splash"),  # see seq2seq/model/attention.py
 }
 
 
@@ -40,6 +40,8 @@ class ModelConfig:
   positions: str = "sinusoidal"
   max_len: int = 256  # size of the learned position table
   rope_base: float = 10000.0
+  relative_buckets: int = 32  # relative: buckets of key - query distances (T5's), per attention stack
+  relative_max_distance: int = 128  # relative: distances from this on share the last bucket
   dropout_rate: float = 0.1  # residual branches and embeddings
   attention_dropout_rate: float = 0.0  # attention weights
   ffn_dropout_rate: float = 0.0  # feed-forward hidden layer
@@ -59,6 +61,13 @@ class ModelConfig:
     for key in ("vocab_size", "d_model", "num_heads", "d_ff", "max_len"):
       if getattr(self, key) <= 0:
         raise ConfigError(f"config.model.{key} must be positive, got {getattr(self, key)}")
+    if self.relative_buckets < 4 or self.relative_max_distance <= self.relative_buckets // 2:
+      raise ConfigError(f"config.model.relative_buckets must be at least 4 and config.model.relative_max_distance "
+                        f"more than half of it (the exact buckets), got {self.relative_buckets} and "
+                        f"{self.relative_max_distance}")
+    if self.positions == "relative" and self.attention_impl in ("cudnn", "flash", "splash"):
+      raise ConfigError(f"config.model.attention_impl={self.attention_impl!r} takes no additive attention bias, which "
+                        "config.model.positions='relative' adds to the scores: use 'auto', 'xla' or 'explicit'")
     if self.head_dim == 0 and self.d_model % self.num_heads:
       raise ConfigError(f"config.model.d_model={self.d_model} is not divisible by num_heads={self.num_heads};"
                        " set config.model.head_dim")

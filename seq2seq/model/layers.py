@@ -1,5 +1,6 @@
 """Building blocks of the Transformer: parameters with logical axes, dropout,
-embeddings, positions (sinusoidal / learned / RoPE), norms and feed-forward.
+embeddings, positions (sinusoidal / learned / RoPE / T5's relative bias), norms and
+feed-forward.
 
 Shapes are in the names: b=batch, t=target length, s=source length, d=d_model,
 n=heads, h=head dim, f=feed-forward width, v=vocabulary.
@@ -161,14 +162,80 @@ def sinusoidal(positions_bt: jax.Array, d_model: int) -> jax.Array:
 
 
 class LearnedPositions(nnx.Module):
-  """A trained table of `max_len` position embeddings."""
+  """A trained table of `max_len` position embeddings. It does not extend: a call whose
+  positions may reach `max_len` is refused while tracing (`check`, from the longest
+  position the call's shapes allow), and a position past the table that reached it
+  anyway would give NaN (jnp.take's "fill"), never the last row again."""
 
   def __init__(self, max_len: int, d_model: int, *, rngs: nnx.Rngs):
     init = nnx.initializers.normal(stddev=d_model**-0.5)
     self.table_ld = param(rngs, init, (max_len, d_model), (None, "embed"))
+    self.max_len = max_len
 
-  def __call__(self, positions_bt: jax.Array) -> jax.Array:
-    return jnp.take(weight(self.table_ld), positions_bt, axis=0, mode="clip")
+  def check(self, length: int, what: str) -> None:
+    """Raises ConfigError unless positions 0 .. length - 1 (of `what`) are in the table."""
+    if length > self.max_len:
+      raise ConfigError(f"{what} reaches position {length - 1}, past the learned position table "
+                        f"(config.model.max_len={self.max_len}): learned positions do not extend. Cut the "
+                        f"input to {self.max_len} tokens, or train with config.model.max_len of at least {length}")
+
+  def __call__(self, positions_bt: jax.Array, what: str = "a row") -> jax.Array:
+    # Positions count tokens within a row's sentence (they restart per packed segment): each
+    # is less than the row's width, the longest position a call can reach.
+    self.check(positions_bt.shape[-1], f"{what} of {positions_bt.shape[-1]} tokens")
+    return jnp.take(weight(self.table_ld), positions_bt, axis=0, mode="fill")
+
+
+def relative_bucket(relative_ts: jax.Array, *, bidirectional: bool, num_buckets: int, max_distance: int) -> jax.Array:
+  """T5's bucket (Raffel et al. 2020) of each relative position, key minus query: int32 in
+  [0, num_buckets).
+
+  Bidirectional: half the buckets for keys at or before the query, half for keys after
+  it. Unidirectional (causal): all for keys at or before it; later keys share bucket 0
+  with distance 0 (the mask hides them). Within a half of m buckets, distance d (>= 0)
+  has its own bucket below m/2, then the log-spaced m/2 + floor(log(d / (m/2)) /
+  log(max_distance / (m/2)) * m/2), at most m - 1: every distance from `max_distance`
+  on shares the last bucket.
+  """
+  distance = -relative_ts  # how far the key lies before the query
+  bucket = jnp.zeros_like(distance)
+  if bidirectional:
+    num_buckets //= 2
+    bucket = jnp.where(distance < 0, num_buckets, 0)
+    distance = jnp.abs(distance)
+  else:
+    distance = jnp.maximum(distance, 0)
+  exact = num_buckets // 2
+  # float32 and its epsilon as T5 computes it, so that d = m/2 * r^k lands on bucket m/2 + k
+  ratio = jnp.maximum(distance, exact).astype(jnp.float32) / exact + jnp.finfo(jnp.float32).eps
+  far = exact + (jnp.log(ratio) / math.log(max_distance / exact) * (num_buckets - exact)).astype(jnp.int32)
+  return (bucket + jnp.where(distance < exact, distance, jnp.minimum(far, num_buckets - 1))).astype(jnp.int32)
+
+
+class RelativePositionBias(nnx.Module):
+  """A learned scalar per head and relative-position bucket (`relative_bucket`), added to
+  the attention logits: T5's relative position bias. One serves a whole attention stack
+  (the encoder's self-attention, or the decoder's), shared by its layers, as in T5 and
+  T5X (T5 computes it in the first layer and passes it on), rather than one per layer:
+  that is the published model (the same parameters: buckets x heads per stack), its bias
+  [1 or b, n, t, s] is computed once per stack and pass instead of once per layer, and
+  each layer's gradient trains the one table. Initialised as T5X does: N(0, 1 / heads)."""
+
+  def __init__(self, num_heads: int, num_buckets: int, max_distance: int, *, bidirectional: bool,
+               rngs: nnx.Rngs):
+    init = nnx.initializers.normal(stddev=num_heads**-0.5)
+    self.bias_rn = param(rngs, init, (num_buckets, num_heads), (None, "heads"))  # r = bucket
+    self.num_buckets, self.max_distance, self.bidirectional = num_buckets, max_distance, bidirectional
+
+  def __call__(self, q_positions_bt: jax.Array, k_positions_bs: jax.Array) -> jax.Array:
+    """The f32 bias [b, n, t, s] of queries at `q_positions_bt` over keys at `k_positions_bs`
+    (each [b or 1, ...]): a function of each pair's key - query position only. Packed rows
+    pass each token's position within its sentence (pairs across sentences are masked)."""
+    buckets_bts = relative_bucket(k_positions_bs[:, None, :] - q_positions_bt[:, :, None],
+                                  bidirectional=self.bidirectional, num_buckets=self.num_buckets,
+                                  max_distance=self.max_distance)
+    bias_btsn = jnp.take(weight(self.bias_rn), buckets_bts, axis=0)
+    return constrain(jnp.moveaxis(bias_btsn, -1, 1), ("batch", "heads", "length", None))
 
 
 def rope(x_btnh: jax.Array, positions_bt: jax.Array, base: float = 10000.0) -> jax.Array:

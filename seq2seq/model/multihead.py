@@ -46,6 +46,8 @@ class MultiHeadAttention(nnx.Module):
   Keys get no bias: it would add the same q.b to every score of a query, which the
   softmax cancels, so its gradient is zero and Adam would only amplify rounding noise.
   `impl` is `config.model.attention_impl` (see `seq2seq.model.attention.attention`).
+  A bias added to the scores (`bias_bnts`: relative positions, `RelativePositionBias`) is
+  the caller's, held by the attention stack, not by the layer.
   """
 
   def __init__(self, d_model: int, num_heads: int, head_dim: int, *, use_bias: bool, dropout_rate: float,
@@ -101,29 +103,34 @@ class MultiHeadAttention(nnx.Module):
       q_btnh, v_btnh = q_btnh + b_n2h[:, 0], v_btnh + b_n2h[:, 1]
     return self._rope(q_btnh, positions_bt), self._rope(k_btnh, positions_bt), v_btnh
 
-  def attend(self, q_btnh, k_bsnh, v_bsnh, mask: SegmentMask | jax.Array, rng: jax.Array | None = None) -> jax.Array:
-    """Attention then the output projection: [b, t, d]. `mask` as `attention` takes it."""
+  def attend(self, q_btnh, k_bsnh, v_bsnh, mask: SegmentMask | jax.Array, rng: jax.Array | None = None,
+             bias_bnts: jax.Array | None = None) -> jax.Array:
+    """Attention then the output projection: [b, t, d]. `mask` and `bias_bnts` (an additive
+    bias [1 or b, n, t, s], or None) as `attention` takes them."""
     if self.record_weights:  # kept as an nnx.Intermediate; see Transformer.cross_attention_weights
       mask_b1ts = mask.dense_b1ts() if isinstance(mask, SegmentMask) else mask
       ctx_btnh, weights_bnts = explicit_attention(q_btnh, k_bsnh, v_bsnh, mask_b1ts, dropout_rate=self.dropout_rate,
-                                                  rng=rng, return_weights=True)
+                                                  rng=rng, return_weights=True, bias_bnts=bias_bnts)
       ctx_btnh = _zero_padding_queries(ctx_btnh, mask)
       self.weights_bnts = nnx.Intermediate(weights_bnts)
     else:
-      ctx_btnh = attention(q_btnh, k_bsnh, v_bsnh, mask, impl=self.impl, dropout_rate=self.dropout_rate, rng=rng)
+      ctx_btnh = attention(q_btnh, k_bsnh, v_bsnh, mask, impl=self.impl, dropout_rate=self.dropout_rate, rng=rng,
+                           bias_bnts=bias_bnts)
     y_btd = dense(ctx_btnh, weight(self.wo_nhd), contract=2)
     return y_btd + self.bo_d[...].astype(y_btd.dtype) if self.use_bias else y_btd
 
-  def attend_cached(self, q_bnh, k_bnsh, v_bnsh, mask_bns) -> jax.Array:
-    """`attend` for one decoding position over a heads-first cache: [b, d]."""
-    ctx_bnh = single_query_attention(q_bnh, k_bnsh, v_bnsh, mask_bns)
+  def attend_cached(self, q_bnh, k_bnsh, v_bnsh, mask_bns, bias_ns: jax.Array | None = None) -> jax.Array:
+    """`attend` for one decoding position over a heads-first cache: [b, d]. `bias_ns`: the
+    additive bias [n, s] of this position's query over the cached keys, or None."""
+    ctx_bnh = single_query_attention(q_bnh, k_bnsh, v_bnsh, mask_bns, bias_ns)
     y_bd = dense(ctx_bnh, weight(self.wo_nhd), contract=2)
     return y_bd + self.bo_d[...].astype(y_bd.dtype) if self.use_bias else y_bd
 
   def __call__(self, x_btd: jax.Array, context_bsd: jax.Array, mask: SegmentMask | jax.Array, *,
                positions_bt: jax.Array | None = None, context_positions_bs: jax.Array | None = None,
-               rng: jax.Array | None = None) -> jax.Array:
-    """Attention of `x` over `context`; a self-attention layer takes x itself as context."""
+               rng: jax.Array | None = None, bias_bnts: jax.Array | None = None) -> jax.Array:
+    """Attention of `x` over `context`; a self-attention layer takes x itself as context.
+    `bias_bnts`: an additive bias [1 or b, n, t, s] on the scores, or None."""
     if self.self_attention:
       if context_bsd is not x_btd:
         raise ValueError("a self-attention layer attends over its own input: pass x as the context")
@@ -131,4 +138,4 @@ class MultiHeadAttention(nnx.Module):
     else:
       q_btnh = self.query(x_btd, positions_bt)
       k_bsnh, v_bsnh = self.key_value(context_bsd, context_positions_bs)
-    return self.attend(q_btnh, k_bsnh, v_bsnh, mask, rng)
+    return self.attend(q_btnh, k_bsnh, v_bsnh, mask, rng, bias_bnts)

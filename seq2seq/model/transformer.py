@@ -12,6 +12,13 @@ batches pass their own segment ids and positions. `packed=False` promises every 
 sentence then padding, which lets the GPU use cuDNN attention given sequence lengths
 (seq2seq/model/attention.py); by default rows count as packed when segment ids are passed.
 `dropout_rng=None` means evaluation (no dropout).
+
+Positions (`config.model.positions`): sinusoidal or learned embeddings added to the inputs,
+RoPE in every self-attention, or `relative`: T5's bucketed bias on the self-attention
+scores (one `RelativePositionBias` per stack: bidirectional in the encoder, causal in the
+decoder; cross-attention has none), from each token's position within its sentence. A
+learned table does not extend: a call whose shapes allow a position at or past
+config.model.max_len is refused while tracing (`LearnedPositions.check`).
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from seq2seq.model.layers import (
   FeedForward,
   LearnedPositions,
   Norm,
+  RelativePositionBias,
   dense,
   dropout,
   fold,
@@ -94,10 +102,10 @@ class EncoderLayer(nnx.Module):
     self.attn_norm, self.ffn_norm = _norm(cfg, rngs), _norm(cfg, rngs)
     self.pre, self.rate = cfg.norm_position == "pre", cfg.dropout_rate
 
-  def __call__(self, x_bsd, mask: SegmentMask, positions_bs, rng):
+  def __call__(self, x_bsd, mask: SegmentMask, positions_bs, rng, bias_bnss=None):
     def attn(h_bsd):
       return self.self_attn(h_bsd, h_bsd, mask, positions_bt=positions_bs, context_positions_bs=positions_bs,
-                            rng=fold(rng, 0))
+                            rng=fold(rng, 0), bias_bnts=bias_bnss)
     x_bsd = residual(x_bsd, attn, self.attn_norm, pre=self.pre, rate=self.rate, rng=fold(rng, 1))
     ffn = lambda h_bsd: self.ffn(h_bsd, fold(rng, 2))
     return residual(x_bsd, ffn, self.ffn_norm, pre=self.pre, rate=self.rate, rng=fold(rng, 3))
@@ -118,17 +126,19 @@ class DecoderLayer(nnx.Module):
     ffn = lambda h_btd: self.ffn(h_btd, fold(rng, 4))
     return residual(y_btd, ffn, self.ffn_norm, pre=self.pre, rate=self.rate, rng=fold(rng, 5))
 
-  def __call__(self, y_btd, self_mask: SegmentMask, positions_bt, enc_bsd, cross_mask: SegmentMask, rng):
+  def __call__(self, y_btd, self_mask: SegmentMask, positions_bt, enc_bsd, cross_mask: SegmentMask, rng,
+               self_bias_bntt=None):
     def self_attn(h_btd):
       return self.self_attn(h_btd, h_btd, self_mask, positions_bt=positions_bt, context_positions_bs=positions_bt,
-                            rng=fold(rng, 0))
+                            rng=fold(rng, 0), bias_bnts=self_bias_bntt)
     y_btd = residual(y_btd, self_attn, self.self_norm, pre=self.pre, rate=self.rate, rng=fold(rng, 1))
     cross = lambda h_btd: self.cross_attn(h_btd, enc_bsd, cross_mask, rng=fold(rng, 2))
     return self._cross_and_ffn(y_btd, cross, rng)
 
-  def step(self, y_b1d, positions_b1, self_kv: dict, cross_kv: dict, index, cross_mask_bs):
+  def step(self, y_b1d, positions_b1, self_kv: dict, cross_kv: dict, index, cross_mask_bs, self_bias_nl=None):
     """One decoding position: writes this token's key/value into `self_kv` at `index`; returns
-    the output and the new `self_kv`. Keys/values are heads-first, [b, n, length, h]."""
+    the output and the new `self_kv`. Keys/values are heads-first, [b, n, length, h];
+    `self_bias_nl` is the relative bias of position `index` over cache positions, or None."""
     new_kv = dict(self_kv)
 
     def self_attn(h_b1d):
@@ -138,7 +148,7 @@ class DecoderLayer(nnx.Module):
         x_bn1h = jnp.swapaxes(x_b1nh, 1, 2).astype(self_kv[name].dtype)
         new_kv[name] = jax.lax.dynamic_update_slice(self_kv[name], x_bn1h, (0, 0, index, 0))
       mask_11l = (jnp.arange(self_kv["k"].shape[2]) <= index)[None, None, :]
-      return self.self_attn.attend_cached(q_bnh, new_kv["k"], new_kv["v"], mask_11l)[:, None]
+      return self.self_attn.attend_cached(q_bnh, new_kv["k"], new_kv["v"], mask_11l, self_bias_nl)[:, None]
 
     y_b1d = residual(y_b1d, self_attn, self.self_norm, pre=self.pre, rate=self.rate, rng=None)
 
@@ -159,6 +169,10 @@ class Transformer(nnx.Module):
     learned = cfg.positions == "learned"
     self.src_positions = LearnedPositions(cfg.max_len, cfg.d_model, rngs=rngs) if learned else None
     self.tgt_positions = LearnedPositions(cfg.max_len, cfg.d_model, rngs=rngs) if learned else None
+    # relative: one bias table per attention stack, shared by its layers (as T5; see RelativePositionBias)
+    relative = lambda bidirectional: None if cfg.positions != "relative" else RelativePositionBias(
+        cfg.num_heads, cfg.relative_buckets, cfg.relative_max_distance, bidirectional=bidirectional, rngs=rngs)
+    self.encoder_bias, self.decoder_bias = relative(True), relative(False)
     self.encoder_layers = nnx.List([EncoderLayer(cfg, rngs=rngs) for _ in range(cfg.num_encoder_layers)])
     self.decoder_layers = nnx.List([DecoderLayer(cfg, rngs=rngs) for _ in range(cfg.num_decoder_layers)])
     pre = cfg.norm_position == "pre"
@@ -168,13 +182,22 @@ class Transformer(nnx.Module):
     self.output_dv = None if cfg.tie_output else param(rngs, init, (cfg.d_model, cfg.vocab_size), ("embed", "vocab"))
 
   # -- pieces ---------------------------------------------------------------------------
-  def _embed(self, tokens_bt, positions_bt, embed: Embed, table: LearnedPositions | None, rng):
+  def _embed(self, tokens_bt, positions_bt, embed: Embed, table: LearnedPositions | None, rng, what: str = "a row"):
     x_btd = embed(tokens_bt, self.cfg.compute_dtype)
     if self.cfg.positions == "sinusoidal":
       x_btd = x_btd + sinusoidal(positions_bt, self.cfg.d_model).astype(x_btd.dtype)
     elif self.cfg.positions == "learned":
-      x_btd = x_btd + table(positions_bt).astype(x_btd.dtype)
+      x_btd = x_btd + table(positions_bt, what).astype(x_btd.dtype)
     return constrain(dropout(x_btd, self.cfg.dropout_rate, rng), RESIDUAL)
+
+  @staticmethod
+  def _self_bias(table: RelativePositionBias | None, positions_bt, given: bool):
+    """A self-attention stack's relative bias [b, n, t, t] (or [1, ...] when the positions
+    are the default ones, the same in every row), or None without relative positions."""
+    if table is None:
+      return None
+    positions_bt = positions_bt if given else positions_bt[:1]
+    return table(positions_bt, positions_bt)
 
   def _defaults(self, tokens_bt, segments_bt, positions_bt):
     if segments_bt is None:
@@ -200,23 +223,29 @@ class Transformer(nnx.Module):
   def encode(self, src_bs, *, src_segments_bs=None, src_positions_bs=None, dropout_rng=None, packed=None):
     """Encoder output [b, s, d] in the compute dtype."""
     packed = src_segments_bs is not None if packed is None else packed
+    given = src_positions_bs is not None
     src_segments_bs, src_positions_bs = self._defaults(src_bs, src_segments_bs, src_positions_bs)
-    x_bsd = self._embed(src_bs, src_positions_bs, self.src_embed, self.src_positions, fold(dropout_rng, 0))
+    x_bsd = self._embed(src_bs, src_positions_bs, self.src_embed, self.src_positions, fold(dropout_rng, 0),
+                        "a source row")
     mask = SegmentMask(src_segments_bs, src_segments_bs, packed=packed)
+    bias_bnss = self._self_bias(self.encoder_bias, src_positions_bs, given)
     for i, layer in enumerate(self.encoder_layers):
-      x_bsd = layer(x_bsd, mask, src_positions_bs, fold(dropout_rng, i + 1))
+      x_bsd = layer(x_bsd, mask, src_positions_bs, fold(dropout_rng, i + 1), bias_bnss)
     return x_bsd if self.encoder_norm is None else constrain(self.encoder_norm(x_bsd), RESIDUAL)
 
   def decode(self, tgt_in_bt, enc_bsd, src_segments_bs, *, tgt_segments_bt=None, tgt_positions_bt=None,
              dropout_rng=None, packed=None):
     """Teacher-forced decoder: f32 logits [b, t, v] for every target position."""
     packed = tgt_segments_bt is not None if packed is None else packed
+    given = tgt_positions_bt is not None
     tgt_segments_bt, tgt_positions_bt = self._defaults(tgt_in_bt, tgt_segments_bt, tgt_positions_bt)
-    y_btd = self._embed(tgt_in_bt, tgt_positions_bt, self._tgt_embed, self.tgt_positions, fold(dropout_rng, 0))
+    y_btd = self._embed(tgt_in_bt, tgt_positions_bt, self._tgt_embed, self.tgt_positions, fold(dropout_rng, 0),
+                        "a target row")
     self_mask = SegmentMask(tgt_segments_bt, tgt_segments_bt, causal=True, packed=packed)
     cross_mask = SegmentMask(tgt_segments_bt, src_segments_bs, packed=packed)
+    bias_bntt = self._self_bias(self.decoder_bias, tgt_positions_bt, given)
     for i, layer in enumerate(self.decoder_layers):
-      y_btd = layer(y_btd, self_mask, tgt_positions_bt, enc_bsd, cross_mask, fold(dropout_rng, i + 1))
+      y_btd = layer(y_btd, self_mask, tgt_positions_bt, enc_bsd, cross_mask, fold(dropout_rng, i + 1), bias_bntt)
     return self._logits(y_btd)
 
   def __call__(self, src_bs, tgt_in_bt, *, src_segments_bs=None, tgt_segments_bt=None, src_positions_bs=None,
@@ -249,8 +278,11 @@ class Transformer(nnx.Module):
   def init_cache(self, enc_bsd, src_segments_bs, max_decode_len: int) -> DecoderState:
     """Decoding state: empty self-attention K/V of `max_decode_len` per row, the cross K/V and
     the source mask per sentence. Keys/values are stored heads-first, [b, n, length, h], so
-    each step reads them without a transpose."""
+    each step reads them without a transpose. A learned position table must hold the
+    `max_decode_len` positions (ConfigError otherwise)."""
     b, cfg = enc_bsd.shape[0], self.cfg
+    if self.tgt_positions is not None:
+      self.tgt_positions.check(max_decode_len, f"a decoding cache of {max_decode_len} positions")
     zeros = jnp.zeros((b, cfg.num_heads, max_decode_len, cfg.head_size), cfg.compute_dtype)
     cross = []
     for layer in self.decoder_layers:
@@ -267,9 +299,16 @@ class Transformer(nnx.Module):
     tokens_b1 = tokens_b[:, None]
     positions_b1 = jnp.full(tokens_b1.shape, index, jnp.int32)
     y_b1d = self._embed(tokens_b1, positions_b1, self._tgt_embed, self.tgt_positions, None)
+    length = cache.rows[0]["k"].shape[2] if cache.rows else 0  # index < length: the longest position
+    if self.tgt_positions is not None:
+      self.tgt_positions.check(length, f"a decoding cache of {length} positions")
+    bias_nl = None  # relative positions: query `index` over keys 0 .. length - 1 (the mask hides later ones)
+    if self.decoder_bias is not None:
+      bias_nl = self.decoder_bias(index[None, None], jnp.arange(length, dtype=jnp.int32)[None])[0, :, 0]
     rows = []
     for layer, self_kv, cross_kv in zip(self.decoder_layers, cache.rows, cache.sentences["layers"]):
-      y_b1d, self_kv = layer.step(y_b1d, positions_b1, self_kv, cross_kv, index, cache.sentences["mask_bs"])
+      y_b1d, self_kv = layer.step(y_b1d, positions_b1, self_kv, cross_kv, index, cache.sentences["mask_bs"],
+                                  bias_nl)
       rows.append(self_kv)
     return self._logits(y_b1d)[:, 0], cache.replace(index=index + 1, rows=rows)
 
