@@ -1,7 +1,9 @@
-"""Search: exhaustive optimum, greedy = beam 1, cached = uncached, length rules, ensembles."""
+"""Search: exhaustive optimum, greedy = beam 1, cached = uncached, length rules, ensembles,
+and the Translator keeping learned positions within their table."""
 
 import functools
 import itertools
+import types
 
 import jax
 import jax.numpy as jnp
@@ -9,7 +11,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from seq2seq import sharding
+from seq2seq.errors import ConfigError
 from seq2seq.inference import decode
+from seq2seq.inference.translate import Translator
 from seq2seq.model.config import ModelConfig
 from seq2seq.model.transformer import Transformer
 from seq2seq.special_tokens import SPECIAL
@@ -89,7 +94,8 @@ def test_beam_one_without_penalty_equals_greedy():
   np.testing.assert_array_equal(beam_bkl[:, 0], greedy_bl)
 
 
-@pytest.mark.parametrize("positions, norm_position", [("sinusoidal", "post"), ("rope", "pre"), ("learned", "pre")])
+@pytest.mark.parametrize("positions, norm_position", [("sinusoidal", "post"), ("rope", "pre"), ("learned", "pre"),
+                                                     ("relative", "post")])
 def test_cached_equals_uncached(positions, norm_position):
   model = make_model(40, positions=positions, norm_position=norm_position)
   src_bs, lengths = sources(40, seed=1)
@@ -286,3 +292,30 @@ def test_search_compacts_and_keeps_the_order():
     alone = np.asarray(jax.jit(lambda st: decode.search(nnx.merge(graphdef, st), src_bs[s:s + 1], limits[s:s + 1],
                                                         beam_size=2, alpha=0.6, max_len=14)[0])(state))
     np.testing.assert_array_equal(compacted[s], alone[0])
+
+
+def test_the_translator_keeps_learned_positions_within_their_table(capsys):
+  """A table of 12 positions (not a source bucket: rows are padded to 16 otherwise). Sources
+  past it are cut with a warning naming config.model.max_len; every row is padded to at most
+  12 (the model refuses wider ones); an output limit (a * length + b) past the table is cut
+  to it with a warning; scoring cuts sources alike and refuses targets longer than the table."""
+  model = make_model(40, positions="learned", max_len=12)
+  graphdef, params = nnx.split(model)
+  mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, jax.devices()[:1])
+  translator = Translator(model.cfg, graphdef, types.SimpleNamespace(special=SPECIAL), mesh, beam_size=1,
+                          max_len_a=1.0, max_len_b=4, batch_size=2, workers=1, params=params)
+  long, short, middle = [5] * 20 + [EOS], [6, 7, EOS], [8] * 9 + [EOS]
+  outputs, _ = translator._translate_ids(params, [long, short, middle], False, lines=[1, 2, 3])
+  err = capsys.readouterr().err
+  assert ("line 1: 21 tokens, longer than the model takes: translating its first 12 (config.model.max_len, the "
+          "learned position table)") in err
+  for line, length in ((1, 12), (3, 10)):  # 12 + 4 and 10 + 4 outputs: more than the table holds
+    assert f"line {line}: {length} tokens: its translation is cut at 12 tokens (config.model.max_len" in err
+  assert "line 2" not in err and all(len(best[0]) < 12 for best in outputs)
+  target = [9, 10, 11, EOS]
+  cut = long[:11] + [EOS]
+  assert translator.score_ids(params, [long], [target]) == translator.score_ids(params, [cut], [target])
+  assert "line 1: 21 tokens, longer than the model takes: translating its first 12" in capsys.readouterr().err
+  with pytest.raises(ConfigError, match=r"targets \[2\] .* longer than the learned position table "
+                                        r"\(config.model.max_len=12\)"):
+    translator.score_ids(params, [short, short], [target, [9] * 12 + [EOS]])

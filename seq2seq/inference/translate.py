@@ -65,9 +65,9 @@ class Translator:
                        f"configs (vocabularies {sorted({c.vocab_size for c in cfgs})}) and {len(graphdefs)} graphdefs")
     self.graphdefs, self.tok, self.mesh, self.params = graphdefs, tok, mesh, params
     self.checkpoint, self.config = "", None  # set by from_workdir / from_pretrained: what they loaded
-    # Outputs must fit every learned position table (None: no limit); sources that too, and max_source_len.
+    # Outputs and rows must fit every learned position table (None: no limit); sources that too, and max_source_len.
     self.position_limit = min((c.max_len for c in cfgs if c.positions == "learned"), default=None)
-    self.source_limit = min(max_source_len, self.position_limit or max_source_len)
+    self.max_source_len, self.source_limit = max_source_len, min(max_source_len, self.position_limit or max_source_len)
     self.settings = SearchSettings(beam_size, alpha, max_len_a, max_len_b, min_len)
     dp = sharding.data_parallel_size(mesh)
     self.batch_size = dp * math.ceil(batch_size / dp)  # rows are split over the data-parallel devices
@@ -103,9 +103,13 @@ class Translator:
                          min_len=s.min_len, use_cache=self.use_cache, compact=self.compact, nbest=nbest,
                          sampling=sampling, ids_b=ids_b, seed=seed, tokens=self.tok.special)
 
-  def _max_output(self, src_len: int) -> int:
+  def _max_output(self, src_len: int, fit: bool = True) -> int:
     out = int(self.settings.max_len_a * src_len) + self.settings.max_len_b
-    return out if self.position_limit is None else min(out, self.position_limit)
+    return self._fit(out) if fit else out
+
+  def _fit(self, length: int) -> int:
+    """`length` cut to the learned position table, if any (a row's width, an output limit)."""
+    return length if self.position_limit is None else min(length, self.position_limit)
 
   def _program_key(self, params, batch: int, width: int, want: Want):
     """The compiled search of a batch shape (started now if it is not compiled or compiling)."""
@@ -215,7 +219,14 @@ class Translator:
     from seq2seq.inference import forced
 
     normalize = self.settings.beam_size > 1 if normalize is None else normalize
-    src_ids, _ = self._truncate(list(src_ids))
+    cut_ids, cut = self._truncate(list(src_ids))
+    if jax.process_index() == 0:
+      self._warn_truncated([(i + 1, len(src_ids[i])) for i in cut])
+    long = [i + 1 for i, ids in enumerate(tgt_ids) if len(ids) > self._fit(len(ids))]
+    if long:
+      raise ConfigError(f"targets {long[:MAX_WARNINGS]} (numbered from 1) are longer than the learned position table "
+                        f"(config.model.max_len={self.position_limit}), which does not extend: not scored")
+    src_ids = cut_ids
     if self._score_fn is None:
       self._score_fn = jax.jit(lambda params, src_bs, tgt_bt, alpha, normalize: forced.log_probs(
           self.graphdefs, params if self.ensemble else [params], src_bs, tgt_bt, alpha=alpha, normalize=normalize,
@@ -229,7 +240,7 @@ class Translator:
       part = order[start:start + rows]
       arrays = []
       for ids in (src_ids, tgt_ids):
-        x = np.zeros((rows, source_bucket(max(len(ids[i]) for i in part))), np.int32)
+        x = np.zeros((rows, self._fit(source_bucket(max(len(ids[i]) for i in part)))), np.int32)
         x[len(part):, 0] = self.tok.special.eos  # filler rows: an empty sentence
         for r, i in enumerate(part):
           x[r, :len(ids[i])] = ids[i]
@@ -258,20 +269,28 @@ class Translator:
                          weight=lambda n: max(1, min(int(a * n) + b, self._max_output(source_bucket(n)))))
     batches, start = [], 0
     while start < len(lengths):
-      width = width_for(lengths[start], widths)
+      width = self._fit(width_for(lengths[start], widths))  # sources fit the table: source_limit
       size = self.rows_for(width)
       batches.append((range(start, min(start + size, len(lengths))), size, width))
       start += size
     return batches
 
-  def _warn_truncated(self, cut: list[tuple[int, int]]) -> None:
-    """A warning naming each truncated source (its line number and token count), at most MAX_WARNINGS."""
-    limit = "eval.max_source_len" + (", the learned position table" if self.position_limit else "")
+  def _warn_truncated(self, cut: list[tuple[int, int]], sources: list[tuple[int, int]] = ()) -> None:
+    """A warning naming each truncated source, and each of `sources` whose output limit the learned position
+    table cuts (by line number and token count), at most MAX_WARNINGS of each."""
+    capped = [(line, n) for line, n in sources if self._max_output(n) < self._max_output(n, False)]
+    table = "config.model.max_len, the learned position table"
+    limit = ", ".join(name for name, value in (("eval.max_source_len", self.max_source_len),
+                                               (table, self.position_limit)) if value == self.source_limit)
     for line, length in cut[:MAX_WARNINGS]:
       print(f"warning: line {line}: {length} tokens, longer than the model takes: translating its first "
             f"{self.source_limit} ({limit})", file=sys.stderr, flush=True)
-    if len(cut) > MAX_WARNINGS:
-      print(f"warning: {len(cut) - MAX_WARNINGS} more sources truncated", file=sys.stderr, flush=True)
+    for line, length in capped[:MAX_WARNINGS]:
+      print(f"warning: line {line}: {length} tokens: its translation is cut at {self.position_limit} tokens ({table}), "
+            "not at eval.max_len_a * length + eval.max_len_b", file=sys.stderr, flush=True)
+    for items, what in ((cut, "sources truncated"), (capped, "translations cut at the learned position table")):
+      if len(items) > MAX_WARNINGS:
+        print(f"warning: {len(items) - MAX_WARNINGS} more {what}", file=sys.stderr, flush=True)
 
   def _truncate(self, sources: list[list[int]]) -> tuple[list[list[int]], list[int]]:
     """Sources cut to `source_limit` tokens (eos kept), and the indices of those cut."""
@@ -325,7 +344,7 @@ class Translator:
     lengths = [len(source) for source in sources]
     sources, cut = self._truncate(list(sources))
     if lines is not None and jax.process_index() == 0:
-      self._warn_truncated([(lines[i], lengths[i]) for i in cut])
+      self._warn_truncated([(lines[i], lengths[i]) for i in cut], [(lines[i], len(s)) for i, s in enumerate(sources)])
     lines = list(range(1, len(sources) + 1)) if lines is None else lines
     order = sorted(range(len(sources)), key=lambda i: -len(sources[i]))  # longest first: memory errors show early
     outputs: list[list[list[int]]] = [[] for _ in sources]
