@@ -19,7 +19,7 @@ Imports are lazy, so `import seq2seq` is cheap and pulls in JAX only when a name
 
 import importlib
 
-__version__ = "0.1.0"  # the one version source: pyproject.toml reads it, --version prints it
+__version__ = "0.2.0"  # the one version source: pyproject.toml reads it, --version prints it
 DISTRIBUTION = "seq2seq-jax"  # the name on PyPI (`seq2seq` there is another project); the import name is seq2seq
 
 _EXPORTS = {
