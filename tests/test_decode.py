@@ -95,7 +95,7 @@ def test_beam_one_without_penalty_equals_greedy():
 
 
 @pytest.mark.parametrize("positions, norm_position", [("sinusoidal", "post"), ("rope", "pre"), ("learned", "pre"),
-                                                     ("relative", "post")])
+                                                     pytest.param("relative", "post", marks=pytest.mark.slow)])
 def test_cached_equals_uncached(positions, norm_position):
   model = make_model(40, positions=positions, norm_position=norm_position)
   src_bs, lengths = sources(40, seed=1)

@@ -103,7 +103,7 @@ def test_no_module_is_longer_than_420_lines():
                     "training/train.py) and import them where they are used; MAY_IMPORT above still applies.")
 
 
-@pytest.mark.parametrize("name", FORWARDED)
+@pytest.mark.parametrize("name", [n if n == "sweep" else pytest.param(n, marks=pytest.mark.slow) for n in FORWARDED])
 def test_the_old_research_command_lines_still_run(name):
   """`python -m seq2seq.NAME` (the name before seq2seq/research/, in users' notes and old sweep
   manifests) runs seq2seq.research.NAME: the same usage, exit status 0."""

@@ -130,6 +130,7 @@ def kinds():
   return ["sinusoidal", "learned", "rope"] + (["relative"] if variants.available("relative") else [])
 
 
+@pytest.mark.slow  # a subprocess (5 s)
 def test_list_prints_each_runs_training_and_evaluation(tmp_path):
   listed = study(tmp_path, "--config=tiny", "--list", "--seeds=2", "--joins=1,3", "--config.train.steps=30")
   assert listed.returncode == 0, listed.stderr[-2000:]

@@ -167,7 +167,8 @@ def test_every_parameter_names_its_logical_axes(positions):
     assert set(axes) <= set(LOGICAL_AXES), (path, axes)
 
 
-@pytest.mark.parametrize("positions", CHOICES["positions"])
+@pytest.mark.parametrize("positions", [p if p == "relative" else pytest.param(p, marks=pytest.mark.slow)
+                                       for p in CHOICES["positions"]])
 def test_packed_rows_equal_separate_rows(positions):
   """Two pairs packed into one row (segment ids 1, 2, positions restarting at each) give the
   logits they get in rows of their own: positions come from each token's place in its
