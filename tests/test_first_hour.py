@@ -40,7 +40,8 @@ def test_one_version_and_the_distribution_name():
   assert (REPO / "seq2seq" / "py.typed").is_file()
 
 
-@pytest.mark.parametrize("module", COMMANDS)
+@pytest.mark.parametrize("module", [m if m != "seq2seq.research.sweep" else pytest.param(m, marks=pytest.mark.slow)
+                                    for m in COMMANDS])  # the sweep's --help is also checked fast, by test_layout
 def test_help_and_h_print_usage_and_exit_0_and_version_prints_it(module):
   for flag in ("--help", "-h"):
     out = python_m(module, flag)

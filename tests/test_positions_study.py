@@ -94,6 +94,7 @@ def test_the_study_refuses_a_source_the_model_would_cut():
     lengths.check_fits(sinusoidal, [1025], [10])
 
 
+@pytest.mark.slow  # translates and scores with the tiny run (5 s)
 def test_the_evaluation_records_the_translation_and_the_forced_score(tiny_run):
   """On a trained tiny model: the hypotheses are Translator.translate's, the log-probabilities
   Translator.score's (teacher-forced, unnormalized), so a bucket's NLL is the forced score."""

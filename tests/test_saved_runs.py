@@ -15,6 +15,7 @@ import sys
 
 import jax
 import numpy as np
+import pytest
 
 FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "run_0_1_0"
 
@@ -40,6 +41,7 @@ def _params(workdir):
   return jax.tree.leaves(jax.device_get(loaded.params))
 
 
+@pytest.mark.slow  # two short trainings (8 s)
 def test_a_run_saved_by_0_1_0_resumes_as_if_never_stopped(data_dir, tmp_path):
   from seq2seq import Translator, metrics
   from seq2seq.training.train import train_and_evaluate
