@@ -49,6 +49,20 @@ def test_from_workdir_translates_as_the_library_path(tiny_run):
                                                                        "alpha": config.eval.alpha}
 
 
+def test_search_settings_take_the_config_then_the_overrides_and_name_each_known_key_once():
+  from ml_collections import ConfigDict
+  from seq2seq.inference.translate import search_settings
+  eval_cfg = ConfigDict({"beam_size": 4, "alpha": 0.6, "max_len_a": 1.0, "max_len_b": 50, "batch_size": 32,
+                         "unrelated": 1})  # an older config: no max_source_len, max_programs
+  assert search_settings(eval_cfg, alpha=None, min_len=2, max_programs=3) == {
+      "beam_size": 4, "alpha": 0.6, "max_len_a": 1.0, "max_len_b": 50, "batch_size": 32, "min_len": 2, "max_programs": 3}
+  with pytest.raises(ValueError) as err:
+    search_settings(eval_cfg, beam=3, unrelated=2)
+  known = ["alpha", "batch_size", "beam_size", "compact", "max_len_a", "max_len_b", "max_programs", "max_source_len",
+           "min_len", "use_cache", "workers"]
+  assert str(err.value) == f"unknown search setting(s) ['beam', 'unrelated']; known: {known}"
+
+
 def test_from_workdir_chooses_the_checkpoint(tiny_run):
   best = min((r for r in metrics.read(tiny_run) if "val_loss" in r), key=lambda r: r["val_loss"])["step"]
   assert Translator.from_workdir(tiny_run, "best", **SMALL).checkpoint == f"best{best}"

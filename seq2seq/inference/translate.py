@@ -410,10 +410,10 @@ def out_of_memory(err: Exception) -> bool:
 
 def search_settings(eval_cfg, **overrides) -> dict:
   """Translator keyword arguments from a config's `eval` section, with overrides (None: keep)."""
-  settings = {key: eval_cfg[key] for key in ("beam_size", "alpha", "max_len_a", "max_len_b", "batch_size",
-                                             "max_source_len", "max_programs") if key in eval_cfg}
-  extra = ["min_len", "use_cache", "compact", "workers", "max_source_len", "max_programs"]
-  unknown = sorted(set(overrides) - set(settings) - set(extra))
+  from_config = ("beam_size", "alpha", "max_len_a", "max_len_b", "batch_size", "max_source_len", "max_programs")
+  known = sorted({*from_config, "min_len", "use_cache", "compact", "workers"})  # the rest: overrides only
+  settings = {key: eval_cfg[key] for key in from_config if key in eval_cfg}
+  unknown = sorted(set(overrides) - set(known))
   if unknown:
-    raise ConfigError(f"unknown search setting(s) {unknown}; known: {sorted(settings) + extra}")
+    raise ConfigError(f"unknown search setting(s) {unknown}; known: {known}")
   return settings | {k: v for k, v in overrides.items() if v is not None}
