@@ -86,16 +86,22 @@ def test_scores_are_the_models_log_probability_of_the_translation(tiny_run, beam
   sources = [s for s in SENTENCES if s]
   ids = translator.tok.encode(sources)
   hyps, scores = translator._translate_ids(translator.params, ids, False, Want(beam))  # the n-best, n = beam
-  model = nnx.merge(translator.graphdefs[0], translator.params)
-  for src, best, best_scores in zip(ids, hyps, scores):
+  for best, best_scores in zip(hyps, scores):
     assert len({tuple(h) for h in best}) == beam and best_scores == sorted(best_scores, reverse=True)
-    for hyp, score in zip(best, best_scores):
-      special = translator.tok.special
-      target = hyp + [special.eos]  # the search's output ends with eos, which is scored too
-      logits_btv = model(jnp.asarray([src]), jnp.asarray([[special.bos] + target[:-1]]))
-      logp = float(jnp.sum(jnp.take_along_axis(jax.nn.log_softmax(logits_btv[0]), jnp.asarray(target)[:, None], 1)))
-      expected = logp if beam == 1 else logp / float(decode.length_penalty(len(target), 0.6))
-      assert score == pytest.approx(expected, abs=1e-4)
+  # Every hypothesis scored by one teacher-forced forward pass of the model, a row each, padded.
+  special = translator.tok.special
+  rows = [(src, hyp + [special.eos]) for src, best in zip(ids, hyps) for hyp in best]  # eos is scored too
+  src_bs = np.full((len(rows), max(len(src) for src, _ in rows)), special.pad)
+  target_bt = np.full((len(rows), max(len(target) for _, target in rows)), special.pad)
+  for i, (src, target) in enumerate(rows):
+    src_bs[i, :len(src)], target_bt[i, :len(target)] = src, target
+  inputs_bt = np.concatenate([np.full((len(rows), 1), special.bos), target_bt[:, :-1]], 1)
+  logits_btv = nnx.merge(translator.graphdefs[0], translator.params)(jnp.asarray(src_bs), jnp.asarray(inputs_bt))
+  logp_bt = jnp.take_along_axis(jax.nn.log_softmax(logits_btv), jnp.asarray(target_bt)[..., None], -1)[..., 0]
+  logp_b = np.asarray(jnp.sum(jnp.where(target_bt != special.pad, logp_bt, 0), 1))
+  for (_, target), logp, score in zip(rows, logp_b, [s for best_scores in scores for s in best_scores]):
+    expected = logp if beam == 1 else logp / float(decode.length_penalty(len(target), 0.6))
+    assert score == pytest.approx(expected, abs=1e-4)
   text, text_scores = translator.translate(sources, return_scores=True)  # the 1-best search stops sooner: the same
   assert text_scores == [s[0] for s in scores] and text == [translator.tok.decode(h[0]) for h in hyps]
   if beam > 1:
