@@ -59,6 +59,24 @@ def test_welch_from_a_tables_mean_std_and_n_equals_welch_from_the_values():
   assert 1 <= test.df <= 2
 
 
+def test_the_reports_degrees_of_freedom_follow_the_seed_counts():
+  two = significance.welch([2.404, 2.416], [2.486, 2.538])
+  three = significance.welch([2.41, 2.404, 2.398], [2.49, 2.53, 2.51])
+  assert significance.df_range([two]) == (1, 2) and significance.df_range([three]) == (2, 4)
+  assert significance.df_range([significance.welch([1.0], [2.0, 3.0])]) is None  # no test
+  assert significance.seeds_note([two]) == ("With 2 seeds a side Welch's degrees of freedom are 1 to 2, so the "
+                                            "interval spans 4.3 to 12.7 standard errors either side of the difference.")
+  assert significance.seeds_note([three, significance.welch([1.0, 2.0, 4.0, 8.0], [3.0, 3.5, 3.2])]).startswith(
+      "With 3 to 4 seeds a side Welch's degrees of freedom are 2 to 5, so the interval spans 2.6 to 4.3 ")
+  # The bounds hold whatever the spreads: the extremes are reached, never passed.
+  for s_a in (1e-6, 0.01, 0.1, 1.0, 100.0):
+    for n_a, n_b in ((2, 2), (3, 3), (3, 5), (5, 2)):
+      df = significance.welch_summary(0.0, s_a, n_a, 1.0, 0.1, n_b).df
+      assert min(n_a, n_b) - 1 - 1e-6 <= df <= n_a + n_b - 2 + 1e-6
+  equal = significance.welch_summary(0.0, 0.1 * math.sqrt(3 * 2 / (4 * 5)), 3, 1.0, 0.1, 5)  # means' variances 2 : 4
+  assert math.isclose(equal.df, 6, rel_tol=1e-9)
+
+
 def test_holm_against_a_hand_worked_example():
   # Sorted: 0.005 x 4 = 0.02, 0.01 x 3 = 0.03, 0.03 x 2 = 0.06, 0.04 x 1 = 0.04 -> 0.06 (never below the one before).
   adjusted = significance.holm([0.01, 0.04, 0.03, 0.005])

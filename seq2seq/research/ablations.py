@@ -333,7 +333,8 @@ def markdown(results: list[Result], missing: list[str], plots: dict[str, str], c
   first = next((r for r in results if r.variant == baseline and r.size == "base"), None)
   if first and first.command:
     out += [f"One of them ({baseline}, first seed), as the sweep ran it:", "", f"```bash\n{first.command}\n```", ""]
-  tested = sum(c["welch"].tested for c in comparisons(results, baseline=baseline))
+  tests = comparisons(results, baseline=baseline)
+  tested = sum(c["welch"].tested for c in tests)
   out += ["## Modifications (Narang et al. 2021)", "",
           f"Mean ± standard deviation over the seeds (Seeds: how many runs); in brackets the difference to "
           f"`{baseline}` (of the means). Final loss and BLEU are tested: Welch's t-test of each variant against `{baseline}` "
@@ -341,9 +342,9 @@ def markdown(results: list[Result], missing: list[str], plots: dict[str, str], c
           + (f"all {tested} tests of the table (every variant x final loss and each BLEU column); * marks a "
              "difference significant at 0.05 after the correction." if tested else "the table's tests: none here.")
           + " A variant or baseline with fewer than 2 seeds gets no test (n/a) and no mark. The tests follow the "
-          "table: n, the 95% interval of the difference, p and Holm's adjusted p. With 2 seeds a side Welch's "
-          "degrees of freedom are 1 to 2, so the interval spans 4.3 to 12.7 standard errors either side of the "
-          "difference. Steps/s and early loss show the difference untested, params and FLOPs (exact) in percent. "
+          "table: n, the 95% interval of the difference, p and Holm's adjusted p. "
+          + significance.seeds_note([c["welch"] for c in tests])
+          + " Steps/s and early loss show the difference untested, params and FLOPs (exact) in percent. "
           "Early loss: validation NLL at 25% of the steps. FLOPs: matmul FLOPs of a training step (forward and "
           "backward) per target position. Gated feed-forwards have 2/3 of the width (equal parameters).", "",
           modifications_table(results, baseline=baseline)]

@@ -76,6 +76,30 @@ def welch(values: list[float], baseline: list[float], level: float = LEVEL) -> W
   return welch_summary(*summary(values), *summary(baseline), level=level)
 
 
+def df_range(tests: list[Welch]) -> tuple[int, int] | None:
+  """The smallest and largest Welch degrees of freedom the tested comparisons' seed counts
+  allow, whatever the spreads: min(n_a, n_b) − 1 (one side's variance of the mean dominates)
+  to n_a + n_b − 2 (the two in the ratio (n_a − 1) : (n_b − 1)). None without a test."""
+  sides = [(w.n, w.base_n) for w in tests if w.tested]
+  if not sides:
+    return None
+  return min(min(a, b) for a, b in sides) - 1, max(a + b for a, b in sides) - 2
+
+
+def seeds_note(tests: list[Welch]) -> str:
+  """What the seed counts allow, for a report: the range of Welch's degrees of freedom and how
+  many standard errors wide the interval is either side at its ends ("" without a test)."""
+  bounds = df_range(tests)
+  if bounds is None:
+    return ""
+  counts = sorted({n for w in tests if w.tested for n in (w.n, w.base_n)})
+  seeds = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]} to {counts[-1]}"
+  wide = lambda df: float(stats.t.ppf(0.5 + LEVEL / 2, df))
+  return (f"With {seeds} seeds a side Welch's degrees of freedom are {bounds[0]} to {bounds[1]}, so the "
+          f"interval spans {wide(bounds[1]):.1f} to {wide(bounds[0]):.1f} standard errors either side of the "
+          "difference.")
+
+
 def holm(pvalues: list[float]) -> list[float]:
   """Holm's step-down adjusted p-values, in the order given; nan (no test) stays nan and is
   not counted among the m tests. [0.01, 0.04, 0.03, 0.005] -> [0.03, 0.06, 0.06, 0.02]."""
