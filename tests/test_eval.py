@@ -112,8 +112,13 @@ def test_validation_with_the_test_beam_compiles_the_programs_eval_runs(run):
     functions' names, in the order they were first traced in the process, so it differs with
     what ran before (the test alone against the whole suite) where the key does not."""
     lower, text = translator.programs.fn.lower, []
-    translator.programs.fn = types.SimpleNamespace(lower=lambda *args, **static: (
-        lowered := lower(*args, **static), text.append(lowered.as_text(debug_info=False)))[0])
+
+    def lower_and_keep_text(*args, **static):
+      lowered = lower(*args, **static)
+      text.append(lowered.as_text(debug_info=False))
+      return lowered
+
+    translator.programs.fn = types.SimpleNamespace(lower=lower_and_keep_text)
     translator.programs.get(translator._program_key(params, translator.batch_size, width, Want()))
     return text[0]
 
