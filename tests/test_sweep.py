@@ -226,8 +226,56 @@ def test_compute_multiplier_interpolates_on_vanillas_frontier():
   results = [dataclasses.replace(r, learning_rate=0.003 / {"small": 0.5, "base": 1.0, "large": 2.0}[r.size] ** 0.5)
              for r in results]
   report = ablations.markdown(results, [], {}, "cmd", [])
-  assert "| base | 1.00M | 0.003 | 1.500 | 1.000 | 1e+13 | 3.16e+13 | **3.16x** |" in report
-  assert "| large | 1.00M | 0.002121 | 0.500 | 2.500 | 1e+13 | not reached | **> 100.00x** |" in report
+  assert "| base | 1.00M | 0.003 / 0.003 | 1.500 | 1.000 | 1e+13 | 3.16e+13 | **3.16x** |" in report
+  assert "| large | 1.00M | 0.002121 / 0.002121 | 0.500 | 2.500 | 1e+13 | not reached | **> 100.00x** |" in report
+  assert "Both variants use the same peak learning rate at each size" in report
+
+
+def test_a_learning_rate_part_sets_the_rate_and_nothing_else():
+  """`vanilla+lr0.004`: vanilla's model at peak learning rate 0.004 at the base size, scaled
+  with the size like the config's rate, and winning over a --config.train.learning_rate."""
+  assert variants.parts("transformer+++lr0.008") == ["transformer++", "lr0.008"]
+  assert variants.architecture("transformer+++lr0.008") == "transformer++"
+  assert variants.architecture("prenorm+rope+lr4e-3") == "prenorm+rope" and variants.rate_of("lr4e-3") == 0.004
+  assert model_of("transformer+++lr0.008") == model_of("transformer++")
+  assert variants.describe("vanilla+lr0.004").endswith("(Vaswani et al.) + peak learning rate 0.004 at the base size")
+  for bad, why in (("lr0.004", "unknown variant"), ("vanilla+lr0.004+rope", "comes last"),
+                   ("vanilla+lr0.004+lr0.002", "comes last"), ("vanilla+lr0", "not a positive"),
+                   ("vanilla+lr", "unknown variant"), ("vanilla+lrx2", "unknown variant")):
+    with pytest.raises(ValueError, match=why):
+      variants.parts(bad)
+  config = configs.get("tiny")
+  config.train.learning_rate = 0.001  # as the flag below sets it when the sweep parses its command line
+  runs = sweep.plan(config, "tiny", ["--config.train.learning_rate=0.001"], ["vanilla+lr0.004", "vanilla"],
+                    ["small", "base"], seeds=1)
+  rates = {r.name: [a for a in r.shell(pathlib.Path("D")).split() if "learning_rate" in a] for r in runs}
+  assert rates == {"vanilla+lr0.004@small-s0": ["--config.train.learning_rate=0.005657"],  # 0.004 x sqrt(2)
+                   "vanilla@small-s0": ["--config.train.learning_rate=0.001414"],  # the user's 0.001 x sqrt(2)
+                   "vanilla+lr0.004-s0": ["--config.train.learning_rate=0.004"],
+                   "vanilla-s0": ["--config.train.learning_rate=0.001"]}
+
+
+def test_the_multiplier_compares_each_architecture_at_its_own_rate():
+  """Variants whose architectures are vanilla and transformer++ pair up whatever their rates:
+  one multiplier table per pair, each row with both peak learning rates."""
+  curve = lambda *nll: [(10.0 ** (12 + i), x) for i, x in enumerate(nll)]
+  results = [dataclasses.replace(synthetic(name, seed, nll[-1], curve=curve(*nll)), learning_rate=rate)
+             for name, rate, nll in (("vanilla+lr0.004", 0.004, (3.0, 2.0, 1.0)),
+                                     ("transformer+++lr0.008", 0.008, (2.0, 1.5)), ("gelu", 0.002, (2.0, 1.0)))
+             for seed in (0, 1)]
+  assert ablations.scaling_pairs({r.variant for r in results}) == [("vanilla+lr0.004", "transformer+++lr0.008")]
+  assert ablations._ordered({r.variant for r in results}, "vanilla+lr0.004") == [
+      "vanilla+lr0.004", "gelu", "transformer+++lr0.008"]
+  report = ablations.markdown(results, [], {}, "cmd", [], baseline="vanilla+lr0.004")
+  assert "## Transformer vs Transformer++ (Gu & Dao 2023) (`vanilla+lr0.004` against `transformer+++lr0.008`)" in report
+  assert "Each trains at its own peak learning rate" in report
+  # 1.5 lies halfway between vanilla's 2.0 (1e13) and 1.0 (1e14) in log FLOPs: 10^13.5, over 1e13.
+  assert "| base | 1.00M | 0.008 / 0.004 | 1.500 | 1.000 | 1e+13 | 3.16e+13 | **3.16x** | 2 / 2 |" in report
+  plain = [dataclasses.replace(r, variant=variants.architecture(r.variant)) for r in results[:4]]
+  assert ablations.scaling_pairs({r.variant for r in results + plain}) == [
+      ("vanilla", "transformer++"), ("vanilla+lr0.004", "transformer++"),
+      ("vanilla", "transformer+++lr0.008"), ("vanilla+lr0.004", "transformer+++lr0.008")]
+  assert ablations.markdown(results + plain, [], {}, "cmd", []).count("## Transformer vs Transformer++") == 4
 
 
 def test_the_report_sums_the_time_the_runs_took():

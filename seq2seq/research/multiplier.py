@@ -77,7 +77,8 @@ def spread_at(front: list[tuple], target: float) -> tuple[float, int]:
 def multipliers(results: list, strong: str = "transformer++", weak: str = "vanilla") -> list[dict]:
   """Per size of `strong`: its final NLL and FLOPs (means over seeds), the FLOPs `weak` needs
   to reach that NLL on the frontier of its mean curves over every size it ran, the multiplier,
-  and its interval (low, high: nan without one; `seeds` and `weak_seeds` say why)."""
+  and its interval (low, high: nan without one; `seeds` and `weak_seeds` say why); the peak
+  learning rates of both at that size (`weak`'s nan where it did not run there)."""
   weak_sizes = {r.size for r in results if r.variant == weak}
   front = frontier([mean_curve([r for r in results if r.variant == weak and r.size == s]) for s in weak_sizes])
   curves = [r.curve for r in results if r.variant == weak]
@@ -92,10 +93,11 @@ def multipliers(results: list, strong: str = "transformer++", weak: str = "vanil
     gap = significance.welch_summary(0.0, std, n, 0.0, weak_std, weak_n)  # the interval of the NLL gap
     low, high = ((flops_to_reach(front, nll + gap.high) / spent, flops_to_reach(front, nll + gap.low) / spent)
                  if gap.tested else (math.nan, math.nan))
-    same = [r.final_nll for r in results if r.variant == weak and r.size == size]
-    out.append({"size": size, "params": runs[0].params, "learning_rate": runs[0].learning_rate, "nll": nll,
+    same = [r for r in results if r.variant == weak and r.size == size]
+    out.append({"size": size, "params": runs[0].params, "learning_rate": runs[0].learning_rate,
+                "weak_learning_rate": same[0].learning_rate if same else math.nan, "nll": nll,
                 "flops": spent, "weak_flops": needed, "multiplier": needed / spent, "weak_max": spent_max / spent,
-                "weak_nll": statistics.fmean(same) if same else math.nan, "low": low, "high": high,
+                "weak_nll": statistics.fmean(r.final_nll for r in same) if same else math.nan, "low": low, "high": high,
                 "seeds": n, "weak_seeds": weak_n})
   return out
 

@@ -81,7 +81,7 @@ def plan(config, config_arg: str, overrides: list[str], names: list[str], sizes:
     for size in sizes:
       for name in names:
         changes = variants.overrides(name, model, config.data.vocab_size, size)
-        changes |= variants.size_learning_rate(size, config.train.learning_rate)
+        changes |= variants.learning_rate(name, size, config.train.learning_rate)
         mine = {f"--config.{k}" for k in changes} | {"--config.seed"}
         kept = [o for o in overrides if o.split("=", 1)[0] not in mine]  # the variant's settings win
         train = (f"--config={config_arg}", *kept, *(variants.flag(k, v) for k, v in changes.items()),

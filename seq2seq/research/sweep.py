@@ -5,6 +5,8 @@ evaluated, then the tables and plots (seq2seq/research/ablations.py).
   python -m seq2seq.research.sweep --config=... --workdir=DIR --variants=vanilla,swiglu --seeds=3
   python -m seq2seq.research.sweep --config=... --workdir=DIR --variants=vanilla,transformer++ \
       --sizes=small,base,large --seeds=1
+  python -m seq2seq.research.sweep --config=... --workdir=DIR --variants=vanilla+lr0.004,transformer+++lr0.008 \
+      --sizes=small,base,large --seeds=3   # each at its own peak learning rate (at the base size)
   python -m seq2seq.research.sweep --config=... --workdir=DIR --variants=prenorm,prenorm+rope --baseline=prenorm
   python -m seq2seq.research.sweep --config=... --workdir=DIR --list   # the runs as shell commands (an array job)
   python -m seq2seq.research.sweep --workdir=DIR --table [--output=docs/ablations.md]   # tables from the runs on disk
@@ -37,7 +39,8 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "The base config (a sh
                                           "--config.KEY=VALUE overrides apply to every run.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "The sweep's directory: one sub-directory per run.", required=True)
 _VARIANTS = flags.DEFINE_list("variants", list(variants.DEFAULT),
-                               f"Variants to run: {', '.join(variants.VARIANTS)}; a+b combines two.")
+                               f"Variants to run: {', '.join(variants.VARIANTS)}; a+b combines two, "
+                               "and a last +lrRATE sets the peak learning rate at the base size.")
 _SIZES = flags.DEFINE_list("sizes", ["base"], f"Model sizes ({', '.join(variants.SIZES)}): d_model and d_ff scaled.")
 _SEEDS = flags.DEFINE_integer("seeds", 2, "Runs per variant and size, with config.seed, config.seed + 1, ...")
 _LIST = flags.DEFINE_bool("list", False, "Print each run's commands, one line per run, and run nothing.")

@@ -46,6 +46,11 @@ Sizes scale d_model and d_ff of the base config (heads and layers stay): `small`
 `base` x1, `large` x2, for the Transformer vs Transformer++ scaling comparison. The peak
 learning rate goes with d_model^-0.5, as in Vaswani et al.'s schedule (`size_learning_rate`).
 
+A name may end with a learning-rate part, `lrRATE`: the peak learning rate at the base size,
+scaled with the size like the config's (`learning_rate`), so that each architecture can train
+at its own best rate: `vanilla+lr0.004`, `transformer+++lr0.008`. It changes no model setting;
+`architecture` is the name without it.
+
   overrides("swiglu", config)  -> {"model.norm_position": "post", ..., "model.activation": "swiglu", "model.d_ff": 168}
 """
 
@@ -53,6 +58,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 from collections.abc import Callable
 
 import jax
@@ -176,17 +182,34 @@ def size_learning_rate(size: str, learning_rate: float) -> dict:
   return {} if size == "base" else {"train.learning_rate": float(f"{learning_rate / SIZES[size] ** 0.5:.4g}")}
 
 
+# A learning-rate part: lr then a positive number (lr0.004, lr4e-3).
+_RATE = re.compile(r"lr(\d+(?:\.\d*)?(?:e-?\d+)?|\.\d+(?:e-?\d+)?)")
+
+
+def rate_of(part: str) -> float | None:
+  """The peak learning rate a part names (`lr0.004` -> 0.004), None for an architecture part."""
+  match = _RATE.fullmatch(part)
+  return float(match.group(1)) if match else None
+
+
 def parts(name: str) -> list[str]:
   """The variants a name combines, joined by +: "prenorm+rope" -> ["prenorm", "rope"];
-  "transformer++" is one variant, "transformer+++swish" two."""
+  "transformer++" is one variant, "transformer+++swish" two; a learning-rate part comes last:
+  "vanilla+lr0.004" -> ["vanilla", "lr0.004"]."""
   if not name:
     raise ConfigError("an empty variant name: name one of " + ", ".join(VARIANTS))
   out, rest = [], name
   while rest:
     match = max((v for v in VARIANTS if rest == v or rest.startswith(v + "+")), key=len, default=None)
+    if match is None and out:
+      match = rest.split("+", 1)[0] if rate_of(rest.split("+", 1)[0]) is not None else None
     if match is None or match in out:
       raise ConfigError(f"unknown variant {name!r}; known: {', '.join(VARIANTS)}, or several of them joined by + "
-                       "(prenorm+rope), each at most once")
+                       "(prenorm+rope), each at most once, and a learning rate last (vanilla+lr0.004)")
+    if out and rate_of(out[-1]) is not None:
+      raise ConfigError(f"variant {name!r}: the learning-rate part {out[-1]} comes last")
+    if rate_of(match) == 0:
+      raise ConfigError(f"variant {name!r}: {match} is not a positive learning rate")
     out.append(match)
     rest = rest[len(match):]
     if rest == "+":
@@ -195,16 +218,31 @@ def parts(name: str) -> list[str]:
   return out
 
 
+def architecture(name: str) -> str:
+  """The name without its learning-rate part: "transformer+++lr0.008" -> "transformer++"."""
+  return "+".join(p for p in parts(name) if rate_of(p) is None)
+
+
+def learning_rate(name: str, size: str, default: float) -> dict:
+  """The peak learning rate of variant `name` at `size`: its learning-rate part, else `default`
+  (the config's), each scaled by size_learning_rate; {} where that is the config's own rate."""
+  own = next((rate_of(p) for p in parts(name) if rate_of(p) is not None), None)
+  if own is None:
+    return size_learning_rate(size, default)
+  return size_learning_rate(size, own) or {"train.learning_rate": own}
+
+
 def describe(name: str) -> str:
   """What variant `name` (possibly combined) changes from vanilla."""
-  return " + ".join(VARIANTS[p][0] for p in parts(name))
+  return " + ".join(VARIANTS[p][0] if rate_of(p) is None else
+                    f"peak learning rate {rate_of(p):g} at the base size" for p in parts(name))
 
 
 def overrides(name: str, model: dict, vocab_size: int, size: str = "base") -> dict:
   """The flat {"model.KEY": value} overrides that turn `model` (config.model as a dict) into
   variant `name` at `size`: the size first, then vanilla's settings, then each combined
   variant's in turn (a later one sees, and may replace, the earlier ones' settings)."""
-  names = parts(name)
+  names = [p for p in parts(name) if rate_of(p) is None]
   sized = size_overrides(size, model)
   changes = dict(VANILLA)
   for part in names:
