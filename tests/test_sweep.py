@@ -226,9 +226,8 @@ def test_compute_multiplier_interpolates_on_vanillas_frontier():
   results = [dataclasses.replace(r, learning_rate=0.003 / {"small": 0.5, "base": 1.0, "large": 2.0}[r.size] ** 0.5)
              for r in results]
   report = ablations.markdown(results, [], {}, "cmd", [])
-  assert "| base | 1.00M | 0.003 / 0.003 | 1.500 | 1.000 | 1e+13 | 3.16e+13 | **3.16x** |" in report
-  assert "| large | 1.00M | 0.002121 / 0.002121 | 0.500 | 2.500 | 1e+13 | not reached | **> 100.00x** |" in report
-  assert "Both variants use the same peak learning rate at each size" in report
+  assert "| base | 1.00M | 0.003 | 1.500 | 0.003 | 1.000 | 1e+13 | 3.16e+13 | **3.16x** |" in report
+  assert "| large | 1.00M | 0.002121 | 0.500 | 0.002121 | 2.500 | 1e+13 | not reached | **> 100.00x** |" in report
 
 
 def test_a_learning_rate_part_sets_the_rate_and_nothing_else():
@@ -255,27 +254,28 @@ def test_a_learning_rate_part_sets_the_rate_and_nothing_else():
                    "vanilla-s0": ["--config.train.learning_rate=0.001"]}
 
 
-def test_the_multiplier_compares_each_architecture_at_its_own_rate():
-  """Variants whose architectures are vanilla and transformer++ pair up whatever their rates:
-  one multiplier table per pair, each row with both peak learning rates."""
+def test_the_multiplier_takes_each_architecture_at_its_best_rate():
+  """Runs of one architecture at several rates (`vanilla+lr0.004` beside `vanilla`): Transformer++
+  takes its rate with the lowest mean final NLL at each size, vanilla's frontier every size and
+  rate; each row names both rates."""
   curve = lambda *nll: [(10.0 ** (12 + i), x) for i, x in enumerate(nll)]
-  results = [dataclasses.replace(synthetic(name, seed, nll[-1], curve=curve(*nll)), learning_rate=rate)
-             for name, rate, nll in (("vanilla+lr0.004", 0.004, (3.0, 2.0, 1.0)),
-                                     ("transformer+++lr0.008", 0.008, (2.0, 1.5)), ("gelu", 0.002, (2.0, 1.0)))
-             for seed in (0, 1)]
-  assert ablations.scaling_pairs({r.variant for r in results}) == [("vanilla+lr0.004", "transformer+++lr0.008")]
-  assert ablations._ordered({r.variant for r in results}, "vanilla+lr0.004") == [
-      "vanilla+lr0.004", "gelu", "transformer+++lr0.008"]
-  report = ablations.markdown(results, [], {}, "cmd", [], baseline="vanilla+lr0.004")
-  assert "## Transformer vs Transformer++ (Gu & Dao 2023) (`vanilla+lr0.004` against `transformer+++lr0.008`)" in report
-  assert "Each trains at its own peak learning rate" in report
-  # 1.5 lies halfway between vanilla's 2.0 (1e13) and 1.0 (1e14) in log FLOPs: 10^13.5, over 1e13.
-  assert "| base | 1.00M | 0.008 / 0.004 | 1.500 | 1.000 | 1e+13 | 3.16e+13 | **3.16x** | 2 / 2 |" in report
-  plain = [dataclasses.replace(r, variant=variants.architecture(r.variant)) for r in results[:4]]
-  assert ablations.scaling_pairs({r.variant for r in results + plain}) == [
-      ("vanilla", "transformer++"), ("vanilla+lr0.004", "transformer++"),
-      ("vanilla", "transformer+++lr0.008"), ("vanilla+lr0.004", "transformer+++lr0.008")]
-  assert ablations.markdown(results + plain, [], {}, "cmd", []).count("## Transformer vs Transformer++") == 4
+  runs = [("vanilla+lr0.004", "base", 0.004, (3.0, 2.0, 1.0)), ("vanilla", "base", 0.002, (3.2, 2.5, 1.8)),
+          ("vanilla+lr0.004", "small", 0.005657, (3.5, 2.8)),
+          ("transformer+++lr0.008", "base", 0.008, (2.0, 1.5)), ("transformer++", "base", 0.002, (2.1, 1.7))]
+  results = [dataclasses.replace(synthetic(name, seed, nll[-1], size=size, curve=curve(*nll)), learning_rate=rate)
+             for name, size, rate, nll in runs for seed in (0, 1)]
+  (row,) = multiplier.multipliers(results)
+  assert (row["size"], row["variant"], row["rates"], row["weak_variant"], row["weak_rates"]) == (
+      "base", "transformer+++lr0.008", 2, "vanilla+lr0.004", 2)
+  # 1.5 lies halfway between vanilla+lr0.004's 2.0 (1e13) and 1.0 (1e14) in log FLOPs: 10^13.5, over
+  # 1e13. At the config's rate alone vanilla never gets there.
+  assert math.isclose(row["multiplier"], 10**0.5)
+  alone = [r for r in results if r.variant in ("vanilla", "transformer+++lr0.008")]
+  assert math.isinf(multiplier.multipliers(alone)[0]["multiplier"])
+  report = ablations.markdown(results, [], {}, "cmd", [])
+  assert ("| base | 1.00M | 0.008 (best of 2) | 1.500 | 0.004 (best of 2) | 1.000 | 1e+13 | 3.16e+13 | **3.16x** "
+          "| 2 / 2 |") in report
+  assert ablations._ordered({r.variant for r in results}, "vanilla")[-2:] == ["transformer++", "transformer+++lr0.008"]
 
 
 def test_the_report_sums_the_time_the_runs_took():

@@ -13,9 +13,8 @@ eval/*.json. The statistics are seq2seq/research/significance.py's.
   size, and the compute multiplier: the FLOPs vanilla needs to reach Transformer++'s final
   NLL (mean over seeds), interpolated on the best-so-far frontier of vanilla's mean curves
   (over seeds) at all its sizes, over the FLOPs Transformer++ spent; with an interval where
-  both sides have 2 seeds or more (`multipliers`). One table per pair of variants whose
-  architectures are vanilla and transformer++ (`scaling_pairs`), so `vanilla+lr0.004` against
-  `transformer+++lr0.008` compares each at its own learning rate.
+  both sides have 2 seeds or more (`multipliers`). Each side at its best of the learning rates
+  it ran (`vanilla+lr0.004`, `transformer+++lr0.008`, ...).
 """
 
 from __future__ import annotations
@@ -255,11 +254,10 @@ def _ordered(names: set[str], baseline: str = "vanilla") -> list[str]:
   return sorted(names, key=lambda v: (v != baseline, last(v), position(v), v))
 
 
-def plot_scaling(results: list[Result], path: pathlib.Path, pairs=(("vanilla", "transformer++"),)) -> bool:
-  """Validation NLL against training FLOPs, one line per run of the variants of `pairs`
-  ((vanilla, Transformer++) each); False if none."""
-  variants = list(dict.fromkeys(name for pair in pairs for name in pair))
-  runs = [r for r in results if r.variant in variants]
+def plot_scaling(results: list[Result], path: pathlib.Path, architectures=("vanilla", "transformer++")) -> bool:
+  """Validation NLL against training FLOPs, one line per run of `architectures` (at any
+  learning rate); False if none."""
+  runs = [r for r in results if multiplier._architecture(r.variant) in architectures]
   if not runs:
     return False
   import matplotlib
@@ -268,11 +266,15 @@ def plot_scaling(results: list[Result], path: pathlib.Path, pairs=(("vanilla", "
   import matplotlib.pyplot as plt
 
   fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
-  colours = dict(zip(variants, ("tab:blue", "tab:red", "tab:green", "tab:orange")))
+  colours = dict(zip(architectures, ("tab:blue", "tab:red", "tab:green")))
   markers = {"small": "v", "base": "o", "large": "^"}
+  styles = ("-", "--", ":", "-.")
   for r in sorted(runs, key=lambda r: (r.variant, multiplier.size_order(r.size), r.seed)):
     f, nll = zip(*r.curve)
-    ax.plot(f, nll, color=colours.get(r.variant), marker=markers.get(r.size, "s"), markersize=4, alpha=0.8,
+    arch = multiplier._architecture(r.variant)
+    rates = sorted({q.variant for q in runs if multiplier._architecture(q.variant) == arch})
+    ax.plot(f, nll, color=colours.get(arch), marker=markers.get(r.size, "s"), markersize=4, alpha=0.8,
+            linestyle=styles[rates.index(r.variant) % len(styles)],
             label=f"{r.variant} {r.size}" if r.seed == min(q.seed for q in runs if q.variant == r.variant
                                                              and q.size == r.size) else None)
   ax.set(xscale="log", xlabel="training FLOPs (matmuls, forward + backward)", ylabel="validation NLL (nats / token)",
@@ -365,12 +367,9 @@ def markdown(results: list[Result], missing: list[str], plots: dict[str, str], c
             tests_table(results, baseline=baseline)]
   out += ["Variants:", ""] + [f"- `{name}`: {variants.describe(name)}"
                               for name in _ordered({r.variant for r in results}, baseline)] + [""]
-  for weak, strong in scaling_pairs({r.variant for r in results}):
-    rows = multiplier.multipliers(results, strong, weak)
-    if not rows:
-      continue
-    named = "" if (weak, strong) == ("vanilla", "transformer++") else f" (`{weak}` against `{strong}`)"
-    out += [f"## Transformer vs Transformer++ (Gu & Dao 2023){named}", "",
+  rows = multiplier.multipliers(results)
+  if rows:
+    out += ["## Transformer vs Transformer++ (Gu & Dao 2023)", "",
             "Validation NLL against training FLOPs. Both sides are means over seeds: Transformer++'s final NLL "
             "and FLOPs, and vanilla's curves averaged point by point at each size. The multiplier is the FLOPs "
             "vanilla needs to reach Transformer++'s final NLL (interpolated on the best-so-far frontier of "
@@ -378,23 +377,22 @@ def markdown(results: list[Result], missing: list[str], plots: dict[str, str], c
             "vanilla never got there, N being the FLOPs of vanilla's largest run over Transformer++'s. The 95% "
             "interval is the multiplier at the ends of Welch's 95% interval of the NLL gap, sqrt(s²/n + "
             "s_vanilla²/n_vanilla), with s_vanilla from vanilla's seeds where its frontier crosses that NLL; with "
-            "one seed on either side there is none. "
-            + ("Both variants use the same peak learning rate at each size"
-               if variants.architecture(weak) == weak and variants.architecture(strong) == strong else
-               "Each trains at its own peak learning rate, named in the variant (`lrRATE`: at the base size)")
-            + " (the sweep scales a rate with d_model^-0.5 across sizes).", ""]
-    if "scaling" in plots and (weak, strong) == scaling_pairs({r.variant for r in results})[0]:
+            "one seed on either side there is none. The table gives each side's peak learning rate at each size. "
+            "Where one ran at several (variants named `+lrRATE`: the rate at the base size), it takes the rate "
+            "with the lowest mean final NLL there, and vanilla's frontier runs over every size and rate. The "
+            "sweep scales a rate with d_model^-0.5 across sizes.", ""]
+    if "scaling" in plots:
       out += [f"![validation NLL against training FLOPs]({plots['scaling']})", ""]
-    out += ["| size | Transformer++ params | peak learning rate (Transformer++ / vanilla) | its final NLL "
-            "| vanilla's final NLL | its FLOPs | vanilla's FLOPs to match | multiplier "
-            "| seeds (Transformer++ / vanilla) | 95% interval |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+    rate = lambda x, tried: ("not run" if not math.isfinite(x) else
+                             f"{x:.4g}" + (f" (best of {tried})" if tried > 1 else ""))
+    out += ["| size | Transformer++ params | its peak rate | its final NLL | vanilla's peak rate | vanilla's final NLL "
+            "| its FLOPs | vanilla's FLOPs to match | multiplier | seeds (Transformer++ / vanilla) | 95% interval |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for m in rows:
       reached = math.isfinite(m["weak_flops"])
       weak_nll = f"{m['weak_nll']:.3f}" if math.isfinite(m["weak_nll"]) else "not run"
-      weak_rate = f"{m['weak_learning_rate']:.4g}" if math.isfinite(m["weak_learning_rate"]) else "not run"
-      out.append(f"| {m['size']} | {m['params'] / 1e6:.2f}M | {m['learning_rate']:.4g} / {weak_rate} | "
-                 f"{m['nll']:.3f} | {weak_nll} | {m['flops']:.3g} | "
+      out.append(f"| {m['size']} | {m['params'] / 1e6:.2f}M | {rate(m['learning_rate'], m['rates'])} | {m['nll']:.3f} "
+                 f"| {rate(m['weak_learning_rate'], m['weak_rates'])} | {weak_nll} | {m['flops']:.3g} | "
                  + (f"{m['weak_flops']:.3g} | **{m['multiplier']:.2f}x** |" if reached
                     else f"not reached | **> {m['weak_max']:.2f}x** |")
                  + f" {m['seeds']} / {m['weak_seeds']} | {_interval(m)} |")
@@ -402,24 +400,6 @@ def markdown(results: list[Result], missing: list[str], plots: dict[str, str], c
   if missing:
     out += ["## Not finished yet", "", ", ".join(f"`{m}`" for m in missing), ""]
   return "\n".join(out)
-
-
-def scaling_pairs(names: set[str]) -> list[tuple[str, str]]:
-  """The (vanilla, Transformer++) pairs a report compares: every variant whose architecture is
-  vanilla with every one whose architecture is transformer++, whatever their learning rates
-  (variants.architecture), the plain names first."""
-  from seq2seq.research import variants
-
-  def of(kind: str) -> list[str]:
-    found = []
-    for name in names:
-      try:
-        found += [name] if variants.architecture(name) == kind else []
-      except ValueError:  # a variant this version does not know
-        pass
-    return sorted(found, key=lambda n: (n != kind, n))
-
-  return [(weak, strong) for strong in of("transformer++") for weak in of("vanilla")]
 
 
 def _interval(m: dict) -> str:
@@ -440,7 +420,7 @@ def write(root: str | pathlib.Path, output: str | pathlib.Path, command: str = "
   output.parent.mkdir(parents=True, exist_ok=True)
   plots = {}
   draws = {"modifications": lambda path: plot_modifications(results, path, baseline=baseline),
-           "scaling": lambda path: plot_scaling(results, path, scaling_pairs({r.variant for r in results})[:1])}
+           "scaling": lambda path: plot_scaling(results, path)}
   for kind, draw in draws.items():
     path = output.with_name(f"{output.stem}_{kind}.png")
     if draw(path):

@@ -5,6 +5,12 @@ how many times the training FLOPs vanilla needs to reach Transformer++'s final v
   means over its seeds. Vanilla's curve at a size is the mean of its seeds' curves, point by
   point (`mean_curve`); its frontier is the best mean NLL reached with at most each amount of
   FLOPs, over all its sizes (`frontier`).
+- **Each at its best rate.** A sweep may run either architecture at several peak learning
+  rates (variants `vanilla+lr0.004`, `transformer+++lr0.008`, ...; a name without a rate
+  part runs at the config's). Transformer++ takes, at each size, the rate with the lowest
+  mean final NLL; vanilla's frontier takes every size and rate, so at any FLOPs count it is
+  the best of them. Both sides choose among their own runs alike: the best of the rates
+  tried, means over seeds.
 - **The multiplier**: the FLOPs at which that frontier reaches Transformer++'s NLL,
   interpolated linearly in (log FLOPs, NLL) (`flops_to_reach`), over Transformer++'s FLOPs;
   infinite when vanilla never got there (the report then gives the lower bound: vanilla's
@@ -74,18 +80,41 @@ def spread_at(front: list[tuple], target: float) -> tuple[float, int]:
   return (max(p[2] for p in near) if n > 1 else math.nan), n
 
 
+def _architecture(variant: str) -> str | None:
+  """A variant name without its learning-rate part (None for a name this version does not know)."""
+  from seq2seq.research import variants
+
+  try:
+    return variants.architecture(variant)
+  except ValueError:
+    return None
+
+
+def _best_rate(runs: list) -> tuple[str, list]:
+  """Of runs of one architecture at one size, the variant (learning rate) with the lowest mean
+  final NLL, and its runs."""
+  names = sorted({r.variant for r in runs})
+  best = min(names, key=lambda v: (statistics.fmean(r.final_nll for r in runs if r.variant == v), v))
+  return best, [r for r in runs if r.variant == best]
+
+
 def multipliers(results: list, strong: str = "transformer++", weak: str = "vanilla") -> list[dict]:
-  """Per size of `strong`: its final NLL and FLOPs (means over seeds), the FLOPs `weak` needs
-  to reach that NLL on the frontier of its mean curves over every size it ran, the multiplier,
-  and its interval (low, high: nan without one; `seeds` and `weak_seeds` say why); the peak
-  learning rates of both at that size (`weak`'s nan where it did not run there)."""
-  weak_sizes = {r.size for r in results if r.variant == weak}
-  front = frontier([mean_curve([r for r in results if r.variant == weak and r.size == s]) for s in weak_sizes])
-  curves = [r.curve for r in results if r.variant == weak]
-  spent_max = max((f for curve in curves for f, _ in curve), default=math.nan)  # its largest run, reached or not
+  """Per size of architecture `strong`: its final NLL and FLOPs (means over the seeds of its
+  best rate there), the FLOPs architecture `weak` needs to reach that NLL on the frontier of
+  its mean curves over every size and rate it ran, the multiplier, and its interval (low,
+  high: nan without one; `seeds` and `weak_seeds` say why). Runs of one architecture at
+  several rates are variants `ARCH+lrRATE` (seq2seq/research/variants.py); each row names the
+  rate each side took at that size (`weak`'s: its best there, nan where it did not run) and
+  how many it tried (`rates`, `weak_rates`)."""
+  own = [r for r in results if _architecture(r.variant) == weak]
+  groups = sorted({(r.variant, r.size) for r in own})
+  front = frontier([mean_curve([r for r in own if (r.variant, r.size) == g]) for g in groups])
+  spent_max = max((f for r in own for f, _ in r.curve), default=math.nan)  # its largest run, reached or not
   out = []
-  for size in sorted({r.size for r in results if r.variant == strong}, key=size_order):
-    runs = [r for r in results if r.variant == strong and r.size == size]
+  theirs = [r for r in results if _architecture(r.variant) == strong]
+  for size in sorted({r.size for r in theirs}, key=size_order):
+    at = [r for r in theirs if r.size == size]
+    variant, runs = _best_rate(at)
     nll, std, n = significance.summary([r.final_nll for r in runs])
     spent = statistics.fmean(r.curve[-1][0] for r in runs)
     needed = flops_to_reach(front, nll)
@@ -93,12 +122,15 @@ def multipliers(results: list, strong: str = "transformer++", weak: str = "vanil
     gap = significance.welch_summary(0.0, std, n, 0.0, weak_std, weak_n)  # the interval of the NLL gap
     low, high = ((flops_to_reach(front, nll + gap.high) / spent, flops_to_reach(front, nll + gap.low) / spent)
                  if gap.tested else (math.nan, math.nan))
-    same = [r for r in results if r.variant == weak and r.size == size]
-    out.append({"size": size, "params": runs[0].params, "learning_rate": runs[0].learning_rate,
-                "weak_learning_rate": same[0].learning_rate if same else math.nan, "nll": nll,
-                "flops": spent, "weak_flops": needed, "multiplier": needed / spent, "weak_max": spent_max / spent,
-                "weak_nll": statistics.fmean(r.final_nll for r in same) if same else math.nan, "low": low, "high": high,
-                "seeds": n, "weak_seeds": weak_n})
+    same = [r for r in own if r.size == size]
+    weak_variant, same = _best_rate(same) if same else ("", [])
+    out.append({"size": size, "variant": variant, "params": runs[0].params, "learning_rate": runs[0].learning_rate,
+                "rates": len({r.variant for r in at}), "weak_variant": weak_variant,
+                "weak_learning_rate": same[0].learning_rate if same else math.nan,
+                "weak_rates": len({r.variant for r in own if r.size == size}), "nll": nll, "flops": spent,
+                "weak_flops": needed, "multiplier": needed / spent, "weak_max": spent_max / spent,
+                "weak_nll": statistics.fmean(r.final_nll for r in same) if same else math.nan, "low": low,
+                "high": high, "seeds": n, "weak_seeds": weak_n})
   return out
 
 
