@@ -379,8 +379,8 @@ def markdown(results: list[Result], missing: list[str], plots: dict[str, str], c
             "s_vanilla²/n_vanilla), with s_vanilla from vanilla's seeds where its frontier crosses that NLL; with "
             "one seed on either side there is none. The table gives each side's peak learning rate at each size. "
             "Where one ran at several (variants named `+lrRATE`: the rate at the base size), it takes the rate "
-            "with the lowest mean final NLL there, and vanilla's frontier runs over every size and rate. The "
-            "sweep scales a rate with d_model^-0.5 across sizes.", ""]
+            "with the lowest mean final NLL there, for its row and, for vanilla, for its curve on the frontier. "
+            "The sweep scales a rate with d_model^-0.5 across sizes.", ""]
     if "scaling" in plots:
       out += [f"![validation NLL against training FLOPs]({plots['scaling']})", ""]
     rate = lambda x, tried: ("not run" if not math.isfinite(x) else

@@ -7,10 +7,10 @@ how many times the training FLOPs vanilla needs to reach Transformer++'s final v
   FLOPs, over all its sizes (`frontier`).
 - **Each at its best rate.** A sweep may run either architecture at several peak learning
   rates (variants `vanilla+lr0.004`, `transformer+++lr0.008`, ...; a name without a rate
-  part runs at the config's). Transformer++ takes, at each size, the rate with the lowest
-  mean final NLL; vanilla's frontier takes every size and rate, so at any FLOPs count it is
-  the best of them. Both sides choose among their own runs alike: the best of the rates
-  tried, means over seeds.
+  part runs at the config's). Each side takes, at each size, the rate with the lowest mean
+  final NLL (`_best_rate`): Transformer++'s row and vanilla's curve at that size, on its
+  frontier, are that rate's seeds. So a rate tried with one seed and left behind adds no
+  point to the frontier.
 - **The multiplier**: the FLOPs at which that frontier reaches Transformer++'s NLL,
   interpolated linearly in (log FLOPs, NLL) (`flops_to_reach`), over Transformer++'s FLOPs;
   infinite when vanilla never got there (the report then gives the lower bound: vanilla's
@@ -101,15 +101,15 @@ def _best_rate(runs: list) -> tuple[str, list]:
 def multipliers(results: list, strong: str = "transformer++", weak: str = "vanilla") -> list[dict]:
   """Per size of architecture `strong`: its final NLL and FLOPs (means over the seeds of its
   best rate there), the FLOPs architecture `weak` needs to reach that NLL on the frontier of
-  its mean curves over every size and rate it ran, the multiplier, and its interval (low,
+  its mean curves at its best rate at every size it ran, the multiplier, and its interval (low,
   high: nan without one; `seeds` and `weak_seeds` say why). Runs of one architecture at
   several rates are variants `ARCH+lrRATE` (seq2seq/research/variants.py); each row names the
   rate each side took at that size (`weak`'s: its best there, nan where it did not run) and
   how many it tried (`rates`, `weak_rates`)."""
   own = [r for r in results if _architecture(r.variant) == weak]
-  groups = sorted({(r.variant, r.size) for r in own})
-  front = frontier([mean_curve([r for r in own if (r.variant, r.size) == g]) for g in groups])
-  spent_max = max((f for r in own for f, _ in r.curve), default=math.nan)  # its largest run, reached or not
+  best = {size: _best_rate([r for r in own if r.size == size]) for size in {r.size for r in own}}
+  front = frontier([mean_curve(runs) for _, runs in best.values()])
+  spent_max = max((f for _, runs in best.values() for r in runs for f, _ in r.curve), default=math.nan)
   out = []
   theirs = [r for r in results if _architecture(r.variant) == strong]
   for size in sorted({r.size for r in theirs}, key=size_order):
@@ -122,8 +122,7 @@ def multipliers(results: list, strong: str = "transformer++", weak: str = "vanil
     gap = significance.welch_summary(0.0, std, n, 0.0, weak_std, weak_n)  # the interval of the NLL gap
     low, high = ((flops_to_reach(front, nll + gap.high) / spent, flops_to_reach(front, nll + gap.low) / spent)
                  if gap.tested else (math.nan, math.nan))
-    same = [r for r in own if r.size == size]
-    weak_variant, same = _best_rate(same) if same else ("", [])
+    weak_variant, same = best.get(size, ("", []))
     out.append({"size": size, "variant": variant, "params": runs[0].params, "learning_rate": runs[0].learning_rate,
                 "rates": len({r.variant for r in at}), "weak_variant": weak_variant,
                 "weak_learning_rate": same[0].learning_rate if same else math.nan,
