@@ -255,8 +255,8 @@ def _ordered(names: set[str], baseline: str = "vanilla") -> list[str]:
 
 
 def plot_scaling(results: list[Result], path: pathlib.Path, architectures=("vanilla", "transformer++")) -> bool:
-  """Validation NLL against training FLOPs, one line per run of `architectures` (at any
-  learning rate); False if none."""
+  """Validation NLL against training FLOPs, one line per run of `architectures`: bold at each
+  size's best rate (what the multiplier takes), faint at the other rates; False if none."""
   runs = [r for r in results if multiplier._architecture(r.variant) in architectures]
   if not runs:
     return False
@@ -268,15 +268,22 @@ def plot_scaling(results: list[Result], path: pathlib.Path, architectures=("vani
   fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
   colours = dict(zip(architectures, ("tab:blue", "tab:red", "tab:green")))
   markers = {"small": "v", "base": "o", "large": "^"}
-  styles = ("-", "--", ":", "-.")
-  for r in sorted(runs, key=lambda r: (r.variant, multiplier.size_order(r.size), r.seed)):
+  best = {(a, s): multiplier._best_rate([r for r in runs if multiplier._architecture(r.variant) == a and r.size == s])[0]
+          for a, s in {(multiplier._architecture(r.variant), r.size) for r in runs}}
+  several = len({r.variant for r in runs}) > len({multiplier._architecture(r.variant) for r in runs})
+  for r in sorted(runs, key=lambda r: (architectures.index(multiplier._architecture(r.variant)),
+                                      multiplier.size_order(r.size), r.variant, r.seed)):
     f, nll = zip(*r.curve)
     arch = multiplier._architecture(r.variant)
-    rates = sorted({q.variant for q in runs if multiplier._architecture(q.variant) == arch})
-    ax.plot(f, nll, color=colours.get(arch), marker=markers.get(r.size, "s"), markersize=4, alpha=0.8,
-            linestyle=styles[rates.index(r.variant) % len(styles)],
-            label=f"{r.variant} {r.size}" if r.seed == min(q.seed for q in runs if q.variant == r.variant
-                                                             and q.size == r.size) else None)
+    first = r.seed == min(q.seed for q in runs if q.variant == r.variant and q.size == r.size)
+    if best[arch, r.size] == r.variant:
+      label = f"{arch} {r.size}" + (f" (peak rate {r.learning_rate:.3g})" if several else "")
+      ax.plot(f, nll, color=colours.get(arch), marker=markers.get(r.size, "s"), markersize=4, alpha=0.8,
+              label=label if first else None)
+    else:
+      ax.plot(f, nll, color=colours.get(arch), linewidth=0.8, alpha=0.25)
+  if several:
+    ax.plot([], [], color="grey", linewidth=0.8, alpha=0.4, label="other rates tried")
   ax.set(xscale="log", xlabel="training FLOPs (matmuls, forward + backward)", ylabel="validation NLL (nats / token)",
          title="Transformer vs Transformer++: validation loss against compute")
   ax.grid(alpha=0.3, which="both")
