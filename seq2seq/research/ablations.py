@@ -245,19 +245,13 @@ def _ordered(names: set[str], baseline: str = "vanilla") -> list[str]:
     except ValueError:  # a variant this version does not know: last
       return (len(known),)
 
-  def last(name: str) -> bool:
-    try:
-      return variants.architecture(name) == "transformer++"
-    except ValueError:
-      return False
-
-  return sorted(names, key=lambda v: (v != baseline, last(v), position(v), v))
+  return sorted(names, key=lambda v: (v != baseline, multiplier.architecture_of(v) == "transformer++", position(v), v))
 
 
 def plot_scaling(results: list[Result], path: pathlib.Path, architectures=("vanilla", "transformer++")) -> bool:
   """Validation NLL against training FLOPs, one line per run of `architectures`: bold at each
   size's best rate (what the multiplier takes), faint at the other rates; False if none."""
-  runs = [r for r in results if multiplier._architecture(r.variant) in architectures]
+  runs = [r for r in results if multiplier.architecture_of(r.variant) in architectures]
   if not runs:
     return False
   import matplotlib
@@ -268,13 +262,13 @@ def plot_scaling(results: list[Result], path: pathlib.Path, architectures=("vani
   fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
   colours = dict(zip(architectures, ("tab:blue", "tab:red", "tab:green")))
   markers = {"small": "v", "base": "o", "large": "^"}
-  best = {(a, s): multiplier._best_rate([r for r in runs if multiplier._architecture(r.variant) == a and r.size == s])[0]
-          for a, s in {(multiplier._architecture(r.variant), r.size) for r in runs}}
-  several = len({r.variant for r in runs}) > len({multiplier._architecture(r.variant) for r in runs})
-  for r in sorted(runs, key=lambda r: (architectures.index(multiplier._architecture(r.variant)),
+  best = {(a, s): multiplier.best_rate([r for r in runs if multiplier.architecture_of(r.variant) == a and r.size == s])[0]
+          for a, s in {(multiplier.architecture_of(r.variant), r.size) for r in runs}}
+  several = len({r.variant for r in runs}) > len({multiplier.architecture_of(r.variant) for r in runs})
+  for r in sorted(runs, key=lambda r: (architectures.index(multiplier.architecture_of(r.variant)),
                                       multiplier.size_order(r.size), r.variant, r.seed)):
     f, nll = zip(*r.curve)
-    arch = multiplier._architecture(r.variant)
+    arch = multiplier.architecture_of(r.variant)
     first = r.seed == min(q.seed for q in runs if q.variant == r.variant and q.size == r.size)
     if best[arch, r.size] == r.variant:
       label = f"{arch} {r.size}" + (f" (peak rate {r.learning_rate:.3g})" if several else "")

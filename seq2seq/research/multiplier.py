@@ -8,7 +8,7 @@ how many times the training FLOPs vanilla needs to reach Transformer++'s final v
 - **Each at its best rate.** A sweep may run either architecture at several peak learning
   rates (variants `vanilla+lr0.004`, `transformer+++lr0.008`, ...; a name without a rate
   part runs at the config's). Each side takes, at each size, the rate with the lowest mean
-  final NLL (`_best_rate`): Transformer++'s row and vanilla's curve at that size, on its
+  final NLL (`best_rate`): Transformer++'s row and vanilla's curve at that size, on its
   frontier, are that rate's seeds. So a rate tried with one seed and left behind adds no
   point to the frontier.
 - **The multiplier**: the FLOPs at which that frontier reaches Transformer++'s NLL,
@@ -80,7 +80,7 @@ def spread_at(front: list[tuple], target: float) -> tuple[float, int]:
   return (max(p[2] for p in near) if n > 1 else math.nan), n
 
 
-def _architecture(variant: str) -> str | None:
+def architecture_of(variant: str) -> str | None:
   """A variant name without its learning-rate part (None for a name this version does not know)."""
   from seq2seq.research import variants
 
@@ -90,7 +90,7 @@ def _architecture(variant: str) -> str | None:
     return None
 
 
-def _best_rate(runs: list) -> tuple[str, list]:
+def best_rate(runs: list) -> tuple[str, list]:
   """Of runs of one architecture at one size, the variant (learning rate) with the lowest mean
   final NLL, and its runs."""
   names = sorted({r.variant for r in runs})
@@ -106,15 +106,15 @@ def multipliers(results: list, strong: str = "transformer++", weak: str = "vanil
   several rates are variants `ARCH+lrRATE` (seq2seq/research/variants.py); each row names the
   rate each side took at that size (`weak`'s: its best there, nan where it did not run) and
   how many it tried (`rates`, `weak_rates`)."""
-  own = [r for r in results if _architecture(r.variant) == weak]
-  best = {size: _best_rate([r for r in own if r.size == size]) for size in {r.size for r in own}}
+  own = [r for r in results if architecture_of(r.variant) == weak]
+  best = {size: best_rate([r for r in own if r.size == size]) for size in {r.size for r in own}}
   front = frontier([mean_curve(runs) for _, runs in best.values()])
   spent_max = max((f for _, runs in best.values() for r in runs for f, _ in r.curve), default=math.nan)
   out = []
-  theirs = [r for r in results if _architecture(r.variant) == strong]
+  theirs = [r for r in results if architecture_of(r.variant) == strong]
   for size in sorted({r.size for r in theirs}, key=size_order):
     at = [r for r in theirs if r.size == size]
-    variant, runs = _best_rate(at)
+    variant, runs = best_rate(at)
     nll, std, n = significance.summary([r.final_nll for r in runs])
     spent = statistics.fmean(r.curve[-1][0] for r in runs)
     needed = flops_to_reach(front, nll)
