@@ -133,6 +133,54 @@ def multipliers(results: list, strong: str = "transformer++", weak: str = "vanil
   return out
 
 
+def section(results: list, plot: str | None = None) -> list[str]:
+  """The report's Transformer vs Transformer++ section as markdown lines: what the multiplier
+  is, the plot (a file name beside the report) and a row per Transformer++ size; [] without
+  Transformer++ runs."""
+  rows = multipliers(results)
+  if not rows:
+    return []
+  out = ["## Transformer vs Transformer++ (Gu & Dao 2023)", "",
+         "Validation NLL against training FLOPs. Both sides are means over seeds: Transformer++'s final NLL "
+         "and FLOPs, and vanilla's curves averaged point by point at each size. The multiplier is the FLOPs "
+         "vanilla needs to reach Transformer++'s final NLL (interpolated on the best-so-far frontier of "
+         "vanilla's mean curves over all its sizes) divided by the FLOPs Transformer++ spent; `> N` when "
+         "vanilla never got there, N being the FLOPs of vanilla's largest run over Transformer++'s. The 95% "
+         "interval is the multiplier at the ends of Welch's 95% interval of the NLL gap, sqrt(s²/n + "
+         "s_vanilla²/n_vanilla), with s_vanilla from vanilla's seeds where its frontier crosses that NLL; with "
+         "one seed on either side there is none. The table gives each side's peak learning rate at each size. "
+         "Where one ran at several (variants named `+lrRATE`: the rate at the base size), it takes the rate "
+         "with the lowest mean final NLL there, for its row and, for vanilla, for its curve on the frontier. "
+         "The sweep scales a rate with d_model^-0.5 across sizes.", ""]
+  if plot:
+    out += [f"![validation NLL against training FLOPs]({plot})", ""]
+  rate = lambda x, tried: ("not run" if not math.isfinite(x) else
+                           f"{x:.4g}" + (f" (best of {tried})" if tried > 1 else ""))
+  out += ["| size | Transformer++ params | its peak rate | its final NLL | vanilla's peak rate | vanilla's final NLL "
+          "| its FLOPs | vanilla's FLOPs to match | multiplier | seeds (Transformer++ / vanilla) | 95% interval |",
+          "|---|---|---|---|---|---|---|---|---|---|---|"]
+  for m in rows:
+    reached = math.isfinite(m["weak_flops"])
+    weak_nll = f"{m['weak_nll']:.3f}" if math.isfinite(m["weak_nll"]) else "not run"
+    out.append(f"| {m['size']} | {m['params'] / 1e6:.2f}M | {rate(m['learning_rate'], m['rates'])} | {m['nll']:.3f} "
+               f"| {rate(m['weak_learning_rate'], m['weak_rates'])} | {weak_nll} | {m['flops']:.3g} | "
+               + (f"{m['weak_flops']:.3g} | **{m['multiplier']:.2f}x** |" if reached
+                  else f"not reached | **> {m['weak_max']:.2f}x** |")
+               + f" {m['seeds']} / {m['weak_seeds']} | {_interval(m)} |")
+  out.append("")
+  return out
+
+
+def _interval(m: dict) -> str:
+  """A multiplier's interval as the report shows it, or why it has none."""
+  times = lambda x: f"{x:.2f}x" if math.isfinite(x) else f"> {m['weak_max']:.2f}x"
+  if not math.isnan(m["low"]):
+    return f"> {m['weak_max']:.2f}x at both ends" if math.isinf(m["low"]) else f"[{times(m['low'])}, {times(m['high'])}]"
+  few = [f"{m[k]} seed{'' if m[k] == 1 else 's'} of {name}" for name, k in (("Transformer++", "seeds"),
+                                                                          ("vanilla", "weak_seeds")) if m[k] < 2]
+  return "no interval: " + (" and ".join(few) if few else "no spread between the seeds")
+
+
 def size_order(size: str) -> int:
   """A size's place in variants.SIZES (small, base, large); unknown sizes last."""
   from seq2seq.research import variants
