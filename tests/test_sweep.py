@@ -235,6 +235,8 @@ def test_a_learning_rate_part_sets_the_rate_and_nothing_else():
   with the size like the config's rate, and winning over a --config.train.learning_rate."""
   assert variants.parts("transformer+++lr0.008") == ["transformer++", "lr0.008"]
   assert variants.architecture("transformer+++lr0.008") == "transformer++"
+  assert variants.split("transformer+++swish+lr0.008") == (["transformer++", "swish"], 0.008)
+  assert variants.split("prenorm+rope") == (["prenorm", "rope"], None)
   assert variants.architecture("prenorm+rope+lr4e-3") == "prenorm+rope" and variants.rate_of("lr4e-3") == 0.004
   assert model_of("transformer+++lr0.008") == model_of("transformer++")
   assert variants.describe("vanilla+lr0.004").endswith("(Vaswani et al.) + peak learning rate 0.004 at the base size")

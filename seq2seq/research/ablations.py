@@ -241,7 +241,7 @@ def _ordered(names: set[str], baseline: str = "vanilla") -> list[str]:
 
   def position(name: str) -> tuple:
     try:
-      return tuple(known.index(p) for p in variants.parts(name) if variants.rate_of(p) is None)
+      return tuple(known.index(p) for p in variants.split(name)[0])
     except ValueError:  # a variant this version does not know: last
       return (len(known),)
 

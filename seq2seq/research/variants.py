@@ -218,15 +218,23 @@ def parts(name: str) -> list[str]:
   return out
 
 
+def split(name: str) -> tuple[list[str], float | None]:
+  """The architecture parts of `name` and the rate its learning-rate part names (None without
+  one): "transformer+++swish+lr0.008" -> (["transformer++", "swish"], 0.008)."""
+  named = parts(name)
+  rate = rate_of(named[-1])
+  return (named if rate is None else named[:-1]), rate
+
+
 def architecture(name: str) -> str:
   """The name without its learning-rate part: "transformer+++lr0.008" -> "transformer++"."""
-  return "+".join(p for p in parts(name) if rate_of(p) is None)
+  return "+".join(split(name)[0])
 
 
 def learning_rate(name: str, size: str, default: float) -> dict:
   """The peak learning rate of variant `name` at `size`: its learning-rate part, else `default`
   (the config's), each scaled by size_learning_rate; {} where that is the config's own rate."""
-  own = next((rate_of(p) for p in parts(name) if rate_of(p) is not None), None)
+  own = split(name)[1]
   if own is None:
     return size_learning_rate(size, default)
   return size_learning_rate(size, own) or {"train.learning_rate": own}
@@ -242,7 +250,7 @@ def overrides(name: str, model: dict, vocab_size: int, size: str = "base") -> di
   """The flat {"model.KEY": value} overrides that turn `model` (config.model as a dict) into
   variant `name` at `size`: the size first, then vanilla's settings, then each combined
   variant's in turn (a later one sees, and may replace, the earlier ones' settings)."""
-  names = [p for p in parts(name) if rate_of(p) is None]
+  names = split(name)[0]
   sized = size_overrides(size, model)
   changes = dict(VANILLA)
   for part in names:
