@@ -276,6 +276,33 @@ def test_early_stopping_and_compaction_change_no_hypothesis(beam, use_cache):
   assert row_steps["fast"] < row_steps["reference"], row_steps
 
 
+def test_sampled_nbest_encode_each_sentence_once_and_draw_what_its_copies_draw():
+  """`draw` with nbest 3 encodes the 5 sentences once (the stepper's init sees 5 rows, not 15)
+  and, compacting as it goes, draws what `sample` draws for each sentence repeated 3 times
+  with the same keys, most likely first."""
+  graphdef, state = nnx.split(make_model(40))
+  src_bs, lengths = sources(40, seed=14)
+  limits = decode.output_limits(jnp.asarray(lengths), 1.0, 4, 12)
+  sampling, encoded = decode.Sampling(temperature=1.5, seed=5), []
+
+  def stepper(s):
+    inner = decode.cached(nnx.merge(graphdef, s), 12)
+    return inner._replace(init=lambda src: encoded.append(src.shape[0]) or inner.init(src))  # at trace time
+
+  drawn_bnl, logp_bn = jax.device_get(jax.jit(lambda s: decode.draw(
+      stepper(s), src_bs, limits, sampling, nbest=3, max_len=12, compact=(2, 1)))(state))
+  assert encoded == [5]
+  keys_x2 = decode.sentence_keys(5, jnp.arange(5), 3)
+  tokens_xl, logp_x = jax.device_get(jax.jit(lambda s: decode.sample(
+      stepper(s), jnp.repeat(src_bs, 3, axis=0), jnp.repeat(limits, 3), keys_x2, max_len=12, sampling=sampling))(state))
+  assert encoded == [5, 15]
+  order_bn = np.argsort(-logp_x.reshape(5, 3), axis=1, kind="stable")
+  np.testing.assert_array_equal(drawn_bnl, np.take_along_axis(tokens_xl.reshape(5, 3, -1), order_bn[:, :, None], 1))
+  # other batch sizes (5 encoded rows, compacted batches) round float32 sums differently: a few ulp
+  np.testing.assert_allclose(logp_bn, np.take_along_axis(logp_x.reshape(5, 3), order_bn, 1), rtol=1e-6)
+  assert len({tuple(row) for row in drawn_bnl.reshape(15, -1)}) > 5  # the copies drew apart
+
+
 @pytest.mark.slow
 def test_search_compacts_and_keeps_the_order():
   """decode.search with compaction returns each sentence's output in its own row (a batch

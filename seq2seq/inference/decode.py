@@ -161,8 +161,9 @@ def greedy(stepper: Stepper, src_bs, limits_b, *, max_len: int, min_len: int = 0
 def _one_per_row(stepper: Stepper, src_bs, limits_b, state_type, pick, *, max_len: int, min_len: int,
                  tokens: SpecialTokens, compact: Sequence[int], **fields):
   """Greedy search or sampling: each step extends every row that has not ended (with eos) by
-  the token `pick(logp_bv, state)` chooses. Returns (tokens [b, max_len], log-probabilities [b])."""
-  b = src_bs.shape[0]
+  the token `pick(logp_bv, state)` chooses. Returns (tokens [b, max_len], log-probabilities [b]);
+  b is that of limits_b (`draw`'s stepper makes several rows of each sentence in src_bs)."""
+  b = jnp.shape(limits_b)[0]
   tokens_bl = jnp.full((b, max_len + 1), tokens.pad, jnp.int32).at[:, 0].set(tokens.bos)
   state = state_type(t=jnp.int32(0), tokens_bl=tokens_bl, done_b=jnp.zeros((b,), bool),
                      logp_b=jnp.zeros((b,), jnp.float32), decoder=stepper.init(src_bs), **fields)
@@ -395,7 +396,13 @@ def draw(stepper: Stepper, src_bs, limits_b, sampling: Sampling, *, nbest: int, 
   `sampling.seed`, and may be traced. `rules`: max_len, min_len and tokens, as `sample` takes them."""
   b = src_bs.shape[0]
   keys_x2 = sentence_keys(sampling.seed if seed is None else seed, jnp.arange(b) if ids_b is None else ids_b, nbest)
-  tokens_xl, logp_x = sample(stepper, jnp.repeat(src_bs, nbest, axis=0), jnp.repeat(limits_b, nbest), keys_x2,
+  copies = lambda x: jnp.repeat(x, nbest, axis=0)
+
+  def init(src_bs):  # each sentence is encoded once; its nbest rows start from copies of its state
+    state = stepper.init(src_bs)
+    return state.replace(rows=jax.tree.map(copies, state.rows), sentences=jax.tree.map(copies, state.sentences))
+
+  tokens_xl, logp_x = sample(stepper._replace(init=init), src_bs, copies(jnp.asarray(limits_b)), keys_x2,
                              sampling=sampling.check(), compact=[n * nbest for n in compact], **rules)
   if nbest == 1:
     return tokens_xl, logp_x
