@@ -230,6 +230,31 @@ def test_compute_multiplier_interpolates_on_vanillas_frontier():
   assert "| large | 1.00M | 0.002121 | 0.500 | 0.002121 | 2.500 | 1e+13 | not reached | **> 100.00x** |" in report
 
 
+def test_vanilla_at_a_size_transformer_pp_skipped_extends_the_frontier_and_is_listed():
+  """Vanilla at xlarge (4x base's width, run on another machine): its best rate there raises
+  every `> N` bound, gets its own table, and the time line splits by hardware."""
+  cpu, gpu = "2-core CPU", "1 x GPU"
+  timed = lambda r, h, s: dataclasses.replace(r, hardware=h, train_seconds=s, eval_seconds=s / 10)
+  results = [timed(synthetic("vanilla", s, 2.5, size="base", curve=[(1e13, 2.5)]), cpu, 600) for s in (0, 1)]
+  results += [timed(synthetic("transformer++", s, 2.0, size="base", curve=[(1e13, 2.0)]), cpu, 600) for s in (0, 1)]
+  results += [timed(synthetic("vanilla+lr0.001", s, nll, size="xlarge", curve=[(1e14, nll)]), gpu, 60)
+              for s, nll in ((0, 2.2), (1, 2.4))]
+  results += [timed(synthetic("vanilla", 0, 2.9, size="xlarge", curve=[(1e14, 2.9)]), gpu, 60)]
+  results = [dataclasses.replace(r, learning_rate=(0.001 if "lr" in r.variant else 0.002)
+                                 / variants.SIZES[r.size] ** 0.5) for r in results]
+  row, = multiplier.multipliers(results)
+  assert math.isinf(row["multiplier"]) and math.isclose(row["weak_max"], 10.0)  # 1e14 / 1e13, not 1.0
+  beyond, = multiplier.beyond_sizes(results)
+  assert (beyond["size"], beyond["learning_rate"], beyond["rates"], beyond["seeds"]) == ("xlarge", 0.0005, 2, 2)
+  assert math.isclose(beyond["nll"], 2.3) and math.isclose(beyond["std"], 0.1 * 2 ** 0.5) and beyond["hardware"] == gpu
+  report = ablations.markdown(results, [], {}, "cmd", [])
+  assert "| xlarge | 1.00M | 0.0005 (best of 2) | 2.300 ± 0.141 | 2 | 1e+14 | 1 x GPU |" in report
+  assert "; 3.0 and 0.3 for the 3 runs on 1 x GPU; 40.0 and 4.0 for the 4 runs on 2-core CPU." in report
+  assert variants.size_overrides("xlarge", {"d_model": 192, "d_ff": 768, "num_heads": 4}) == {
+      "model.d_model": 768, "model.d_ff": 3072}
+  assert variants.size_learning_rate("xlarge", 0.002) == {"train.learning_rate": 0.001}
+
+
 def test_a_learning_rate_part_sets_the_rate_and_nothing_else():
   """`vanilla+lr0.004`: vanilla's model at peak learning rate 0.004 at the base size, scaled
   with the size like the config's rate, and winning over a --config.train.learning_rate."""

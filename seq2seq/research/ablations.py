@@ -261,7 +261,7 @@ def plot_scaling(results: list[Result], path: pathlib.Path, architectures=("vani
 
   fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
   colours = dict(zip(architectures, ("tab:blue", "tab:red", "tab:green")))
-  markers = {"small": "v", "base": "o", "large": "^"}
+  markers = {"small": "v", "base": "o", "large": "^", "xlarge": "D"}
   best = {(a, s): multiplier.best_rate([r for r in runs if multiplier.architecture_of(r.variant) == a and r.size == s])[0]
           for a, s in {(multiplier.architecture_of(r.variant), r.size) for r in runs}}
   several = len({r.variant for r in runs}) > len({multiplier.architecture_of(r.variant) for r in runs})
@@ -333,6 +333,8 @@ def markdown(results: list[Result], missing: list[str], plots: dict[str, str], c
     out += ["Time: {:.1f} min of training and {:.1f} min of test-set translation for {} runs".format(
         *minutes(timed), len(timed)) + ("" if len(base) == len(timed) else
                                         ", of which {:.1f} and {:.1f} for the {} base-size runs".format(*minutes(base), len(base)))
+            + "".join("; {:.1f} and {:.1f} for the {} runs on {}".format(*minutes(on), len(on), h) for h in hardware
+                      if len(hardware) > 1 and (on := [r for r in timed if r.hardware == h]))
             + ". Wall time, summed: training to each run's last logged step, and decoding; starting processes and "
             "loading checkpoints are not counted.", ""]
   if missing:

@@ -168,6 +168,31 @@ def section(results: list, plot: str | None = None) -> list[str]:
                   else f"not reached | **> {m['weak_max']:.2f}x** |")
                + f" {m['seeds']} / {m['weak_seeds']} | {_interval(m)} |")
   out.append("")
+  beyond = beyond_sizes(results)
+  if beyond:
+    out += ["Vanilla at sizes where Transformer++ did not run: they extend vanilla's frontier, so they "
+            "raise the `> N` bounds above.", "",
+            "| size | vanilla params | its peak rate | its final NLL | seeds | its FLOPs | hardware |", "|---|---|---|---|---|---|---|"]
+    out += [f"| {b['size']} | {b['params'] / 1e6:.2f}M | {rate(b['learning_rate'], b['rates'])} | {b['nll']:.3f} ± "
+            f"{b['std']:.3f} | {b['seeds']} | {b['flops']:.3g} | {b['hardware']} |" for b in beyond]
+    out.append("")
+  return out
+
+
+def beyond_sizes(results: list, strong: str = "transformer++", weak: str = "vanilla") -> list[dict]:
+  """Per size where `weak` ran and `strong` did not: `weak`'s best rate there, its final NLL
+  (mean, std, seeds), FLOPs and the hardware its runs named."""
+  sizes = {r.size for r in results if architecture_of(r.variant) == strong}
+  own = [r for r in results if architecture_of(r.variant) == weak and r.size not in sizes]
+  out = []
+  for size in sorted({r.size for r in own}, key=size_order):
+    at = [r for r in own if r.size == size]
+    _, runs = best_rate(at)
+    nll, std, n = significance.summary([r.final_nll for r in runs])
+    out.append({"size": size, "params": runs[0].params, "learning_rate": runs[0].learning_rate,
+                "rates": len({r.variant for r in at}), "nll": nll, "std": std, "seeds": n,
+                "flops": statistics.fmean(r.curve[-1][0] for r in runs),
+                "hardware": ", ".join(sorted({r.hardware for r in runs if r.hardware})) or "?"})
   return out
 
 
@@ -182,7 +207,7 @@ def _interval(m: dict) -> str:
 
 
 def size_order(size: str) -> int:
-  """A size's place in variants.SIZES (small, base, large); unknown sizes last."""
+  """A size's place in variants.SIZES (small, base, large, xlarge); unknown sizes last."""
   from seq2seq.research import variants
 
   return list(variants.SIZES).index(size) if size in variants.SIZES else len(variants.SIZES)

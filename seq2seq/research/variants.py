@@ -72,7 +72,7 @@ from seq2seq.model.config import CHOICES, ModelConfig
 VANILLA = {"model.norm_position": "post", "model.norm": "layernorm", "model.activation": "relu",
            "model.positions": "sinusoidal", "model.use_bias": True, "model.tie_output": True}
 
-SIZES = {"small": 0.5, "base": 1.0, "large": 2.0}
+SIZES = {"small": 0.5, "base": 1.0, "large": 2.0, "xlarge": 4.0}
 
 
 def glu_width(d_ff: int) -> int:
