@@ -41,6 +41,9 @@ sys.path.insert(0, str(REPO))
 def build(config_path: str, vocab: int, dtype: str):
   from flax import nnx
 
+  import device_check  # beside this file: seq2seq.configs from a checkout that is not installed
+
+  device_check.use_this_checkout()
   from seq2seq import sharding
   from seq2seq import configs
   from seq2seq.data import tokenizer
