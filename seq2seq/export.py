@@ -25,8 +25,21 @@ unverified. A safetensors file that cannot be read is a ModelFileError naming it
 with separate q/k/v attention weights (`wq_dnh`, `wk_dnh`, `wv_dnh`: before they were fused)
 loads with them fused (seq2seq.model.upgrade).
 
+--out is checked before the checkpoint is loaded, each refusal one ConfigError naming it: a
+non-empty folder is refused unless it is an earlier export and --overwrite is given; an earlier
+export is a folder whose export.json is a manifest of this format and which holds nothing but
+the files above (not verified against it: a damaged export can be replaced). Anything else
+(a file beside them, a subfolder, no export.json) is refused naming what is there: --overwrite
+never deletes what an export did not write. Refused too: a path that is a file, the current
+directory or a folder holding it (replacing it would leave the shell in a deleted folder), and
+the run's workdir or a folder holding it. A symbolic link to a folder is followed: the export
+replaces the folder it leads to, and the link stays. Missing parent folders are created.
+
 An export is built in a staging folder beside MODEL_DIR (`seq2seq.files.staging_dir`) and
-renamed into place; one left by a killed export is removed by the next export to that parent.
+swapped into place (`seq2seq.files.swap_in`: one atomic exchange on Linux, else two renames
+through a backup), so that a kill at any moment leaves the earlier export or the new one.
+What a killed export left beside MODEL_DIR is cleaned up by the next export to that parent
+(a backup put back where MODEL_DIR is missing).
 """
 
 from __future__ import annotations
@@ -36,7 +49,6 @@ import dataclasses
 import json
 import os
 import pathlib
-import shutil
 import sys
 
 import jax
@@ -54,6 +66,7 @@ CONFIG_FILE = "config.json"
 CARD_FILE = "README.md"
 MANIFEST_FILE = "export.json"
 VERIFIED = (PARAMS_FILE, CONFIG_FILE, data.SPM_FILE)  # the files export.json records
+WRITTEN = (*VERIFIED, MANIFEST_FILE, CARD_FILE)  # all an export writes: what --overwrite may replace
 FORMAT = "seq2seq-model-1"
 
 
@@ -78,11 +91,10 @@ def export(workdir: str | os.PathLike, out: str | os.PathLike, checkpoint: None 
   from seq2seq.training.checkpoint import NOT_IDENTITY
 
   workdir, out = pathlib.Path(workdir), pathlib.Path(out)
-  if out.exists() and any(out.iterdir()) and not (overwrite and (out / PARAMS_FILE).is_file()):
-    raise ConfigError(f"{out} exists and is not empty; choose a new --out"
-                      + (" (or --overwrite to replace an earlier export)" if (out / PARAMS_FILE).is_file() else ""))
+  target = _target(workdir, out)
   if jax.process_index() == 0:
-    files.remove_stale(out.parent)  # staging folders of killed exports
+    files.remove_stale(target.parent)  # what killed exports left: staging folders, a backup to put back
+  _check_replaceable(target, out, overwrite)
   config = load.run_config(workdir)
   mesh = sharding.make_mesh(config.mesh)
   loaded = load.load_params(workdir, config, mesh, best=checkpoint == "best",
@@ -96,18 +108,84 @@ def export(workdir: str | os.PathLike, out: str | os.PathLike, checkpoint: None 
               CARD_FILE: model_card(workdir, config, model_cfg, label).encode("utf-8")}
   del tensors
   model = {k: v for k, v in dataclasses.asdict(model_cfg).items() if k not in NOT_IDENTITY}
-  try:  # built beside, then moved into place: an interrupted export leaves no half a model
-    with files.staging_dir(out.parent, out.name) as staging:
+  try:  # built beside, then swapped into place: an interrupted export leaves the old one or the new
+    with files.staging_dir(target.parent, target.name) as staging:
       _write(staging, contents, model)
-      if out.exists():
-        shutil.rmtree(out)
-      staging.rename(out)
+      _check_replaceable(target, out, overwrite)  # again: files may have come while the checkpoint loaded
+      files.swap_in(staging, target)
   except OSError as err:  # disk full, a file-size limit, no permission: the staging folder is gone
     refused = errors.from_os_error(err, f"exporting to {out}")
     if refused is None:
       raise
     raise refused from err
   return out
+
+
+def _target(workdir: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
+  """The folder an export to `out` replaces: `out`, or the folder it leads to when it is a
+  symbolic link. A ConfigError naming --out where that cannot be: a file (or a path inside
+  one), the current directory or a folder holding it, the workdir or a folder holding it, a
+  parent that is not writable. Decided from the paths alone, before anything is loaded or written."""
+  flag, target = f"--out={out}", pathlib.Path(os.path.realpath(out))
+  shown = f"{flag} ({target})" if target != pathlib.Path(os.path.abspath(out)) else flag
+  if target.is_symlink():  # what realpath leaves of a loop
+    raise ConfigError(f"{flag}: a symbolic link that leads to itself; choose another --out")
+  if os.path.lexists(target) and not target.is_dir():
+    raise ConfigError(f"{shown}: is a file, not a folder; choose a new folder as --out")
+  try:
+    here = pathlib.Path(os.getcwd())
+  except OSError:  # a current directory that was deleted holds nothing
+    here = None
+  if here is not None and here.is_relative_to(target):
+    raise ConfigError(f"{shown}: {'is' if here == target else 'holds'} the current directory, which an export "
+                      "replaces (this shell would be left in a deleted folder); run it from another directory or "
+                      "choose another --out")
+  run = pathlib.Path(os.path.realpath(workdir))
+  if run.is_relative_to(target):
+    raise ConfigError(f"{shown}: {'is' if run == target else 'holds'} the run's --workdir={workdir}; choose another "
+                      f"--out (e.g. {run}-model)")
+  parent = next((p for p in target.parents if os.path.lexists(p)), None)
+  if parent is not None and not parent.is_dir():
+    raise ConfigError(f"{flag}: {parent} is a file, not a folder; choose another --out")
+  if parent is not None and not os.access(parent, os.W_OK | os.X_OK):
+    raise ConfigError(f"{flag}: no permission to write in {parent}; choose another --out")
+  return target
+
+
+def _check_replaceable(target: pathlib.Path, out: pathlib.Path, overwrite: bool) -> None:
+  """A ConfigError naming --out unless `target` is missing, empty, or (with overwrite) an
+  earlier export: a valid export.json and nothing but the files an export writes."""
+  try:
+    entries = sorted(os.scandir(target), key=lambda e: e.name)
+  except (FileNotFoundError, NotADirectoryError):
+    return
+  if not entries:
+    return
+  problem = _not_an_export(target, entries)
+  if not overwrite:
+    raise ConfigError(f"--out={out}: exists and is not empty; choose a new --out"
+                      + ("" if problem else " (or --overwrite to replace this earlier export)"))
+  if problem:
+    raise ConfigError(f"--out={out}: not replaced: --overwrite replaces only an earlier export, and {problem}")
+
+
+def _not_an_export(folder: pathlib.Path, entries: list[os.DirEntry]) -> str | None:
+  """Why `folder` (its `entries`) is not an earlier export that --overwrite may replace, and
+  what to do about it; None when it is one."""
+  other = [e.name + ("/" if e.is_dir(follow_symlinks=False) else " (a symbolic link)" if e.is_symlink() else "")
+           for e in entries if e.name not in WRITTEN or not e.is_file(follow_symlinks=False)]
+  if other:
+    named = ", ".join(other[:4]) + (f" and {len(other) - 4} more" if len(other) > 4 else "")
+    return (f"it holds {named}, which an export does not write; move {'it' if len(other) == 1 else 'them'} "
+            "elsewhere or choose a new --out")
+  if not any(e.name == MANIFEST_FILE for e in entries):
+    return (f"it has no {MANIFEST_FILE} (an export made before there were manifests, or not an export); delete "
+            "the folder yourself or choose a new --out")
+  try:
+    _parse_manifest(folder / MANIFEST_FILE)
+  except (ModelFileError, OSError) as err:
+    return f"{err}; delete the folder yourself or choose a new --out"
+  return None
 
 
 def _write(folder: pathlib.Path, contents: dict[str, bytes], model: dict) -> None:
@@ -119,10 +197,12 @@ def _write(folder: pathlib.Path, contents: dict[str, bytes], model: dict) -> Non
     except OSError as err:
       err.filename = err.filename or str(folder / name)
       raise
+    files.step(f"wrote {name}")
   listed = {name: {"bytes": (folder / name).stat().st_size, "sha256": files.file_sha256(folder / name)}
             for name in VERIFIED}
   manifest = {"format": FORMAT, "model": model, "files": listed}
   (folder / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+  files.step(f"wrote {MANIFEST_FILE}")
 
 
 @contextlib.contextmanager
@@ -171,6 +251,11 @@ def _manifest(model_dir: pathlib.Path) -> dict | None:
       print(f"warning: {model_dir} has no {MANIFEST_FILE} (an older export); its files are not verified",
             file=sys.stderr, flush=True)
     return None
+  return _parse_manifest(path)
+
+
+def _parse_manifest(path: pathlib.Path) -> dict:
+  """The manifest at `path`, else a ModelFileError saying why it is not one."""
   try:
     manifest = json.loads(path.read_text(encoding="utf-8"))
   except (json.JSONDecodeError, UnicodeDecodeError) as err:

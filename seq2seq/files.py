@@ -1,11 +1,20 @@
 """Writing files so that a crash leaves the old content or the new, never a torn file, and
 the checksum every stage uses to tell whether a file is intact. What is written gets the
 modes the user's umask gives any new file (0644 and folders 0755 under umask 022), not
-the private 0600 of a temporary file: colleagues on a shared cluster can read a run."""
+the private 0600 of a temporary file: colleagues on a shared cluster can read a run.
+
+Folders are built in a staging folder beside their target (`staging_dir`) and put in place
+by `swap_in`: one atomic exchange on Linux (renameat2 RENAME_EXCHANGE), elsewhere two
+renames through a backup that `remove_stale` puts back should a process be killed between
+them. At every moment the old folder or the new one is whole at the target, or (only
+between the two renames) in the backup that the next `remove_stale` restores.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import fcntl
 import hashlib
 import logging
@@ -15,6 +24,7 @@ import shutil
 import tempfile
 
 OWNER_SUFFIX = ".owner"
+BACKUP_SUFFIX = ".old"  # PARENT/.NAME.XXXX.old: the target moved aside by swap_in's two-rename fallback
 _log = logging.getLogger(__name__)
 
 
@@ -76,44 +86,112 @@ def file_sha256(path: str | os.PathLike) -> str:
 @contextlib.contextmanager
 def staging_dir(parent: str | os.PathLike, name: str):
   """A new folder PARENT/.NAME.XXXX to build something in and rename into place, owned by
-  this process while the block runs: a lock (flock) on the sibling file .NAME.XXXX.owner.
-  The folder, unless renamed away, and the owner file are removed when the block ends. A
-  process killed inside the block leaves both; `remove_stale` removes them later."""
+  this process while the block runs: a lock (flock) on the sibling file .NAME.XXXX.owner,
+  which records NAME (so that `remove_stale` knows the target of a backup). The folder,
+  unless renamed away, and the owner file are removed when the block ends. A process
+  killed inside the block leaves both; `remove_stale` removes them later."""
   parent = pathlib.Path(parent)
   parent.mkdir(parents=True, exist_ok=True)
   fd, path = tempfile.mkstemp(dir=parent, prefix=f".{name}.", suffix=OWNER_SUFFIX)  # owned before the folder exists
   owner = pathlib.Path(path)
   folder = owner.with_name(owner.name.removesuffix(OWNER_SUFFIX))
-  with os.fdopen(fd, "w") as lock:
+  with os.fdopen(fd, "wb") as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)
+    lock.write(os.fsencode(name))
+    lock.flush()
     folder.mkdir()
     try:
       yield folder
     finally:
       if folder.exists():
         shutil.rmtree(folder, ignore_errors=True)
-      owner.unlink(missing_ok=True)
+      if not os.path.lexists(folder.with_name(folder.name + BACKUP_SUFFIX)):  # else remove_stale restores it
+        owner.unlink(missing_ok=True)
+
+
+def step(name: str) -> None:
+  """Marks a named point of a multi-step replacement (`swap_in`, seq2seq.export); does nothing.
+  Tests replace it to stop a process there and kill it (tests/test_probes_export.py)."""
+
+
+def _exchange(a: pathlib.Path, b: pathlib.Path) -> bool:
+  """Swaps the paths a and b in one atomic step (Linux renameat2 with RENAME_EXCHANGE, glibc
+  >= 2.28); False where that is not available (no such symbol, kernel or filesystem)."""
+  renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+  if renameat2 is None:  # macOS, musl, an older glibc
+    return False
+  renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+  at_fdcwd, rename_exchange = -100, 2
+  if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+    return True
+  code = ctypes.get_errno()
+  if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):  # a filesystem (NFS) or kernel without it
+    return False
+  raise OSError(code, os.strerror(code), str(a), None, str(b))
+
+
+def swap_in(staging: pathlib.Path, target: pathlib.Path) -> None:
+  """Puts the folder `staging` (of a `staging_dir` block) at `target`, in the same folder;
+  what was at `target` ends up at `staging`, which the block then removes. Linux: one atomic
+  exchange. Elsewhere: target -> the backup STAGING.old, staging -> target, backup ->
+  staging; a process killed between the first two renames leaves target missing and the old
+  folder in the backup, which `remove_stale` puts back."""
+  step("swap")
+  if not os.path.lexists(target):
+    os.rename(staging, target)
+    return
+  if _exchange(staging, target):
+    step("exchanged")
+    return
+  backup = staging.with_name(staging.name + BACKUP_SUFFIX)
+  os.rename(target, backup)
+  step("aside")
+  try:
+    os.rename(staging, target)
+  except OSError:
+    os.rename(backup, target)
+    raise
+  step("moved")
+  os.rename(backup, staging)
 
 
 def remove_stale(parent: str | os.PathLike) -> list[pathlib.Path]:
   """Removes the staging folders in `parent` (see `staging_dir`) whose owner process is gone:
-  their owner file is not locked. Returns the folders removed."""
+  their owner file is not locked. A backup of `swap_in` is put back at its target where that
+  is missing (the process was killed between the two renames), else removed; a backup whose
+  owner file does not name its target is left alone. Returns the folders removed."""
   parent = pathlib.Path(parent)
   removed = []
   for owner in sorted(parent.glob(f".*{OWNER_SUFFIX}")) if parent.is_dir() else []:
     try:
-      with open(owner, "r+") as lock:
+      with open(owner, "r+b") as lock:
         try:
           fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
           continue  # a live process is building it
         folder = owner.with_name(owner.name.removesuffix(OWNER_SUFFIX))
+        _restore(folder, os.fsdecode(lock.read()))
         if folder.exists():
           shutil.rmtree(folder, ignore_errors=True)
           removed.append(folder)
-        owner.unlink(missing_ok=True)
+        if not os.path.lexists(folder.with_name(folder.name + BACKUP_SUFFIX)):
+          owner.unlink(missing_ok=True)
     except FileNotFoundError:
       continue  # its owner finished meanwhile
   if removed:
     _log.warning("removed %d folder(s) left by killed processes: %s", len(removed), ", ".join(map(str, removed)))
   return removed
+
+
+def _restore(folder: pathlib.Path, name: str) -> None:
+  """The backup of a killed `swap_in` (FOLDER.old): renamed back to its target PARENT/NAME
+  where that is missing, else removed (the swap was done). Kept where NAME is unknown."""
+  backup = folder.with_name(folder.name + BACKUP_SUFFIX)
+  if not backup.is_dir() or not name or "/" in name or name in (".", ".."):
+    return
+  target = folder.parent / name
+  if os.path.lexists(target):
+    shutil.rmtree(backup, ignore_errors=True)
+  else:
+    os.rename(backup, target)
+    _log.warning("put %s back from %s, left by a process killed while replacing it", target, backup)
