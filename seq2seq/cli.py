@@ -173,9 +173,27 @@ def parse_flags(argv: list[str]) -> list[str]:
     fail(detail)
   except flags.Error as err:
     cause = err.__cause__ or err.__context__
-    fail(explain(cause, argv) if isinstance(cause, (AttributeError, KeyError, ValueError, TypeError)) else str(err))
+    fail(flag_error(err) or (explain(cause, argv) if isinstance(cause, (AttributeError, KeyError, ValueError, TypeError))
+                             else str(err)))
   except (AttributeError, KeyError, ValueError, TypeError, FileNotFoundError, SyntaxError) as err:
     fail(explain(err, argv))
+
+
+FLAG_TYPES = {"int": "an integer", "float": "a number", "bool": "true or false"}
+
+
+def flag_error(err: Exception) -> str | None:
+  """A command flag's parse error as one line naming the flag (`--batch_size=abc: expected an
+  integer`, `--workdir is required`), or None for a --config override (see `explain`)."""
+  match = re.match(r"flag --([\w-]+)=(.*?): (.*)$", str(err), re.S)
+  if not match or match.group(1) not in flags.FLAGS:
+    return None
+  name, value, detail = match.groups()
+  flag = flags.FLAGS[name]
+  if "must have a value other than None" in detail:
+    return f"--{name} is required ({flag.help.rstrip('.')}); --help lists every flag"
+  kind = FLAG_TYPES.get(flag.parser.flag_type())
+  return f"--{name}={value}: expected {kind}" if kind else f"--{name}={value}: {detail}"
 
 
 def _set_log_level() -> None:

@@ -51,7 +51,7 @@ def test_a_truncated_gzip_and_an_empty_file_are_named(tmp_path):
 def test_invalid_utf8_on_stdin_is_replaced_with_a_warning_and_every_line_is_kept(capsys):
   stream = io.BytesIO(b"good line\nbad \xff byte\n\nlast\n")
   assert list(evaluate.decoded_lines(stream)) == ["good line", "bad \ufffd byte", "", "last"]
-  assert "stdin line 2: invalid UTF-8 at byte 4, replaced by U+FFFD" in capsys.readouterr().err
+  assert "stdin:2: invalid UTF-8 at byte 4, replaced by U+FFFD" in capsys.readouterr().err
 
 
 def test_a_restart_with_other_data_settings_is_refused_unless_allowed():

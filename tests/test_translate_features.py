@@ -82,7 +82,7 @@ def test_sampled_nbest_are_independent_draws_most_likely_first_with_their_log_pr
   rescored = translator.score_ids(translator.params, ids * 5, [o + [SPECIAL.eos] for o in outputs[0]], normalize=False)
   # a sample's score is its log-probability: the cached decoder's sum equals the full decoder's
   assert rescored == pytest.approx(scores[0], rel=1e-5)
-  with pytest.raises(ConfigError, match="temperature > 0"):
+  with pytest.raises(ConfigError, match=r"temperature=0: the sampling temperature must be > 0"):
     translator.translate([SOURCE], sampling=Sampling(temperature=0.0))
 
 
@@ -144,7 +144,7 @@ def test_translate_reads_and_writes_files_with_evals_search_flags_and_scores_ref
                            stdin=SOURCE + "\n")
   assert ensemble.returncode == 0, ensemble.stderr
   assert ensemble.stdout.strip() == Translator.from_workdir(tiny_run, beam_size=2).translate(SOURCE)
-  for bad, message in ((["--sampling", "--temperature=0"], "temperature > 0"), (["--top_k=3"], "add --sampling"),
+  for bad, message in ((["--sampling", "--temperature=0"], "--temperature=0: the sampling temperature must be > 0"), (["--top_k=3"], "add --sampling"),
                        (["--score_reference=ref.de", "--nbest=2"], "--score_reference"),
                        ([f"--model={tmp_path}", "--workdir=x"], "one of --workdir")):
     args = bad if any(a.startswith("--model") for a in bad) else [f"--workdir={tiny_run}", *bad]

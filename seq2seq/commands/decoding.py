@@ -5,11 +5,15 @@ lists them."""
 
 from __future__ import annotations
 
+import os
+import pathlib
+import sys
+
 from absl import flags
 
 from seq2seq import sharding
 from seq2seq.errors import ConfigError
-from seq2seq.inference import load
+from seq2seq.inference import load, settings
 from seq2seq.inference.translate import Translator, search_settings
 
 AVERAGE_LAST = flags.DEFINE_integer("average_last", 0, "Decode the average of the last K checkpoints.")
@@ -33,11 +37,38 @@ def overrides() -> dict:
               batch_size=BATCH_SIZE.value, workers=WORKERS.value, max_programs=MAX_PROGRAMS.value)
 
 
+def check_flags() -> None:
+  """The model and search flags given, checked before anything loads: a ConfigError names
+  the flag (seq2seq/inference/settings.py holds what each accepts)."""
+  for key, value in overrides().items():
+    if value is not None:
+      settings.check(key, value, f"--{key}")
+  if AVERAGE_LAST.value < 0:
+    raise ConfigError(f"--average_last={AVERAGE_LAST.value}: the number of checkpoints to average must be >= 0")
+
+
+def check_output(path: str, flag: str) -> None:
+  """An output file that can be written once the work is done, checked before it starts: not
+  a folder, in a folder that exists (or can be made) and can be written."""
+  target = pathlib.Path(path)
+  if target.is_dir():
+    raise ConfigError(f"{flag}={path} is a folder; give a file's path (the translations are written there)")
+  parent = next((p for p in (target.absolute().parent, *target.absolute().parents) if p.exists()), None)
+  if parent is None or not parent.is_dir():
+    raise ConfigError(f"{flag}={path}: {parent} is not a folder")
+  if not os.access(parent, os.W_OK | os.X_OK):
+    raise ConfigError(f"{flag}={path}: cannot write in {parent} (permission denied)")
+
+
 def load_run(workdir: str, config, mesh, *, step: int | None = None, best: bool = False) -> load.Loaded:
   """A run's chosen checkpoint (`step`, `best`, --average_last), with the --ensemble runs if given."""
   if [best, step is not None, bool(AVERAGE_LAST.value)].count(True) > 1:
     raise ConfigError("choose at most one checkpoint: a step, the best one, or --average_last")
   choice = dict(step=step, best=best, average_last=AVERAGE_LAST.value)
+  members = [workdir, *(ENSEMBLE.value or [])]
+  if len({os.path.realpath(d) for d in members}) < len(members):
+    print(f"warning: --workdir and --ensemble name the same run more than once ({', '.join(members)}): its model "
+          "counts that many times in the ensemble's mean", file=sys.stderr, flush=True)
   if ENSEMBLE.value:
     return load.load_ensemble([workdir, *ENSEMBLE.value], config, mesh, **choice)
   return load.load_params(workdir, config, mesh, **choice)

@@ -62,6 +62,9 @@ def main(argv) -> None:
   _JOIN_HOSTS()
   if _SOURCE.value == "-" and jax.process_count() > 1:
     raise ConfigError("--source=- (stdin) translates on one process; give --source=FILE on a multi-host run")
+  decoding.check_flags()  # every setting, and where the hypotheses go, before any work
+  if _OUTPUT.value:
+    decoding.check_output(_OUTPUT.value, "--output")
   workdir = _WORKDIR.value
   config = load.run_config(workdir)
   todo = jobs(config)

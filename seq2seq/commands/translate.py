@@ -13,7 +13,9 @@ Output formats:
 - --scores: SCORE<TAB>TRANSLATION, the search's score (log-probability, divided by the GNMT
   length penalty for beam > 1; plain for greedy search and sampling);
 - --nbest=N: N lines LINE<TAB>SCORE<TAB>TRANSLATION per input line, best first (LINE counts
-  input lines from 1; with --sampling, N drawn translations, most likely first);
+  input lines from 1; with --sampling, N drawn translations, most likely first); always N:
+  entries the search left empty (a blank line has one translation, the empty one, score 0;
+  a tight length limit can finish fewer) are empty translations scored -inf;
 - --score_reference=FILE: SCORE<TAB>REFERENCE, the log-probability the model gives each line
   of FILE as the translation of the same input line (normalised as beam scores are;
   --normalize=false: the plain log-probability).
@@ -21,9 +23,15 @@ Output formats:
 The model and search flags (--beam_size, --alpha, --max_len_a, --max_len_b, --batch_size,
 --average_last, --ensemble, --quiet) are seq2seq-eval's (seq2seq/commands/decoding.py).
 Input from a file or a pipe is translated in batches, with progress on stderr (--quiet: none).
+--input (a file, a named pipe such as `<(command)`, or '-': stdin) and --score_reference are
+read alike: invalid UTF-8 becomes U+FFFD with a warning naming the line, and no lines at all
+is a warning and an empty output (exit 0). Every flag and --output are checked before the
+model loads. --output=FILE is replaced whole once the work is done (a failed run leaves an
+older FILE as it was); at the prompt too, when the session ends (Ctrl-D or Ctrl-C).
 """
 
 import contextlib
+import io
 import pathlib
 import sys
 
@@ -32,7 +40,7 @@ from absl import flags
 from seq2seq import cli, files
 from seq2seq.commands import decoding
 from seq2seq.errors import ConfigError
-from seq2seq.inference import evaluate
+from seq2seq.inference import evaluate, settings
 from seq2seq.inference.decode import Sampling
 from seq2seq.inference.translate import Translator
 
@@ -73,14 +81,27 @@ def sampling() -> Sampling | None:
     if (_TEMPERATURE.value, _TOP_K.value, _TOP_P.value) != (1.0, 0, 1.0):
       raise ConfigError("--temperature, --top_k and --top_p shape --sampling; add --sampling")
     return None
-  return Sampling(_TEMPERATURE.value, _TOP_K.value, _TOP_P.value, _SEED.value).check()
+  return Sampling(_TEMPERATURE.value, _TOP_K.value, _TOP_P.value, _SEED.value).check(shown=lambda key: f"--{key}")
+
+
+def read_input(path: str, flag: str) -> list[str]:
+  """The lines of a file, a named pipe (`<(command)`) or stdin ('-'), read alike: invalid
+  UTF-8 is replaced with a warning naming the line (every line keeps its output line), and
+  no lines at all is a warning, then nothing to do (exit 0)."""
+  if path == "-":
+    lines = list(evaluate.decoded_lines(sys.stdin))
+  else:
+    lines = evaluate.read_text(path, replace_invalid=True, allow_empty=True)
+  if not lines:
+    print(f"warning: {'stdin' if path == '-' else f'{flag}={path}'} has no lines", file=sys.stderr, flush=True)
+  return lines
 
 
 def lines_of(translator: Translator, sentences: list[str], progress: bool) -> list[str]:
   """The output lines of `sentences` (one input line each, or `--nbest` each), as the flags ask."""
   nbest, draws = _NBEST.value, sampling()
   if _SCORE_REFERENCE.value is not None:
-    references = evaluate.read_text(_SCORE_REFERENCE.value)
+    references = read_input(_SCORE_REFERENCE.value, "--score_reference")
     if len(references) != len(sentences):
       raise ConfigError(f"--score_reference={_SCORE_REFERENCE.value} has {len(references)} lines but the input has "
                         f"{len(sentences)}; they must be parallel")
@@ -94,18 +115,39 @@ def lines_of(translator: Translator, sentences: list[str], progress: bool) -> li
   return [f"{score:.4f}\t{hyp}" if _SCORES.value else hyp for hyp, score in zip(hypotheses, scores)]
 
 
+def interactive(translator: Translator) -> None:
+  """A prompt at a terminal, each line translated as it is typed. --output=FILE is replaced
+  as in batch mode: the session's lines go to a temporary file beside it, renamed to FILE
+  when the session ends (Ctrl-D, or Ctrl-C at the prompt)."""
+  print(f"Translating with {translator.checkpoint}: type a sentence and Enter (Ctrl-D ends).", file=sys.stderr)
+  with contextlib.ExitStack() as stack:
+    out = sys.stdout
+    if _OUTPUT.value != "-":
+      out = io.TextIOWrapper(stack.enter_context(files.atomic_open(_OUTPUT.value)), encoding="utf-8")
+      stack.callback(out.detach)  # the file itself is closed (and renamed into place) by atomic_open
+    try:
+      evaluate.interactive(lambda lines: lines_of(translator, lines, progress=False), sys.stdin, out)
+    except KeyboardInterrupt:  # Ctrl-C ends the session as Ctrl-D does: what was translated is kept
+      print(file=sys.stderr)
+    out.flush()
+
+
 def main(argv) -> None:
   if _SCORE_REFERENCE.value is not None and (_NBEST.value > 1 or _SAMPLING.value or _SCORES.value):
     raise ConfigError("--score_reference scores given translations; it goes with neither --nbest, --sampling nor "
                       "--scores")
-  sampling()  # bad sampling settings fail before the model loads
+  # Every setting and the output path are checked before the model loads.
+  decoding.check_flags()
+  nbest, draws = settings.check("nbest", _NBEST.value, "--nbest"), sampling()
+  if _OUTPUT.value != "-":
+    decoding.check_output(_OUTPUT.value, "--output")
   translator = make_translator()
+  if draws is None and nbest > translator.settings.beam_size:
+    raise ConfigError(f"--nbest={nbest} must be at most the beam size ({translator.settings.beam_size}; "
+                      "--beam_size sets it)")
   if _INPUT.value == "-" and sys.stdin.isatty() and _SCORE_REFERENCE.value is None:
-    print(f"Translating with {translator.checkpoint}: type a sentence and Enter (Ctrl-D ends).", file=sys.stderr)
-    with contextlib.ExitStack() as stack:
-      out = sys.stdout if _OUTPUT.value == "-" else stack.enter_context(open(_OUTPUT.value, "a", encoding="utf-8"))
-      return evaluate.interactive(lambda lines: lines_of(translator, lines, progress=False), sys.stdin, out)
-  sentences = list(evaluate.decoded_lines(sys.stdin)) if _INPUT.value == "-" else evaluate.read_text(_INPUT.value)
+    return interactive(translator)
+  sentences = read_input(_INPUT.value, "--input")
   text = "".join(line + "\n" for line in lines_of(translator, sentences, progress=not decoding.QUIET.value))
   if _OUTPUT.value == "-":
     sys.stdout.write(text)

@@ -22,6 +22,7 @@ one column per language.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import glob
 import gzip
 import hashlib
@@ -31,6 +32,7 @@ import itertools
 import os
 import pathlib
 import re
+import sys
 import urllib.error
 import urllib.request
 import zlib
@@ -78,11 +80,17 @@ def check_language(code: str, key: str) -> str:
 _SEG = re.compile(rb"<seg[^>]*>(.*?)</seg>", re.S)
 
 
-def read_lines(path: str | os.PathLike) -> Iterator[str]:
-  """Lines of a plain, gzip (.gz) or SGML (.sgm: the <seg> texts) file, without newlines."""
+def read_lines(path: str | os.PathLike, *, replace_invalid: bool = False, allow_empty: bool = False) -> Iterator[str]:
+  """Lines of a plain, gzip (.gz) or SGML (.sgm: the <seg> texts) file, without newlines; a
+  named pipe or /dev/fd/N (`<(command)`) reads as a file does. Invalid UTF-8 and an empty
+  file are DataErrors naming the file (and line), unless `replace_invalid` (U+FFFD, with a
+  warning naming the line: every line keeps its place) and `allow_empty`."""
   path = pathlib.Path(path)
-  if not path.is_file():
+  if not path.exists():
     raise DataError(f"{path}: no such file")
+  if path.is_dir():
+    raise DataError(f"{path}: a folder, not a file")
+  decode = functools.partial(_decode, replace=replace_invalid)
   opener = gzip.open if path.suffix == ".gz" else open
   sgml = path.name.endswith((".sgm", ".sgm.gz"))
   lineno = 0
@@ -92,22 +100,26 @@ def read_lines(path: str | os.PathLike) -> Iterator[str]:
         text = f.read()
         for match in _SEG.finditer(text):
           lineno = text.count(b"\n", 0, match.start()) + 1
-          yield html.unescape(_decode(match.group(1), path, lineno).strip())
+          yield html.unescape(decode(match.group(1), path, lineno).strip())
         return
       for lineno, raw in enumerate(f, start=1):
-        yield _decode(raw, path, lineno).rstrip("\r\n")
+        yield decode(raw, path, lineno).rstrip("\r\n")
   except (EOFError, gzip.BadGzipFile, zlib.error) as err:  # a truncated or corrupt download or copy
     raise DataError(f"{path}: damaged gzip file after line {lineno} ({type(err).__name__}: {err}); "
                     "download or copy it again") from None
-  if lineno == 0 and not sgml:
+  if lineno == 0 and not sgml and not allow_empty:
     raise DataError(f"{path}: empty file")
 
 
-def _decode(raw: bytes, path, lineno: int) -> str:
+def _decode(raw: bytes, path, lineno: int, replace: bool = False) -> str:
   try:
     return raw.decode("utf-8")
   except UnicodeDecodeError as e:
-    raise DataError(f"{path}:{lineno}: invalid UTF-8 at byte {e.start} of the line") from None
+    if not replace:
+      raise DataError(f"{path}:{lineno}: invalid UTF-8 at byte {e.start} of the line") from None
+    print(f"warning: {path}:{lineno}: invalid UTF-8 at byte {e.start}, replaced by U+FFFD", file=sys.stderr,
+          flush=True)
+    return raw.decode("utf-8", errors="replace")
 
 
 def read_parallel(src_path, tgt_path) -> Iterator[Pair]:

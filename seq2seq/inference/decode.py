@@ -33,6 +33,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from seq2seq.errors import ConfigError
+from seq2seq.inference.settings import check
 from seq2seq.model.transformer import DecoderState
 from seq2seq.special_tokens import SPECIAL, SpecialTokens
 
@@ -192,11 +193,10 @@ class Sampling(NamedTuple):
   top_p: float = 1.0
   seed: int = 0
 
-  def check(self) -> Sampling:
-    if not self.temperature > 0 or self.top_k < 0 or not 0 < self.top_p <= 1:
-      raise ConfigError(f"sampling needs temperature > 0, top_k >= 0 and 0 < top_p <= 1, got {self.temperature}, "
-                        f"{self.top_k} and {self.top_p}")
-    return self
+  def check(self, shown=lambda key: key) -> Sampling:
+    """These settings as numbers, each checked (seq2seq/inference/settings.py: a ConfigError
+    names the first that cannot work, as `shown(key)`)."""
+    return Sampling(*(check(key, getattr(self, key), shown(key)) for key in self._fields))
 
 
 def filtered_logits(logp_xv, sampling: Sampling):

@@ -31,10 +31,11 @@ from seq2seq.inference.score import score
 from seq2seq.inference.translate import Translator
 
 
-def read_text(path: str) -> list[str]:
-  """Lines of a plain, gzipped or SGML file (one segment per line)."""
+def read_text(path: str, **options) -> list[str]:
+  """Lines of a plain, gzipped or SGML file (one segment per line); `options` as
+  seq2seq.data.sources.read_lines takes them (replace_invalid, allow_empty)."""
   try:
-    return list(read_lines(path))
+    return list(read_lines(path, **options))
   except OSError as e:
     raise DataError(f"cannot read {path}: {e}") from None
 
@@ -101,7 +102,7 @@ def decoded_lines(stream):
     try:
       text = line.decode("utf-8")
     except UnicodeDecodeError as err:
-      print(f"warning: stdin line {number}: invalid UTF-8 at byte {err.start}, replaced by U+FFFD", file=sys.stderr)
+      print(f"warning: stdin:{number}: invalid UTF-8 at byte {err.start}, replaced by U+FFFD", file=sys.stderr)
       text = line.decode("utf-8", errors="replace")
     yield text.rstrip("\r\n")
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import concurrent.futures
 import math
 import sys
-from typing import NamedTuple
+from collections.abc import Iterable
 
 import jax
 import numpy as np
@@ -33,10 +33,11 @@ from jax.sharding import NamedSharding, PartitionSpec
 from seq2seq import compilation, sharding
 from seq2seq.errors import ConfigError
 from seq2seq.data.tokenizer import Tokenizer
-from seq2seq.inference import decode
+from seq2seq.inference import decode, inputs
+from seq2seq.inference.inputs import Want
 from seq2seq.inference.programs import Programs, plan_widths, signature, source_bucket, step_cost, width_for
 from seq2seq.inference.progress import Progress
-from seq2seq.inference.settings import SearchSettings
+from seq2seq.inference.settings import SearchSettings, check, search_settings  # noqa: F401 - imported from here
 from seq2seq.model.config import ModelConfig
 
 # Batches of sources up to this many tokens hold `batch_size` sentences; longer ones hold as
@@ -55,9 +56,11 @@ class Translator:
                max_len_b: int = DEFAULT.max_len_b, batch_size: int = 64, min_len: int = DEFAULT.min_len,
                use_cache: bool = True, compact: tuple[int, ...] | None = None,
                workers: int | None = None, max_source_len: int = 1024, max_programs: int = 3, params=None):
-    if beam_size < 1 or batch_size < 1 or max_source_len < 2 or max_programs < 0:
-      raise ConfigError(f"beam_size and batch_size must be >= 1, max_source_len >= 2 and max_programs >= 0, got "
-                        f"{beam_size}, {batch_size}, {max_source_len} and {max_programs}")
+    # Every setting is checked here, where it enters (seq2seq/inference/settings.py): a ConfigError names it.
+    self.settings = SearchSettings(beam_size, alpha, max_len_a, max_len_b, min_len)
+    batch_size, max_source_len, max_programs = (check(k, v) for k, v in (
+        ("batch_size", batch_size), ("max_source_len", max_source_len), ("max_programs", max_programs)))
+    workers = None if workers is None else check("workers", workers)
     self.ensemble = isinstance(model_cfg, list)
     cfgs, graphdefs = (model_cfg, graphdef) if self.ensemble else ([model_cfg], [graphdef])
     if not cfgs or len(cfgs) != len(graphdefs) or len({c.vocab_size for c in cfgs}) != 1:
@@ -68,10 +71,9 @@ class Translator:
     # Outputs and rows must fit every learned position table (None: no limit); sources that too, and max_source_len.
     self.position_limit = min((c.max_len for c in cfgs if c.positions == "learned"), default=None)
     self.max_source_len, self.source_limit = max_source_len, min(max_source_len, self.position_limit or max_source_len)
-    self.settings = SearchSettings(beam_size, alpha, max_len_a, max_len_b, min_len)
     dp = sharding.data_parallel_size(mesh)
     self.batch_size = dp * math.ceil(batch_size / dp)  # rows are split over the data-parallel devices
-    self.use_cache = use_cache
+    self.use_cache = inputs.flag(use_cache, "use_cache")
     # Once a quarter of a batch's sentences are unfinished they go on in a batch of that size
     # (same results). Each smaller batch compiles one more loop (~1.3 s on the 2-core CPU), so
     # batches under 32 sentences are not compacted; a second level, batch/16, made the
@@ -145,9 +147,10 @@ class Translator:
     from seq2seq.inference import load
 
     compilation.enable(compilation_cache)
-    if checkpoint is not None and checkpoint != "best" and not isinstance(checkpoint, int):
+    if checkpoint is not None and checkpoint != "best" and (not isinstance(checkpoint, int) or checkpoint < 0
+                                                            or isinstance(checkpoint, bool)):
       raise ConfigError(f"checkpoint must be None, 'best' or a step number, got {checkpoint!r}")
-    config = load.run_config(workdir)
+    config = load.run_config(inputs.path(workdir, "workdir"))
     mesh = sharding.make_mesh(config.mesh) if mesh is None else mesh
     loaded = load.load_params(workdir, config, mesh, best=checkpoint == "best",
                               step=checkpoint if isinstance(checkpoint, int) else None)
@@ -163,7 +166,7 @@ class Translator:
     from seq2seq import export
 
     compilation.enable(compilation_cache)
-    config, model_cfg, tok, label = export.read_model_dir(model_dir)
+    config, model_cfg, tok, label = export.read_model_dir(inputs.path(model_dir, "model_dir"))
     mesh = sharding.make_mesh(config.mesh) if mesh is None else mesh
     graphdef, params = export.load_params(model_dir, model_cfg, mesh)
     return cls._holding(config, model_cfg, graphdef, tok, mesh, params, label,
@@ -176,7 +179,7 @@ class Translator:
     translator.checkpoint, translator.config = label, config
     return translator
 
-  def translate(self, sentences: list[str] | str, *, return_scores: bool = False, progress: bool = False,
+  def translate(self, sentences: Iterable[str] | str, *, return_scores: bool = False, progress: bool = False,
                 nbest: int = 1, sampling: decode.Sampling | None = None):
     """Translations of `sentences` (a string gives a string); with return_scores, also each
     translation's score: its log-probability, divided by the GNMT length penalty for beam > 1.
@@ -184,13 +187,18 @@ class Translator:
     translations (and scores), best first; the first is what nbest=1 gives.
     `sampling` (a `decode.Sampling`): outputs drawn from the model instead, `nbest` of them
     per sentence (any number), most likely first, scored by their plain log-probability;
-    sentence i (counted from 1) draws as it does in any batch, for a given seed."""
+    sentence i (counted from 1) draws as it does in any batch, for a given seed.
+    With nbest=N every sentence gets N entries: those the search left empty (a blank
+    sentence has one translation, the empty one with score 0; a length limit can finish
+    fewer than N) are empty strings scored -inf. Arguments of the wrong type or value are a
+    ConfigError naming them, raised before any work."""
     if self.params is None:
       raise ValueError("this Translator holds no parameters: build it with Translator.from_workdir or "
                        "Translator.from_pretrained, or call it as translator(params, sentences)")
-    one = isinstance(sentences, str)
-    hypotheses, scores = self._translate(self.params, [sentences] if one else list(sentences), progress,
-                                         Want(nbest, sampling))
+    one, sentences = inputs.texts(sentences, "sentences")
+    want = inputs.want(nbest, sampling, self.settings.beam_size)
+    inputs.flag(return_scores, "return_scores"), inputs.flag(progress, "progress")
+    hypotheses, scores = self._translate(self.params, sentences, progress, want)
     if one:
       hypotheses, scores = hypotheses[0], scores[0]
     return (hypotheses, scores) if return_scores else hypotheses
@@ -199,19 +207,25 @@ class Translator:
     """Output ids (without eos) of each source id sequence (with eos), in input order."""
     return [best[0] for best in self._translate_ids(params, sources, progress)[0]]
 
-  def score(self, sources: list[str], targets: list[str], *, normalize: bool | None = None,
-            params=None) -> list[float]:
+  def score(self, sources: Iterable[str] | str, targets: Iterable[str] | str, *, normalize: bool | None = None,
+            params=None) -> list[float] | float:
     """The log-probability of each target (with its eos) given its source, by teacher forcing
     (seq2seq/inference/forced.py): what training's loss sums, negated. `normalize` divides
     it by the GNMT length penalty with this Translator's alpha (None: as its beam search
-    scores are, i.e. for beam > 1). An ensemble scores with the mean of its probabilities."""
+    scores are, i.e. for beam > 1). An ensemble scores with the mean of its probabilities.
+    Two strings give one score; targets longer than the model takes are cut as sources are,
+    with a warning naming them."""
     params = self.params if params is None else params
     if params is None:
       raise ValueError("this Translator holds no parameters: pass params=")
-    if len(sources) != len(targets):
-      raise ConfigError(f"score needs one target per source, got {len(sources)} sources and {len(targets)} targets")
+    (one, sources), (one_target, targets) = inputs.texts(sources, "sources"), inputs.texts(targets, "targets")
+    normalize = normalize if normalize is None else inputs.flag(normalize, "normalize")
+    if len(sources) != len(targets) or one != one_target:
+      raise ConfigError(f"score needs one target per source (two strings, or two lists of the same length), got "
+                        f"{'a string' if one else len(sources)} and {'a string' if one_target else len(targets)}")
     encode = lambda texts: self.tok.encode(list(texts)) if texts else []
-    return self.score_ids(params, encode(sources), encode(targets), normalize=normalize)
+    scores = self.score_ids(params, encode(sources), encode(targets), normalize=normalize)
+    return scores[0] if one else scores
 
   def score_ids(self, params, src_ids: list[list[int]], tgt_ids: list[list[int]], *,
                 normalize: bool | None = None) -> list[float]:
@@ -219,14 +233,11 @@ class Translator:
     from seq2seq.inference import forced
 
     normalize = self.settings.beam_size > 1 if normalize is None else normalize
-    cut_ids, cut = self._truncate(list(src_ids))
-    if jax.process_index() == 0:
+    (tgt_cut_ids, tgt_cut), (src_cut_ids, cut) = self._truncate(list(tgt_ids)), self._truncate(list(src_ids))
+    if jax.process_index() == 0:  # references are cut to the same limit as sources, and named the same way
       self._warn_truncated([(i + 1, len(src_ids[i])) for i in cut])
-    long = [i + 1 for i, ids in enumerate(tgt_ids) if len(ids) > self._fit(len(ids))]
-    if long:
-      raise ConfigError(f"targets {long[:MAX_WARNINGS]} (numbered from 1) are longer than the learned position table "
-                        f"(config.model.max_len={self.position_limit}), which does not extend: not scored")
-    src_ids = cut_ids
+      self._warn_truncated([(i + 1, len(tgt_ids[i])) for i in tgt_cut], what="reference line", doing="scoring")
+    src_ids, tgt_ids = src_cut_ids, tgt_cut_ids
     if self._score_fn is None:
       self._score_fn = jax.jit(lambda params, src_bs, tgt_bt, alpha, normalize: forced.log_probs(
           self.graphdefs, params if self.ensemble else [params], src_bs, tgt_bt, alpha=alpha, normalize=normalize,
@@ -275,7 +286,8 @@ class Translator:
       start += size
     return batches
 
-  def _warn_truncated(self, cut: list[tuple[int, int]], sources: list[tuple[int, int]] = ()) -> None:
+  def _warn_truncated(self, cut: list[tuple[int, int]], sources: list[tuple[int, int]] = (), what: str = "line",
+                      doing: str = "translating") -> None:
     """A warning naming each truncated source, and each of `sources` whose output limit the learned position
     table cuts (by line number and token count), at most MAX_WARNINGS of each."""
     capped = [(line, n) for line, n in sources if self._max_output(n) < self._max_output(n, False)]
@@ -283,14 +295,14 @@ class Translator:
     limit = ", ".join(name for name, value in (("eval.max_source_len", self.max_source_len),
                                                (table, self.position_limit)) if value == self.source_limit)
     for line, length in cut[:MAX_WARNINGS]:
-      print(f"warning: line {line}: {length} tokens, longer than the model takes: translating its first "
+      print(f"warning: {what} {line}: {length} tokens, longer than the model takes: {doing} its first "
             f"{self.source_limit} ({limit})", file=sys.stderr, flush=True)
     for line, length in capped[:MAX_WARNINGS]:
       print(f"warning: line {line}: {length} tokens: its translation is cut at {self.position_limit} tokens ({table}), "
             "not at eval.max_len_a * length + eval.max_len_b", file=sys.stderr, flush=True)
-    for items, what in ((cut, "sources truncated"), (capped, "translations cut at the learned position table")):
+    for items, kind in ((cut, f"{what}s truncated"), (capped, "translations cut at the learned position table")):
       if len(items) > MAX_WARNINGS:
-        print(f"warning: {len(items) - MAX_WARNINGS} more {what}", file=sys.stderr, flush=True)
+        print(f"warning: {len(items) - MAX_WARNINGS} more {kind}", file=sys.stderr, flush=True)
 
   def _truncate(self, sources: list[list[int]]) -> tuple[list[list[int]], list[int]]:
     """Sources cut to `source_limit` tokens (eos kept), and the indices of those cut."""
@@ -334,13 +346,7 @@ class Translator:
     """(ids, score) lists of the `nbest` best outputs of each source, in input order. `lines`:
     each source's input line number (default: 1, 2, ...), which names truncated sources in
     warnings and decides a sampled sentence's draws."""
-    want = want or Want()
-    if want.sampling is None and not 1 <= want.nbest <= self.settings.beam_size:
-      raise ConfigError(f"nbest={want.nbest} must be between 1 and the beam size ({self.settings.beam_size})")
-    if want.nbest < 1:
-      raise ConfigError(f"nbest must be >= 1, got {want.nbest}")
-    if want.sampling is not None:
-      want.sampling.check()
+    want = inputs.want(*(want or Want()), self.settings.beam_size)
     lengths = [len(source) for source in sources]
     sources, cut = self._truncate(list(sources))
     if lines is not None and jax.process_index() == 0:
@@ -387,6 +393,9 @@ class Translator:
     hypotheses, hyp_scores = self._translate_ids(params, ids, progress, want, lines=[i + 1 for i in nonblank])
     for i, hyps, best_scores in zip(nonblank, hypotheses, hyp_scores):
       out[i], scores[i] = [self.tok.decode(hyp) for hyp in hyps], best_scores
+    # n-best entries the search left empty (a blank sentence, a tight length limit): empty, scored -inf
+    out = [inputs.padded(o, want.nbest, "") for o in out]
+    scores = [inputs.padded(s, want.nbest, -math.inf) for s in scores]
     if want.nbest == 1:
       return [o[0] for o in out], [s[0] for s in scores]
     return out, scores
@@ -395,25 +404,7 @@ class Translator:
 MAX_WARNINGS = 10  # truncated sources named, per call
 
 
-class Want(NamedTuple):
-  """What a translation returns per sentence: the `nbest` best of a beam search, or with
-  `sampling` that many drawn outputs."""
-  nbest: int = 1
-  sampling: decode.Sampling | None = None
-
-
 def out_of_memory(err: Exception) -> bool:
   """Whether a JAX runtime error is the device running out of memory. XLA reports it as the
   status code RESOURCE_EXHAUSTED, which JAX gives only as the message's prefix."""
   return str(err).startswith("RESOURCE_EXHAUSTED")
-
-
-def search_settings(eval_cfg, **overrides) -> dict:
-  """Translator keyword arguments from a config's `eval` section, with overrides (None: keep)."""
-  from_config = ("beam_size", "alpha", "max_len_a", "max_len_b", "batch_size", "max_source_len", "max_programs")
-  known = sorted({*from_config, "min_len", "use_cache", "compact", "workers"})  # the rest: overrides only
-  settings = {key: eval_cfg[key] for key in from_config if key in eval_cfg}
-  unknown = sorted(set(overrides) - set(known))
-  if unknown:
-    raise ConfigError(f"unknown search setting(s) {unknown}; known: {known}")
-  return settings | {k: v for k, v in overrides.items() if v is not None}
