@@ -14,12 +14,14 @@ import sys
 import pytest
 from probing import command, no_traceback, one_error_line, snapshot
 
-from seq2seq import Sampling, Translator
+from seq2seq import Translator
+from seq2seq.inference.decode import Sampling
 from seq2seq.errors import ConfigError
 
 TRANSLATE = "seq2seq.commands.translate"
 
-# Refused before the model loads: one line naming the flag. {name: (flags, pattern of the error line)}
+# Refused before the model loads: one line naming the flag. {name: (flags, pattern of the error line)}.
+# Every case here and below failed on the code before issue 59 (a traceback, or a line that named no flag).
 BAD_FLAGS = {
     "alpha=nan": (["--alpha=nan", "--scores"], r"^error: --alpha=nan: the length penalty exponent must be a finite"),
     "temperature=inf": (["--sampling", "--temperature=inf"], r"^error: --temperature=inf: .* must be a finite number"),
@@ -30,7 +32,6 @@ BAD_FLAGS = {
     "nbest=0": (["--nbest=0"], r"^error: --nbest=0: .* must be >= 1"),
     "seed=2**40": (["--sampling", f"--seed={2**40}"], r"^error: --seed=1099511627776: .* <= 2147483647"),
     "output is a folder": (["--output=."], r"^error: --output=\. is a folder"),
-    "no --workdir": ([], r"^error: give one of --workdir=DIR .* and --model=MODEL_DIR"),
 }
 
 
@@ -42,9 +43,8 @@ ISSUE_CASES = {"alpha=nan", "temperature=inf", "max_len_b=-100", "batch_size=abc
 def test_a_decode_setting_that_cannot_work_is_one_error_line_before_the_model_loads(case, tiny_run, tmp_path):
   flags, pattern = BAD_FLAGS[case]
   (tmp_path / "in.en").write_text("A man rides a bike.\n")
-  workdir = [] if case == "no --workdir" else [f"--workdir={tiny_run}"]
   before = snapshot(tmp_path, tiny_run)
-  out = command(TRANSLATE, *workdir, "--input=in.en", *flags, cwd=tmp_path)
+  out = command(TRANSLATE, f"--workdir={tiny_run}", "--input=in.en", *flags, cwd=tmp_path)
   one_error_line(out, pattern)
   assert snapshot(tmp_path, tiny_run) == before
   assert "Translating" not in out.stderr and "compil" not in out.stderr  # refused before any work
@@ -67,14 +67,12 @@ BAD_CALLS = {
     "translate([1, 2])": (lambda t, run: t.translate([1, 2]), r"^sentences\[0\] must be a string, got int"),
     "translate(bytes)": (lambda t, run: t.translate(b"A dog."), r"^sentences must be a string .* got bytes"),
     "nbest='2'": (lambda t, run: t.translate(["A dog."], nbest="2"), r"^nbest='2': .* must be an integer"),
-    "nbest=3 > beam": (lambda t, run: t.translate(["A dog."], nbest=3), r"^nbest=3 must be between 1 and the beam"),
     "sampling=tuple": (lambda t, run: t.translate(["A dog."], sampling=(1.0, 0, 1.0, 0)),
                        r"^sampling must be None or a seq2seq.Sampling"),
     "temperature=inf": (lambda t, run: t.translate(["A dog."], sampling=Sampling(temperature=math.inf)),
                         r"^temperature=inf: .* finite"),
     "return_scores='yes'": (lambda t, run: t.translate(["A dog."], return_scores="yes"),
                             r"^return_scores must be True or False"),
-    "score(str, list)": (lambda t, run: t.score("A dog.", ["Ein Hund."]), r"^score needs one target per source"),
     "score(list, None)": (lambda t, run: t.score(["A dog."], None), r"^targets must be a string or a list"),
 }
 
