@@ -50,10 +50,11 @@ def new_process(monkeypatch):
 
 
 def restamp(cache_folder):
-  """Records the files' current sizes and checksums in stats.json, as a cache made by hand would."""
+  """Records the files' current sizes and checksums in stats.json (and its own checksum), as a
+  cache made by hand would."""
   stats = json.loads((cache_folder / "stats.json").read_text())
   stats |= corpus_lib.file_records(cache_folder, np.dtype(stats["dtype"]))
-  (cache_folder / "stats.json").write_text(json.dumps(stats))
+  corpus_lib.write_stats(cache_folder, stats)
 
 
 def test_cleaning_drops_whole_pairs_and_reports_reasons(tok, tmp_path):

@@ -4,8 +4,9 @@ Cleaning drops whole pairs, so source and target stay aligned: empty pairs, pair
 side longer than `max_len` tokens (eos included) and pairs whose length ratio exceeds
 `max_length_ratio`. The arrays are cached under a key of (data, tokenizer, cleaning
 settings), written to a staging folder and renamed into place: all or nothing. stats.json
-records each file's size and crc32; a cache is checked against them once per process and
-rebuilt when damaged (it is derived data).
+records each file's size and crc32, and its own sha256 (`checksum`, of the rest of the
+record): a cache is checked against them once per process and rebuilt when damaged or
+edited (it is derived data).
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ from seq2seq.data.sources import Pair
 from seq2seq.data.tokenizer import Tokenizer
 from seq2seq.errors import DataError
 
-FORMAT_VERSION = 3  # 2: offsets stored raw (int64), written chunk by chunk; 3: file sizes and checksums in stats.json
+# 2: offsets stored raw (int64), written chunk by chunk; 3: file sizes and checksums in stats.json; 4: stats.json's
+# own checksum
+FORMAT_VERSION = 4
 CHUNK_PAIRS = 50_000
 DROP_REASONS = ("empty", "too_long", "length_ratio")
 FILES = ("src.bin", "src_offsets.bin", "tgt.bin", "tgt_offsets.bin")
@@ -171,15 +174,31 @@ def file_records(folder: pathlib.Path, dtype: np.dtype) -> dict:
           "max_id": {side: scans[f"{side}.bin"][2] for side in ("src", "tgt")}}
 
 
+def stats_checksum(stats: dict) -> str:
+  """sha256 of a stats.json record without its `checksum`, as canonical JSON (sorted keys)."""
+  rest = {k: v for k, v in stats.items() if k != "checksum"}
+  return hashlib.sha256(json.dumps(rest, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def write_stats(folder: pathlib.Path, stats: dict) -> None:
+  """Writes a cache folder's stats.json with its checksum."""
+  stats = {k: v for k, v in stats.items() if k != "checksum"}
+  (folder / "stats.json").write_text(json.dumps(stats | {"checksum": stats_checksum(stats)}, indent=1))
+
+
 def verify(folder: pathlib.Path, vocab_size: int) -> tuple[pathlib.Path, str] | None:
-  """The first damaged file of a cache folder and what is wrong with it, or None when every
-  file has its recorded size and checksum. Token ids outside the vocabulary in intact files
-  (a cache made by hand, or with another tokenizer) raise a DataError."""
+  """The first damaged file of a cache folder and what is wrong with it, or None when
+  stats.json matches its checksum and every file its recorded size and checksum. Token ids
+  outside the vocabulary in intact files (a cache made by hand, or with another tokenizer)
+  raise a DataError."""
   try:
     stats = json.loads((folder / "stats.json").read_text())
+    if stats.get("checksum") != stats_checksum(stats):  # an edited record: its figures cannot be trusted
+      return folder / "stats.json", ("no checksum" if "checksum" not in stats else
+                                     "its content does not match its checksum (edited?)")
     dtype = np.dtype(stats["dtype"])
     expected = {name: (int(stats["files"][name]["bytes"]), stats["files"][name][HASH]) for name in FILES}
-  except (OSError, ValueError, KeyError, TypeError) as err:
+  except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
     return folder / "stats.json", "missing" if isinstance(err, FileNotFoundError) else f"unreadable: {err!r}"
   for name, (size, _) in expected.items():  # sizes first: a missing or truncated file is found without reading
     if not (folder / name).is_file():
@@ -222,7 +241,7 @@ def _write(pairs: Iterable[Pair], tokenizer: Tokenizer, cleaning: Cleaning, root
   with files.staging_dir(root, final.name) as tmp:
     stats = tokenize(pairs, tokenizer, cleaning, tmp, where)
     stats |= file_records(tmp, np.dtype(stats["dtype"]))
-    (tmp / "stats.json").write_text(json.dumps(stats, indent=1))
+    write_stats(tmp, stats)
     try:
       os.rename(tmp, final)
     except OSError:  # another process finished the same corpus first
