@@ -5,6 +5,7 @@ eval.py's scores. Only process 0 writes."""
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import math
@@ -23,18 +24,37 @@ class MetricsWriter:
     if enabled:
       from tensorboardX import SummaryWriter  # writes event files without TensorFlow
 
-      self._tb = SummaryWriter(str(workdir), flush_secs=30)
+      # A queue longer than one record's scalars: a write never waits on it (see _events_stopped).
+      self._tb = SummaryWriter(str(workdir), flush_secs=30, max_queue=1000)
 
   def write(self, step: int, values: dict) -> None:
     """Appends {"step": step, **values} and the scalars to TensorBoard."""
     if not self.enabled:
       return
+    if (stopped := self._events_stopped()) is not None:
+      raise stopped
     record = {"step": int(step)} | {k: _plain(v) for k, v in values.items()}
     with open(self.path, "a", encoding="utf-8") as f:
       f.write(json.dumps(record) + "\n")
     for k, v in record.items():
       if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
         self._tb.add_scalar(tensorboard_tag(k), v, int(step))
+
+  def _events_stopped(self) -> OSError | None:
+    """The OSError that stopped tensorboardX's writer thread (a full disk), naming the event
+    file, or None while it runs. Once it has stopped, its queue fills and a write would wait
+    forever: the run stops with this error instead."""
+    events = getattr(getattr(self._tb, "file_writer", None), "event_writer", None)
+    worker = getattr(events, "_worker", None)
+    if worker is None or worker.is_alive() or getattr(events, "_closed", False):
+      return None
+    from seq2seq.training import quiet  # where the thread's error was recorded
+
+    cause = quiet.thread_errors.get(worker)
+    name = str(getattr(getattr(events, "_ev_writer", None), "_file_name", None) or self.path.parent)
+    if isinstance(cause, OSError) and cause.errno:
+      return OSError(cause.errno, cause.strerror, name)
+    return OSError(errno.EIO, f"TensorBoard's event writer stopped: {cause!r}", name)
 
   def flush(self) -> None:
     if self._tb is not None:

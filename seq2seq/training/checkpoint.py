@@ -7,29 +7,60 @@ Once a save has finished, process 0 records the size and sha256 of every file of
 STEP/seq2seq_checksums.json. Restore verifies them: a checkpoint with a changed, truncated
 or missing file is reported (step and file) and the next older one is tried, so bit rot or
 a torn copy costs one checkpoint interval, never a silently wrong model.
+
+A save that fails stops training with one error naming the file or folder it was writing
+and the last good checkpoint (a full disk or a file-size limit: a ResourceError), and its
+unfinished STEP.orbax-checkpoint-tmp folder is removed. What orbax, tensorstore and
+tensorboardX log or print about such a failure (tracebacks from their threads and
+callbacks) goes to the log at INFO (seq2seq/training/quiet.py), not to the terminal.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import logging
+import os
 import pathlib
+import re
+import shutil
 import signal
+import threading
+import time
 
 import jax
 import orbax.checkpoint as ocp
 from orbax.checkpoint.checkpoint_managers import preservation_policy as policies
 
 from seq2seq import metrics
-from seq2seq.errors import CheckpointError, IdentityError
+from seq2seq.errors import RESOURCE_ERRNOS, CheckpointError, IdentityError, ResourceError
 from seq2seq.files import file_sha256, write_atomic
 from seq2seq.model import upgrade
 from seq2seq.model.config import ModelConfig
 
 CHECKSUMS = "seq2seq_checksums.json"
 _log = logging.getLogger(__name__)
+_OS_ERROR_CODE = re.compile(r"\[os_error_code='?(\d+)'?\]")  # how tensorstore's errors carry the errno
+_QUOTED_PATH = re.compile(r'"(/[^"]+)"')
+SAVE_THREADS_TIMEOUT_S = 120.0  # how long a failed save's writes may go on (each fails at once on a full disk)
+
+
+def _cause(err: BaseException | None) -> tuple[int | None, str | None]:
+  """(errno, path) of what made a save fail: an OSError in the exception's chain, or the errno
+  and last path that a tensorstore error names ('Failed writing: "PATH" ... [os_error_code='28']');
+  None for what it does not say."""
+  seen = set()
+  while err is not None and id(err) not in seen:
+    seen.add(id(err))
+    if isinstance(err, OSError) and err.errno:
+      return err.errno, None if err.filename is None else str(err.filename)
+    if code := _OS_ERROR_CODE.search(str(err)):
+      paths = _QUOTED_PATH.findall(str(err))
+      return int(code.group(1)), paths[-1].removesuffix(".__lock") if paths else None  # not tensorstore's lock file
+    err = err.__cause__ or err.__context__
+  return None, None
 
 
 def write_checksums(step_dir: pathlib.Path) -> None:
@@ -161,11 +192,50 @@ class Checkpoints:
     except Exception as err:  # noqa: BLE001 - whatever the writer raised (disk full, permissions)
       raise self._save_failed(err) from err
 
-  def _save_failed(self, err: Exception) -> CheckpointError:
+  def last_good(self) -> str:
+    """The newest finished checkpoint, as a stopped run names it: "STEP (PATH)", or "none"."""
     good = [s for s in sorted(self.manager.all_steps(), reverse=True) if s != self._unsealed]
-    return CheckpointError(f"saving checkpoint {self._unsealed} in {self.directory} failed: {type(err).__name__}: "
-                           f"{err}. Training stopped; the last good checkpoint is "
-                           f"{good[0] if good else 'none'} (rerun the same command to resume from it)")
+    return f"{good[0]} ({self.directory / str(good[0])})" if good else "none"
+
+  def _stopped(self) -> str:
+    return f"Training stopped; the last good checkpoint is {self.last_good()}: rerun the same command to resume from it"
+
+  def _save_failed(self, err: Exception) -> CheckpointError | ResourceError:
+    """The error of a failed save, naming what it was writing and the last good checkpoint; the
+    environment's refusal (a full disk, a file-size limit) is a ResourceError. The save's
+    unfinished folder is removed."""
+    step = self._unsealed
+    self._discard(step)
+    code, written = _cause(err)
+    if code in RESOURCE_ERRNOS:
+      written = written or self.directory / f"{step}.orbax-checkpoint-tmp"
+      return ResourceError(code, f"saving checkpoint {step} failed: {os.strerror(code)} writing {written}. "
+                                 f"{self._stopped()}")
+    return CheckpointError(f"saving checkpoint {step} in {self.directory} failed: {type(err).__name__}: {err}. "
+                           f"{self._stopped()}")
+
+  def _discard(self, step: int | None) -> None:
+    """Removes what a failed save of `step` left (process 0), once orbax has stopped writing:
+    its threads that serialize arrays go on after the save has failed."""
+    if step is None or jax.process_index() != 0:
+      return
+    with contextlib.suppress(Exception):  # the save's failure, raised again
+      self.manager.wait_until_finished()
+    deadline = time.monotonic() + SAVE_THREADS_TIMEOUT_S
+    for thread in threading.enumerate():
+      if type(thread).__module__.startswith("orbax.") and thread is not threading.current_thread():
+        with contextlib.suppress(Exception):  # orbax's threads raise their failure again on join
+          thread.join(max(0.0, deadline - time.monotonic()))
+    for unfinished in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"):
+      shutil.rmtree(unfinished, ignore_errors=True)
+
+  def stopped(self, err: OSError) -> OSError:
+    """An OSError that stops training outside a save (a full disk under metrics.jsonl): the
+    environment's refusal as a ResourceError naming the file and the last good checkpoint,
+    anything else as it is."""
+    if isinstance(err, ResourceError) or err.errno not in RESOURCE_ERRNOS:
+      return err
+    return ResourceError(err.errno, f"{err.filename or self.workdir}: {os.strerror(err.errno)}. {self._stopped()}")
 
   def quarantine(self, steps) -> None:
     """Moves damaged checkpoints to DIR/damaged_checkpoints/STEP (kept for inspection, out

@@ -2,20 +2,38 @@
 whole life, so a job requeued while its first copy still runs stops at once instead of
 writing the same checkpoints and metrics.
 
-The lock is the kernel's `flock` on DIR/train.lock (process P of a multi-host run: its own
-DIR/train.lock.P). The kernel drops it when the holder exits, however it exits, so a lock
-left by a killed process never blocks. The file records the holder (host, pid, start
-time) for the error message of the process refused. Readers (eval, translate, export) take
-no lock. On file systems that do not enforce `flock` across machines (some NFS set-ups)
-the lock still works between processes of one machine; see docs/training.md.
+Two locks, both the kernel's `flock`:
+- on the workdir itself, opened as a directory (process 0 of a run): nothing a user or a
+  cleanup script deletes inside the workdir (`rm DIR/*.lock`) releases it, and a second
+  trainer is refused however the lock file was removed, renamed or replaced;
+- on DIR/train.lock (process P of a multi-host run: its own DIR/train.lock.P, as several
+  processes of one run may share a machine and only process 0 locks the directory). The
+  file records the holder (host, pid, start time) for the message of the process refused.
+Where a directory cannot be locked (NFS may answer EBADF, ENOLCK or EINVAL), the file lock
+alone is held; that is logged at INFO.
+
+`WorkdirLock.check`, called before a run writes its logs and checkpoints, compares what is
+held with what is on disk. A lock file removed or replaced while the directory lock is held
+is recreated and locked again, with the holder record (the run is still the only writer). A
+workdir moved or replaced, or a new lock file that another process holds (where there is no
+directory lock), stops the run with a WorkdirBusy naming the workdir.
+
+The kernel drops both locks when the holder exits, however it exits, so a lock left by a
+killed process never blocks. Readers (eval, translate, export) take no lock. On file
+systems that do not enforce `flock` across machines (some NFS set-ups) the locks still work
+between processes of one machine; see docs/training.md.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
+import errno
 import fcntl
+import io
 import json
+import logging
 import os
 import pathlib
 import socket
@@ -23,50 +41,188 @@ import socket
 from seq2seq.errors import WorkdirBusy
 
 LOCK_FILE = "train.lock"
+# What flock on a directory answers where the file system cannot lock one (NFS, some FUSE).
+NO_DIRECTORY_LOCK = frozenset({errno.EBADF, errno.ENOLCK, errno.EINVAL, errno.EOPNOTSUPP})
+_log = logging.getLogger(__name__)
 
 
 def lock_path(workdir: pathlib.Path, process_index: int = 0) -> pathlib.Path:
   return workdir / (LOCK_FILE if process_index == 0 else f"{LOCK_FILE}.{process_index}")
 
 
-def holder(path: pathlib.Path) -> str:
-  """Who holds the lock in `path`, as recorded there (host, pid, start time)."""
+def _record(path: pathlib.Path) -> dict | None:
   try:
     h = json.loads(path.read_text(encoding="utf-8"))
-    return f"pid {h['pid']} on host {h['host']}, started {h['started']}"
-  except (OSError, ValueError, KeyError, TypeError):
-    return "a process that has not recorded itself yet"
+    return h if {"pid", "host", "started"} <= h.keys() else None
+  except (OSError, ValueError, AttributeError):
+    return None
+
+
+def flock_holders(st: os.stat_result) -> list[int]:
+  """The pids of this machine's processes holding a `flock` on the file or directory of `st`
+  (from /proc/locks; [] where there is none, or no /proc)."""
+  try:
+    lines = pathlib.Path("/proc/locks").read_text().splitlines()
+  except OSError:
+    return []
+  exact = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+  # "N: FLOCK ADVISORY WRITE PID MAJOR:MINOR:INODE 0 EOF"; waiters ("N: -> FLOCK ...") are not holders, and a
+  # holder in another pid namespace shows as pid 0.
+  held = [f for f in map(str.split, lines) if len(f) >= 6 and f[1] == "FLOCK" and f[4].isdigit() and int(f[4])]
+  pids = [int(f[4]) for f in held if f[5] == exact]
+  # Stacked file systems (overlayfs) may number the device otherwise in /proc/locks than stat does.
+  return pids or [int(f[4]) for f in held if f[5].rsplit(":", 1)[-1] == str(st.st_ino)]
+
+
+def holder(path: pathlib.Path, directory: os.stat_result | None = None) -> str:
+  """Who holds the lock, as recorded in `path` (host, pid, start time); where that record is
+  gone or another's, the pid holding the locked `directory` on this machine."""
+  record = _record(path)
+  pids = flock_holders(directory) if directory is not None else []
+  if record and (not pids or record["pid"] in pids):
+    return f"pid {record['pid']} on host {record['host']}, started {record['started']}"
+  if pids:
+    return f"pid {pids[0]} on host {socket.gethostname()}; its lock file {path.name} was removed or replaced"
+  return "a process that has not recorded itself yet"
+
+
+def _busy(workdir: pathlib.Path, path: pathlib.Path, directory: os.stat_result | None = None) -> WorkdirBusy:
+  return WorkdirBusy(f"{workdir} is in use by another training run ({holder(path, directory)}; lock {path}). Wait for "
+                     "it to end, or stop it, before starting this one; or use another --workdir")
+
+
+def _flock(fd) -> bool:
+  """An exclusive flock on `fd` (a file or a descriptor) without waiting; False if another holds it."""
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except BlockingIOError:
+    return False
+  return True
+
+
+def _lock_directory(workdir: pathlib.Path, path: pathlib.Path) -> int | None:
+  """The workdir opened read-only and locked; None where its file system cannot lock a directory."""
+  fd = os.open(workdir, os.O_RDONLY | os.O_DIRECTORY)
+  try:
+    if _flock(fd):
+      return fd
+    raise _busy(workdir, path, os.fstat(fd))
+  except OSError as err:
+    os.close(fd)
+    if err.errno not in NO_DIRECTORY_LOCK:
+      raise
+    _log.info("%s: the file system does not lock directories (%s); the lock file %s alone keeps a second trainer "
+              "out", workdir, os.strerror(err.errno), path)
+    return None
+  except BaseException:
+    os.close(fd)
+    raise
+
+
+def _id(st: os.stat_result) -> tuple[int, int]:
+  return st.st_dev, st.st_ino
+
+
+@dataclasses.dataclass
+class WorkdirLock:
+  """What a training process holds on its workdir (see the module docstring)."""
+  workdir: pathlib.Path
+  path: pathlib.Path  # DIR/train.lock, or DIR/train.lock.P
+  record: dict  # host, pid, start time, command: what the lock file says
+  file: io.TextIOWrapper | None = None  # the open, locked lock file
+  directory_fd: int | None = None  # the workdir, open and locked (process 0, where the file system can)
+  directory_id: tuple[int, int] = (0, 0)  # (st_dev, st_ino) of the workdir held
+
+  def _lock_file(self) -> None:
+    """Opens (creating) and locks the lock file and writes the holder record into it."""
+    f = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115 - held open until release()
+    if not _flock(f):
+      f.close()
+      raise _busy(self.workdir, self.path)
+    if self.file is not None:
+      self.file.close()
+    self.file = f
+    self._write_record()
+
+  def _write_record(self) -> None:
+    self.file.seek(0)
+    self.file.truncate()
+    self.file.write(json.dumps(self.record) + "\n")
+    self.file.flush()
+
+  def check(self, last_good: str) -> str | None:
+    """Raises WorkdirBusy if the workdir is no longer the one held, or (no directory lock)
+    another process holds a new lock file; recreates a lock file removed, renamed or replaced
+    meanwhile, returning a warning that says so (else None), and rewrites an edited record. `last_good`: the last
+    good checkpoint, for the error."""
+    stopped = f"Training stopped; the last good checkpoint is {last_good}"
+    try:
+      now = _id(os.stat(self.workdir))
+    except FileNotFoundError:
+      now = None
+    if now != self.directory_id:
+      moved = ""
+      with contextlib.suppress(OSError):
+        target = os.readlink(f"/proc/self/fd/{self.directory_fd}") if self.directory_fd is not None else ""
+        if target and target != str(self.workdir) and not target.endswith(" (deleted)"):
+          moved = f" (the directory this run holds is now {target})"
+      raise WorkdirBusy(f"the workdir {self.workdir} was moved, removed or replaced while this run trained{moved}; "
+                        f"it no longer writes there. {stopped}")
+    try:
+      same = _id(os.stat(self.path)) == _id(os.fstat(self.file.fileno()))
+    except FileNotFoundError:
+      same = False
+    if same:  # the lock file held: its record rewritten if it was emptied or edited
+      if _record(self.path) != self.record:
+        self._write_record()
+      return None
+    try:
+      self._lock_file()
+    except WorkdirBusy:
+      raise WorkdirBusy(f"{self.path} was replaced while this run trained, and another process holds it "
+                        f"({holder(self.path)}): two runs may be writing {self.workdir}. {stopped}") from None
+    return (f"warning: {self.path} was removed or replaced while this run trained; recreated it (this run still holds "
+            f"{self.workdir})")
+
+  def release(self) -> None:
+    if self.file is not None:
+      self.file.close()
+    if self.directory_fd is not None:
+      os.close(self.directory_fd)
+      self.directory_fd = None
 
 
 @contextlib.contextmanager
-def hold(workdir: str | os.PathLike, process_index: int = 0, command: str = ""):
-  """Holds the workdir's lock (creating the workdir) while the block runs; raises WorkdirBusy
-  naming the holder if another live process has it. If the block fails with nothing
-  written into a workdir this call created, the workdir is removed again."""
+def take(workdir: str | os.PathLike, process_index: int = 0, command: str = ""):
+  """Holds the workdir's locks (creating the workdir) while the block runs, yielding the
+  WorkdirLock; raises WorkdirBusy naming the holder if another live process has them. If the
+  block fails with nothing written into a workdir this call created, the workdir is removed
+  again."""
   workdir = pathlib.Path(workdir)
   created = not workdir.exists()
   workdir.mkdir(parents=True, exist_ok=True)
   path = lock_path(workdir, process_index)
-  f = open(path, "a+", encoding="utf-8")  # noqa: SIM115 - held open for the block
+  record = {"host": socket.gethostname(), "pid": os.getpid(),
+            "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"), "command": command}
+  held = WorkdirLock(workdir, path, record)
   try:
+    held.directory_fd = _lock_directory(workdir, path) if process_index == 0 else None
+    held.directory_id = _id(os.fstat(held.directory_fd) if held.directory_fd is not None else os.stat(workdir))
+    held._lock_file()
     try:
-      fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-      raise WorkdirBusy(f"{workdir} is in use by another training run ({holder(path)}; lock {path}). Wait for it "
-                        "to end, or stop it, before starting this one; or use another --workdir") from None
-    record = {"host": socket.gethostname(), "pid": os.getpid(),
-              "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"), "command": command}
-    f.seek(0)
-    f.truncate()
-    f.write(json.dumps(record) + "\n")
-    f.flush()
-    try:
-      yield path
+      yield held
     except BaseException:
-      if created and all(p.name.startswith(LOCK_FILE) for p in workdir.iterdir()):
+      if created and workdir.is_dir() and all(p.name.startswith(LOCK_FILE) for p in workdir.iterdir()):
         for p in workdir.iterdir():
           p.unlink()
         workdir.rmdir()
       raise
   finally:
-    f.close()  # releases the lock
+    held.release()  # releases the locks
+
+
+@contextlib.contextmanager
+def hold(workdir: str | os.PathLike, process_index: int = 0, command: str = ""):
+  """`take`, yielding the lock file's path."""
+  with take(workdir, process_index, command) as held:
+    yield held.path

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import pathlib
 import sys
 import time
@@ -28,7 +29,7 @@ from seq2seq.data.prefetch import Prefetch
 from seq2seq.files import write_atomic
 from seq2seq.model import flops
 from seq2seq.model.config import ModelConfig
-from seq2seq.training import checkpoint, lock, optimizer, preflight, report
+from seq2seq.training import checkpoint, lock, optimizer, preflight, quiet, report
 from seq2seq.training.config import TrainConfig
 from seq2seq.training.guard import DivergenceGuard, Rollback
 from seq2seq.training.loss import cross_entropy_sums
@@ -133,8 +134,8 @@ def train_and_evaluate(config, workdir: str, command: str = "") -> dict:
   mesh = preflight.check(config)  # settings that cannot work end here, before anything is written
   # One writer per workdir (a requeued job's second copy stops here); a run that fails before
   # writing anything leaves no workdir behind.
-  with lock.hold(workdir, jax.process_index(), command):
-    return _train(config, workdir, command, mesh)
+  with lock.take(workdir, jax.process_index(), command) as held:
+    return _train(config, workdir, command, mesh, held)
 
 
 @dataclasses.dataclass
@@ -143,6 +144,7 @@ class Run:
   t: TrainConfig
   steps: Steps
   ckpts: checkpoint.Checkpoints
+  lock: lock.WorkdirLock  # checked before the run writes its logs and checkpoints
   run_identity: dict  # what a checkpoint must match to be restored
   writer: metrics.MetricsWriter
   bar: Any  # the progress bar (report.progress)
@@ -151,7 +153,8 @@ class Run:
   start_time: float  # perf_counter() at wall time 0 (restarts go on from the last logged wall_time_s)
 
 
-def _train(config, workdir: str, command: str, mesh) -> dict:
+def _train(config, workdir: str, command: str, mesh, held: lock.WorkdirLock) -> dict:
+  quiet.library_errors_to_log()  # a failed save is one error line, not the libraries' tracebacks
   t = TrainConfig.from_config(config.train)
   tok = data.load_tokenizer(config, workdir, write=False)
   model_cfg = ModelConfig.from_config(config.model, vocab_size=tok.vocab_size)
@@ -173,7 +176,7 @@ def _train(config, workdir: str, command: str, mesh) -> dict:
   step = int(state.step)
   kept = metrics.truncate_after(workdir, step) if jax.process_index() == 0 else []  # later records are redone
   logged = [r["wall_time_s"] for r in kept if "wall_time_s" in r]
-  run = Run(t, steps, ckpts, run_identity, metrics.MetricsWriter(workdir, enabled=jax.process_index() == 0),
+  run = Run(t, steps, ckpts, held, run_identity, metrics.MetricsWriter(workdir, enabled=jax.process_index() == 0),
             report.progress(t.steps, step), validation, _peak(model_cfg, t),
             time.perf_counter() - (logged[-1] if logged else 0.0))
   try:  # the event file is closed however the run ends (at interpreter exit, Python 3.12 cannot)
@@ -188,9 +191,25 @@ def _train(config, workdir: str, command: str, mesh) -> dict:
       last = _loop(run, state, feed, rollback)
     run.bar.close()
     ckpts.close()
-  finally:
-    run.writer.close()
+  except BaseException as err:
+    _close_events(run, failing=True)
+    if isinstance(err, OSError) and (stopped := ckpts.stopped(err)) is not err:  # a full disk under metrics.jsonl
+      raise stopped from err
+    raise
+  _close_events(run, failing=False)
   return last
+
+
+def _close_events(run: Run, failing: bool) -> None:
+  """Closes the TensorBoard event file. Where the run is failing already, an error closing it
+  too (the same full disk) goes to the log: the first failure is the one to report."""
+  try:
+    run.writer.close()
+  except OSError as err:
+    if not failing:
+      raise run.ckpts.stopped(OSError(err.errno, err.strerror, f"the TensorBoard event file in {run.writer.path.parent}"
+                                      )) from err
+    logging.getLogger(__name__).info("closing the TensorBoard event file failed too: %s", err)
 
 
 def _loop(run: Run, state: TrainState, feed, rollback: Rollback) -> dict:
@@ -228,6 +247,8 @@ def _loop(run: Run, state: TrainState, feed, rollback: Rollback) -> dict:
         step = int(state.step)
         window = Window.after(step)
         continue
+      if note := run.lock.check(run.ckpts.last_good()):  # still this run's workdir, before writing into it
+        report.say(run.bar, note)
       if "log" in due or (stopping and window.sums):  # with a stop: the steps since the last record
         last = _log(run, step, window)
         window = Window.after(step)
