@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import math
+import os
 import sys
 from collections.abc import Iterable
 
@@ -135,9 +136,9 @@ class Translator:
     return jax.make_array_from_callback(x.shape, self._batch_sharding, lambda index: x[index])
 
   @classmethod
-  def from_workdir(cls, workdir, checkpoint: None | str | int = None, *, beam_size: int | None = None,
-                   alpha: float | None = None, mesh=None, compilation_cache: str | None = None,
-                   **settings) -> Translator:
+  def from_workdir(cls, workdir: str | os.PathLike, checkpoint: None | str | int = None, *,
+                   beam_size: int | None = None, alpha: float | None = None, mesh=None,
+                   compilation_cache: str | None = None, **settings) -> Translator:
     """The model of a training run: `checkpoint` None (the newest intact one), "best" (lowest
     validation loss) or a step. Search settings default to the run's config.eval; `settings`
     may set max_len_a, max_len_b, batch_size, min_len and max_source_len. `mesh` defaults to
@@ -159,8 +160,9 @@ class Translator:
                         **search_settings(config.eval, beam_size=beam_size, alpha=alpha, **settings))
 
   @classmethod
-  def from_pretrained(cls, model_dir, *, beam_size: int | None = None, alpha: float | None = None, mesh=None,
-                      compilation_cache: str | None = None, **settings) -> Translator:
+  def from_pretrained(cls, model_dir: str | os.PathLike, *, beam_size: int | None = None,
+                      alpha: float | None = None, mesh=None, compilation_cache: str | None = None,
+                      **settings) -> Translator:
     """The model of a folder written by `python -m seq2seq.export` (safetensors, no orbax);
     it translates exactly as `from_workdir` on the checkpoint that was exported."""
     from seq2seq import export
