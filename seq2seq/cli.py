@@ -32,6 +32,7 @@ from seq2seq import compilation, errors
 from seq2seq.errors import ConfigError
 
 USAGE_ERROR = 2
+INTERRUPTED, BROKEN_PIPE = 128 + 2, 128 + 13  # the statuses of a process ended by SIGINT, SIGPIPE
 LOG_LEVELS = {"DEBUG": 1, "INFO": 0, "WARNING": -1, "ERROR": -2, "FATAL": -3}  # as absl --verbosity values
 
 
@@ -265,6 +266,12 @@ def run(main, module: str | None = None, argv=None, *, also: tuple[str, ...] = (
     compilation.enable(flags.FLAGS.compilation_cache)
     try:
       return main(args)
+    except KeyboardInterrupt:  # Ctrl-C: what was written stays (outputs are written whole, at the end)
+      print("interrupted (Ctrl-C)", file=sys.stderr, flush=True)
+      sys.exit(INTERRUPTED)
+    except BrokenPipeError:  # the reader of stdout went away (`| head`): stop quietly, as Unix tools do
+      os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to flush at exit
+      sys.exit(BROKEN_PIPE)
     except errors.Error as err:  # the user's mistakes and the environment's refusals (seq2seq/errors.py)
       fail(str(err))
     except OSError as err:  # disk full, no permission, a file-size limit: named, without a traceback

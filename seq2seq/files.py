@@ -17,10 +17,13 @@ import ctypes
 import errno
 import fcntl
 import hashlib
+import io
 import logging
 import os
 import pathlib
 import shutil
+import stat
+import sys
 import tempfile
 
 OWNER_SUFFIX = ".owner"
@@ -73,6 +76,49 @@ def write_atomic(path: str | os.PathLike, data: bytes | str) -> None:
   """Writes `data` (str as UTF-8) to `path`: all or nothing."""
   with atomic_open(path) as f:
     f.write(data.encode("utf-8") if isinstance(data, str) else data)
+
+
+@contextlib.contextmanager
+def output_file(path: str | os.PathLike):
+  """A binary file object for a command's output file (`--output`): a regular file, or a new
+  one, is replaced whole when the block ends without an error (through a rename, at the
+  target of a symbolic link, which stays); anything else a rename would replace (a device
+  such as /dev/null, a named pipe, /dev/fd/N from `>(command)`) is written to as it is."""
+  try:
+    special = not stat.S_ISREG(os.stat(path).st_mode)  # follows links
+  except FileNotFoundError:  # new (or a dangling link: its target is created)
+    special = False
+  with (open(path, "wb") if special else atomic_open(os.path.realpath(path))) as f:
+    yield f
+
+
+def write_output(path: str | os.PathLike, data: bytes) -> None:
+  """`data` into a command's output file, as `output_file` writes it."""
+  with output_file(path) as f:
+    f.write(data)
+
+
+def write_stdout(text: str) -> None:
+  """`text` on stdout, every byte or an OSError naming stdout: a full disk under `> FILE` is
+  an error, not a file cut short with exit status 0 (a short write is retried, and the
+  retry fails)."""
+  sys.stdout.flush()
+  try:
+    fd = sys.stdout.fileno()
+  except (AttributeError, io.UnsupportedOperation):  # a stream in memory (tests, notebooks)
+    sys.stdout.write(text)
+    sys.stdout.flush()
+    return
+  view = memoryview(text.encode("utf-8"))
+  while view:
+    try:
+      view = view[os.write(fd, view):]
+    except BlockingIOError:
+      continue
+    except OSError as err:
+      if isinstance(err, BrokenPipeError):
+        raise
+      raise OSError(err.errno, err.strerror, "stdout") from None
 
 
 def file_sha256(path: str | os.PathLike) -> str:

@@ -8,6 +8,7 @@ import math
 import os
 import pty
 import re
+import signal
 import subprocess
 import sys
 
@@ -32,10 +33,18 @@ BAD_FLAGS = {
     "nbest=0": (["--nbest=0"], r"^error: --nbest=0: .* must be >= 1"),
     "seed=2**40": (["--sampling", f"--seed={2**40}"], r"^error: --seed=1099511627776: .* <= 2147483647"),
     "output is a folder": (["--output=."], r"^error: --output=\. is a folder"),
+    # From the second round of probes: --output replaced what it named, its input and the run's files included.
+    "output is the input": (["--output=in.en"], r"^error: --output=in\.en is the file --input=in\.en reads"),
+    "output is a run's file": (["--output={run}/config.json"], r"^error: --output=\S+/config\.json is in \S+, a file "
+                                                               r"of the run \(results may go in eval/\)"),
+    "empty --input": (["--input="], r"^error: --input is empty"),
+    "max_len_b=2**31-1": (["--max_len_b=2147483647"], r"^error: --max_len_b=2147483647: .* <= 100000$"),
+    "alpha=1e308": (["--alpha=1e308"], r"^error: --alpha=1e\+308: .* <= 10$"),
 }
 
 
-ISSUE_CASES = {"alpha=nan", "temperature=inf", "max_len_b=-100", "batch_size=abc", "output is a folder"}  # fast suite
+ISSUE_CASES = {"alpha=nan", "temperature=inf", "max_len_b=-100", "batch_size=abc", "output is a folder",
+               "output is the input"}  # in the fast suite; the others in the slow one
 
 
 @pytest.mark.parametrize("case", [c if c in ISSUE_CASES else pytest.param(c, marks=pytest.mark.slow)
@@ -44,7 +53,8 @@ def test_a_decode_setting_that_cannot_work_is_one_error_line_before_the_model_lo
   flags, pattern = BAD_FLAGS[case]
   (tmp_path / "in.en").write_text("A man rides a bike.\n")
   before = snapshot(tmp_path, tiny_run)
-  out = command(TRANSLATE, f"--workdir={tiny_run}", "--input=in.en", *flags, cwd=tmp_path)
+  out = command(TRANSLATE, f"--workdir={tiny_run}", "--input=in.en", *(f.format(run=tiny_run) for f in flags),
+                cwd=tmp_path)
   one_error_line(out, pattern)
   assert snapshot(tmp_path, tiny_run) == before
   assert "Translating" not in out.stderr and "compil" not in out.stderr  # refused before any work
@@ -174,3 +184,63 @@ def test_at_the_prompt_output_replaces_the_file_as_batch_mode_does(tiny_run, tmp
   assert (tmp_path / "out.de").read_text().splitlines() == Translator.from_workdir(tiny_run, beam_size=2).translate(
       ["A man rides a bike.", "Two dogs play."])
   assert [p.name for p in tmp_path.iterdir()] == ["out.de"]  # no temporary file left
+
+
+EVAL_FLAGS = {  # seq2seq-eval: refused before decoding (they failed after it, or were ignored)
+    "tokenize=bogus": (["--source=in.en", "--reference=in.en", "--tokenize=bogus"],
+                       r"^error: --tokenize=bogus: sacreBLEU has no such tokenizer; choose one of .*13a"),
+    "stdin with --output": (["--source=-", "--output=out.de"], r"^error: --output goes with --source=FILE"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(EVAL_FLAGS))
+def test_eval_refuses_a_setting_it_would_fail_on_or_ignore_before_decoding(case, tiny_run, tmp_path):
+  flags, pattern = EVAL_FLAGS[case]
+  (tmp_path / "in.en").write_text("A man rides a bike.\n")
+  before = snapshot(tmp_path, tiny_run)
+  out = command("seq2seq.commands.eval", f"--workdir={tiny_run}", *flags, cwd=tmp_path, stdin="A dog.\n")
+  one_error_line(out, pattern)
+  assert snapshot(tmp_path, tiny_run) == before
+
+
+@pytest.mark.slow
+def test_a_pipe_or_process_output_is_written_to_and_a_full_stdout_is_an_error(tiny_run, tmp_path):
+  """--output=FIFO and --output=>(command) were replaced by a regular file (the reader left
+  waiting) or failed after the work (FileNotFoundError on /dev/fd/.63.XXXX.tmp); stdout on a
+  full disk was cut short with exit status 0."""
+  (tmp_path / "in.en").write_text("A man rides a bike.\nTwo dogs play.\n")
+  expected = "".join(t + "\n" for t in Translator.from_workdir(tiny_run).translate(["A man rides a bike.",
+                                                                                      "Two dogs play."]))
+  os.mkfifo(tmp_path / "fifo")
+  script = (f"cat fifo > from_fifo.txt & {sys.executable} -m {TRANSLATE} --workdir={tiny_run} --input=in.en "
+            f"--output=fifo --quiet && {sys.executable} -m {TRANSLATE} --workdir={tiny_run} --input=in.en "
+            f"--output=>(cat > from_process.txt) --quiet; status=$?; wait; exit $status")
+  out = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+  no_traceback(out)
+  assert (tmp_path / "fifo").is_fifo() and (tmp_path / "from_fifo.txt").read_text() == expected
+  assert (tmp_path / "from_process.txt").read_text() == expected
+  big = "".join(["A man rides a bike.\n"] * 400)
+  (tmp_path / "big.en").write_text(big)
+  script = (f"ulimit -f 4; {sys.executable} -m {TRANSLATE} --workdir={tiny_run} --input=big.en --quiet "
+            "> out.de")  # a 4 KiB file-size limit stands for a full disk (EFBIG instead of ENOSPC)
+  out = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+  one_error_line(out, r"^error: stdout: File too large$")
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_translating_is_one_line_and_keeps_an_older_output(tiny_run, tmp_path):
+  """Ctrl-C printed a 40-line KeyboardInterrupt traceback."""
+  (tmp_path / "in.en").write_text("".join(f"A man rides bike number {i}.\n" for i in range(3000)))
+  (tmp_path / "out.de").write_text("older\n")
+  proc = subprocess.Popen([sys.executable, "-m", TRANSLATE, f"--workdir={tiny_run}", "--input=in.en",
+                           "--output=out.de", "--max_programs=1"], cwd=tmp_path, stderr=subprocess.PIPE, text=True,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  for line in proc.stderr:  # interrupted once translating has started (its progress shows)
+    if "sentences" in line or "compiling" in line:
+      break
+  proc.send_signal(signal.SIGINT)
+  err = proc.stderr.read()
+  assert proc.wait(timeout=300) == 130 and "Traceback" not in err, err
+  assert err.rstrip().splitlines()[-1] == "interrupted (Ctrl-C)"
+  assert (tmp_path / "out.de").read_text() == "older\n"

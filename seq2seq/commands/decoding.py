@@ -5,8 +5,10 @@ lists them."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
+import stat
 import sys
 
 from absl import flags
@@ -47,13 +49,30 @@ def check_flags() -> None:
     raise ConfigError(f"--average_last={AVERAGE_LAST.value}: the number of checkpoints to average must be >= 0")
 
 
-def check_output(path: str, flag: str) -> None:
+def check_output(path: str, flag: str, *, reads: dict[str, str | None] | None = None,
+                 keep: dict[str, str | None] | None = None) -> None:
   """An output file that can be written once the work is done, checked before it starts: not
-  a folder, in a folder that exists (or can be made) and can be written."""
-  target = pathlib.Path(path)
+  a folder, in a folder that exists (or can be made) and can be written; not one of the
+  files the command reads (`reads`: {flag: path}); not an existing file of a run or an
+  exported model (`keep`: {folder: the subfolder where results may go, or None}). A device,
+  a named pipe or /dev/fd/N is written to as it is (seq2seq.files.write_output)."""
+  if not path:
+    raise ConfigError(f"{flag} is empty; give a file's path, or - for stdout")
+  with contextlib.suppress(OSError):
+    if not stat.S_ISREG(os.stat(path).st_mode) and not stat.S_ISDIR(os.stat(path).st_mode):
+      return  # a device, a named pipe, >(command): nothing there to replace
+  target = pathlib.Path(os.path.realpath(path))
   if target.is_dir():
     raise ConfigError(f"{flag}={path} is a folder; give a file's path (the translations are written there)")
-  parent = next((p for p in (target.absolute().parent, *target.absolute().parents) if p.exists()), None)
+  for other_flag, other in (reads or {}).items():
+    if other and other != "-" and target.exists() and os.path.exists(other) and os.path.samefile(target, other):
+      raise ConfigError(f"{flag}={path} is the file {other_flag}={other} reads; give another output file")
+  for folder, results in (keep or {}).items():
+    if folder and target.is_relative_to(os.path.realpath(folder)) and (results is None or (
+        target.exists() and not target.is_relative_to(os.path.realpath(os.path.join(folder, results))))):
+      where = "the exported model's folder" if results is None else f"a file of the run (results may go in {results}/)"
+      raise ConfigError(f"{flag}={path} is in {folder}, {where}; give a path outside it")
+  parent = next((p for p in (target.parent, *target.parents) if p.exists()), None)
   if parent is None or not parent.is_dir():
     raise ConfigError(f"{flag}={path}: {parent} is not a folder")
   if not os.access(parent, os.W_OK | os.X_OK):

@@ -58,13 +58,26 @@ def jobs(config) -> list[tuple[str, list[str], list[str]]]:
   return out
 
 
+def check_tokenize(name: str) -> None:
+  """sacreBLEU's tokenizer `name` exists, else a ConfigError listing those that do (before any decoding)."""
+  from sacrebleu.metrics import BLEU
+
+  if name not in BLEU.TOKENIZERS:
+    raise ConfigError(f"--tokenize={name}: sacreBLEU has no such tokenizer; choose one of {', '.join(BLEU.TOKENIZERS)}")
+
+
 def main(argv) -> None:
   _JOIN_HOSTS()
   if _SOURCE.value == "-" and jax.process_count() > 1:
     raise ConfigError("--source=- (stdin) translates on one process; give --source=FILE on a multi-host run")
   decoding.check_flags()  # every setting, and where the hypotheses go, before any work
+  check_tokenize(_TOKENIZE.value)
+  if _OUTPUT.value and _SOURCE.value == "-":
+    raise ConfigError("--output goes with --source=FILE or the test sets; with --source=- the translations go to "
+                      "stdout (redirect it: > FILE)")
   if _OUTPUT.value:
-    decoding.check_output(_OUTPUT.value, "--output")
+    decoding.check_output(_OUTPUT.value, "--output", reads={"--source": _SOURCE.value, "--reference": _REFERENCE.value},
+                          keep={_WORKDIR.value: "eval"})
   workdir = _WORKDIR.value
   config = load.run_config(workdir)
   todo = jobs(config)

@@ -32,7 +32,6 @@ older FILE as it was); at the prompt too, when the session ends (Ctrl-D or Ctrl-
 
 import contextlib
 import io
-import pathlib
 import sys
 
 from absl import flags
@@ -123,8 +122,8 @@ def interactive(translator: Translator) -> None:
   with contextlib.ExitStack() as stack:
     out = sys.stdout
     if _OUTPUT.value != "-":
-      out = io.TextIOWrapper(stack.enter_context(files.atomic_open(_OUTPUT.value)), encoding="utf-8")
-      stack.callback(out.detach)  # the file itself is closed (and renamed into place) by atomic_open
+      out = io.TextIOWrapper(stack.enter_context(files.output_file(_OUTPUT.value)), encoding="utf-8")
+      stack.callback(out.detach)  # the file itself is closed (and renamed into place) by output_file
     try:
       evaluate.interactive(lambda lines: lines_of(translator, lines, progress=False), sys.stdin, out)
     except KeyboardInterrupt:  # Ctrl-C ends the session as Ctrl-D does: what was translated is kept
@@ -139,8 +138,13 @@ def main(argv) -> None:
   # Every setting and the output path are checked before the model loads.
   decoding.check_flags()
   nbest, draws = settings.check("nbest", _NBEST.value, "--nbest"), sampling()
+  for flag, value in (("--input", _INPUT.value), ("--score_reference", _SCORE_REFERENCE.value)):
+    if value == "":
+      raise ConfigError(f"{flag} is empty; give a file's path" + (", or - for stdin" if flag == "--input" else ""))
   if _OUTPUT.value != "-":
-    decoding.check_output(_OUTPUT.value, "--output")
+    decoding.check_output(_OUTPUT.value, "--output", reads={"--input": _INPUT.value,
+                                                            "--score_reference": _SCORE_REFERENCE.value},
+                          keep={_WORKDIR.value: "eval", _MODEL.value: None})
   translator = make_translator()
   if draws is None and nbest > translator.settings.beam_size:
     raise ConfigError(f"--nbest={nbest} must be at most the beam size ({translator.settings.beam_size}; "
@@ -150,10 +154,9 @@ def main(argv) -> None:
   sentences = read_input(_INPUT.value, "--input")
   text = "".join(line + "\n" for line in lines_of(translator, sentences, progress=not decoding.QUIET.value))
   if _OUTPUT.value == "-":
-    sys.stdout.write(text)
-    sys.stdout.flush()
+    files.write_stdout(text)
   else:  # written whole once translated: a failed run leaves an older file as it was
-    files.write_atomic(pathlib.Path(_OUTPUT.value), text.encode("utf-8"))
+    files.write_output(_OUTPUT.value, text.encode("utf-8"))
 
 
 def run() -> None:

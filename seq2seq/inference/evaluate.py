@@ -26,7 +26,7 @@ import jax
 
 from seq2seq.errors import DataError
 from seq2seq.data.sources import read_lines
-from seq2seq.files import write_atomic
+from seq2seq.files import write_atomic, write_output, write_stdout
 from seq2seq.inference.score import score
 from seq2seq.inference.translate import Translator
 
@@ -84,8 +84,9 @@ def evaluate(translator: Translator, params, sources: list[str], references: lis
     stem = f"{name}.{label}.{translator.settings.name()}"  # one file per checkpoint and search
     hyp_path = outdir / f"{stem}.hyp"
     text = "".join(h + "\n" for h in hypotheses)
-    for path in [hyp_path] + ([pathlib.Path(output)] if output else []):
-      write_atomic(path, text.encode("utf-8"))
+    write_atomic(hyp_path, text.encode("utf-8"))
+    if output:
+      write_output(output, text.encode("utf-8"))  # a device or a pipe (>(gzip > x.gz)) is written as it is
     result["hypotheses"] = str(hyp_path)
     write_atomic(outdir / f"{stem}.json", (json.dumps(result, indent=1) + "\n").encode("utf-8"))
   return result
@@ -131,6 +132,9 @@ def translate_stream(translator: Translator, params, lines, out) -> None:
   """Stdin to stdout: line by line after a prompt at a terminal, in batches when piped; one output line each."""
   if hasattr(lines, "isatty") and lines.isatty():
     return interactive(lambda batch: translator(params, batch), lines, out)
-  for hyp in translator(params, list(decoded_lines(lines))):
-    out.write(hyp + "\n")
-  out.flush()
+  text = "".join(hyp + "\n" for hyp in translator(params, list(decoded_lines(lines))))
+  if out is sys.stdout:
+    write_stdout(text)  # every byte, or an error naming stdout (a full disk under `> FILE`)
+  else:
+    out.write(text)
+    out.flush()

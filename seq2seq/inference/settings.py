@@ -28,14 +28,15 @@ class Rule(NamedTuple):
 INT32 = 2**31 - 1
 RULES = {
     "beam_size": Rule(int, 1, meaning="the beam size (1: greedy search)"),
-    "alpha": Rule(float, 0, meaning="the length penalty exponent"),
-    "max_len_a": Rule(float, 0, meaning="the output length limit's factor (a in a * source length + b)"),
-    "max_len_b": Rule(int, 0, INT32, meaning="the output length limit's constant (b in a * source length + b)"),
-    "min_len": Rule(int, 0, INT32, meaning="the shortest output"),
+    "alpha": Rule(float, 0, 10, meaning="the length penalty exponent"),  # past 10 the penalty overflows float32
+    # Output limits a * source length + b stay far inside int32 (sources hold at most MAX_SOURCE_LEN tokens).
+    "max_len_a": Rule(float, 0, 100, meaning="the output length limit's factor (a in a * source length + b)"),
+    "max_len_b": Rule(int, 0, 100_000, meaning="the output length limit's constant (b in a * source length + b)"),
+    "min_len": Rule(int, 0, 100_000, meaning="the shortest output"),
     "batch_size": Rule(int, 1, meaning="sentences per batch"),
     "workers": Rule(int, 1, meaning="batches decoded at once"),
     "max_programs": Rule(int, 0, meaning="compiled searches per call (0: one per source-length bucket)"),
-    "max_source_len": Rule(int, 2, meaning="the longest source in tokens"),
+    "max_source_len": Rule(int, 2, 2**20, meaning="the longest source in tokens"),
     "nbest": Rule(int, 1, meaning="translations per sentence"),
     "temperature": Rule(float, 0, above=True, meaning="the sampling temperature"),
     "top_k": Rule(int, 0, meaning="the tokens sampling draws among (0: all)"),

@@ -21,6 +21,7 @@ translator([params_a, params_b], sentences) searches the mean of the models' pro
 from __future__ import annotations
 
 import concurrent.futures
+import errno
 import math
 import os
 import sys
@@ -32,7 +33,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from seq2seq import compilation, sharding
-from seq2seq.errors import ConfigError
+from seq2seq.errors import ConfigError, ResourceError
 from seq2seq.data.tokenizer import Tokenizer
 from seq2seq.inference import decode, inputs
 from seq2seq.inference.inputs import Want
@@ -332,8 +333,12 @@ class Translator:
                                                         want))
     except jax.errors.JaxRuntimeError as err:
       half = self.dp * (batch // 2 // self.dp)
-      if not out_of_memory(err) or half < 1 or jax.process_count() > 1:
+      if not out_of_memory(err) or jax.process_count() > 1:
         raise
+      if half < 1:  # one sentence does not fit: its output limit (or the model) is too large for the device
+        raise ResourceError(errno.ENOMEM, f"out of device memory decoding one sentence of up to {width} tokens "
+                            f"with outputs of up to {self._max_output(width)} tokens (beam {self.settings.beam_size}): "
+                            "lower max_len_a / max_len_b or the beam size") from None
       if jax.process_index() == 0:
         print(f"warning: out of memory decoding {len(rows)} sentences of up to {width} tokens in batches of {batch}; "
               f"retrying in batches of {half}", file=sys.stderr, flush=True)
