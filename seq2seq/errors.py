@@ -8,7 +8,7 @@ bug and keeps its traceback (exit status 1). Messages name the file, config key 
   │   └── DownloadError no network, or a URL that failed
   ├── CheckpointError   no usable checkpoint (damaged, missing, of another run)
   ├── ModelFileError    an exported model folder that is damaged or altered
-  ├── ResourceError     the environment: disk full, permissions, file-size limits
+  ├── ResourceError     the environment: disk full, permissions, file-size limits, a path through a file
   ├── WorkdirBusy       another training process holds the run's workdir
   └── TrainingDiverged  training went non-finite more often than the guard rolls back
 
@@ -75,8 +75,10 @@ class TrainingDiverged(Error, RuntimeError):
 
 
 # OSErrors that are the environment's, not a bug: they become ResourceErrors at the commands' edge.
+# A path through a file (ENOTDIR), a file where a folder is made (EEXIST) or a folder where a file is written
+# (EISDIR) is a path the user gave or made: named the same way.
 RESOURCE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM, errno.EROFS,
-                             errno.EMFILE, errno.ENFILE})
+                             errno.EMFILE, errno.ENFILE, errno.ENOTDIR, errno.EEXIST, errno.EISDIR})
 
 
 def from_os_error(err: OSError, doing: str = "") -> ResourceError | None:

@@ -15,6 +15,7 @@ Many hosts (a model too large for one): the same command on every host, plus
 process 0 writes the files and prints the scores.
 """
 
+import os
 import pathlib
 import sys
 
@@ -79,6 +80,8 @@ def main(argv) -> None:
     decoding.check_output(_OUTPUT.value, "--output", reads={"--source": _SOURCE.value, "--reference": _REFERENCE.value},
                           keep={_WORKDIR.value: "eval"})
   workdir = _WORKDIR.value
+  if os.path.lexists(pathlib.Path(workdir) / "eval") and not (pathlib.Path(workdir) / "eval").is_dir():
+    raise ConfigError(f"{pathlib.Path(workdir) / 'eval'} is a file; results go in that folder: move the file away")
   config = load.run_config(workdir)
   todo = jobs(config)
   translator, loaded = decoding.translator_for_run(workdir, config, step=_STEP.value, best=_BEST.value)
