@@ -46,6 +46,7 @@ def test_rerun_resumes_exactly_where_the_run_stopped(uninterrupted, data_dir, se
   from seq2seq.model import flops
 
   monkeypatch.setattr(flops, "measure_matmul_peak", None)  # a configured peak is not measured
+  (tmp_path / "train.lock").write_text("")  # a run that crashed before any checkpoint: its lock file, and
   (tmp_path / "metrics.jsonl").write_text('{"step": 7, "loss": 99.0}\n')  # from a crash before any checkpoint
   train_and_evaluate(tiny(data_dir, session_cache, steps=15), str(tmp_path), command="first")  # stops (and saves) at 15
   assert checkpoint.Checkpoints(str(tmp_path)).latest_step() == 15

@@ -1,8 +1,11 @@
 """Probes of a training run as a user or an admin script pokes it (issue 59): one writer
 however the lock file goes (1), a token cache whose own record is checked (5), and a full
-disk that is one line naming the file and the last good checkpoint (6). Each case failed
-before its fix. Those that train are slow; the lock and the cache are also probed in
-process, in the fast suite."""
+disk that is one line naming the file and the last good checkpoint (6). The second round:
+a --workdir that is not a run's folder (an export, a user's files, an empty path, a file)
+or a cache path that is a file is refused before anything is written (7), and a save in
+flight when the workdir is moved, replaced or removed never writes into what stands at its
+path (8). Each case failed before its fix. Those that train are slow; the lock, the cache
+and the workdir checks are also probed in process, in the fast suite."""
 
 import errno
 import fcntl
@@ -19,9 +22,10 @@ import time
 import numpy as np
 import pytest
 from conftest import REPO, make_config, optimized_env
-from probing import one_error_line, snapshot
+from probing import command, one_error_line, snapshot
 
-from seq2seq import errors, metrics
+from seq2seq import configs, errors, metrics
+from seq2seq import data as data_lib
 from seq2seq.data import corpus as corpus_lib
 from seq2seq.data import tokenizer as tk
 from seq2seq.data.sources import Source
@@ -347,3 +351,181 @@ def test_probe_6_a_full_disk_is_one_line_naming_the_file_and_the_last_good_check
   assert checkpoint.verify(workdir / "checkpoints" / "10") is None
   assert max(r["step"] for r in metrics.read(workdir) if "loss" in r) < 30, "training went on past the failure"
   assert snapshot(data_dir, mine) == before
+
+
+# -- 7. a --workdir that is not a run's folder, a path that is a file --------------------------
+def _files(folder, *names):
+  folder.mkdir(parents=True, exist_ok=True)
+  for name in names:
+    (folder / name).write_text(f"the user's {name}\n")
+  return folder
+
+
+EXPORT = ("model.safetensors", "export.json", "config.json", "spm.model", "README.md")  # python -m seq2seq.export's
+NOT_A_RUN = {  # name: (make(tmp_path) -> --workdir, the refusal)
+    "an export": (lambda t: _files(t / "E", *EXPORT), r"--workdir={w} is an exported model \(it holds README\.md, "
+                  r"config\.json, export\.json, model\.safetensors, spm\.model\), not a training run's folder: .*"
+                  r"Choose a new or empty folder for --workdir"),
+    "a user's files": (lambda t: _files(t / "mine", "config.json", "metrics.jsonl"), r"--workdir={w} is not empty and "
+                       r"is not a training run's folder \(it holds config\.json, metrics\.jsonl\): training there "
+                       r"would overwrite .*Choose a new or empty folder for --workdir"),
+    "an empty path": (lambda t: "", r"--workdir is empty \(an unset \$VARIABLE\?\)"),
+    "a file": (lambda t: _files(t, "file") / "file", r"--workdir={w} is a file, not a folder; choose a new or empty "
+               r"folder for --workdir$"),
+    "under a file": (lambda t: _files(t, "file") / "file" / "sub", r"--workdir={w}: {t}/file is a file, not a folder"),
+}
+
+
+def _fixture_run(t):
+  return shutil.copytree(REPO / "tests" / "fixtures" / "run_0_1_0", t / "old")  # checkpoints/, no train.lock
+
+
+A_RUN = {  # what a run may train in: new, empty, or a run's (to resume it, or rerun one that failed early)
+    "new": lambda t: t / "new" / "run",
+    "empty": lambda t: _files(t / "empty"),
+    "a fresh file system": lambda t: (t / "mnt" / "lost+found").mkdir(parents=True) or t / "mnt",
+    "failed before its first checkpoint": lambda t: _files(t / "failed", "train.lock", "spm.model", "config.json"),
+    "another process's lock file": lambda t: _files(t / "p1", "train.lock.1"),
+    "load_tokenizer's": lambda t: _files(t / "tok", "spm.model", "spm_settings.json"),
+    "a run by 0.1.0": _fixture_run,
+}
+
+
+def test_probe_7_a_run_trains_in_a_new_or_empty_folder_or_a_runs_and_nowhere_else(tmp_path, monkeypatch):
+  """Each folder of A_RUN is taken; each of NOT_A_RUN is refused with its line, nothing written
+  (the current directory included). Before: the export's and the user's config.json were
+  overwritten, an empty path took the current directory, a file was a FileExistsError or
+  NotADirectoryError traceback."""
+  for case, make in A_RUN.items():
+    with lock.take(str(make(tmp_path / case))) as held:
+      assert _pid_in(held.path) == os.getpid(), case
+  for case, (make, refusal) in NOT_A_RUN.items():
+    t = tmp_path / case
+    (t / "cwd").mkdir(parents=True)
+    monkeypatch.chdir(t / "cwd")
+    workdir = make(t)
+    before = snapshot(t)
+    with pytest.raises(errors.ConfigError, match=refusal.format(w=re.escape(str(workdir)), t=re.escape(str(t)))):
+      with lock.take(str(workdir)):
+        pass
+    assert snapshot(t) == before, case
+
+
+def test_probe_7_a_cache_path_that_is_a_file_names_its_setting(tmp_path, monkeypatch):
+  config = configs.get("tiny")
+  _files(tmp_path, "file")
+  monkeypatch.setenv("SEQ2SEQ_CACHE", str(tmp_path / "file"))
+  with pytest.raises(errors.ConfigError, match=rf"^SEQ2SEQ_CACHE={tmp_path}/file is a file, not a folder; set "
+                                               r"SEQ2SEQ_CACHE to a folder"):
+    data_lib.cache_dir(config)
+  config.data.cache_dir = str(tmp_path / "file" / "sub")  # the config's setting wins, and is named
+  with pytest.raises(errors.ConfigError, match=rf"^config.data.cache_dir={tmp_path}/file/sub: {tmp_path}/file is a "
+                                               r"file, not a folder; set config.data.cache_dir to a folder"):
+    data_lib.cache_dir(config)
+  config.data.cache_dir = str(tmp_path / "new" / "cache")
+  assert data_lib.cache_dir(config) == tmp_path / "new" / "cache"
+
+
+COMMAND_CASES = {  # through seq2seq-train: name: (NOT_A_RUN case or None, environment)
+    "an export": ("an export", {}),
+    "a user's files": ("a user's files", {}),
+    "an empty path": ("an empty path", {}),
+    "a file": ("a file", {}),
+    "under a file": ("under a file", {}),
+    "SEQ2SEQ_CACHE a file": (None, {"SEQ2SEQ_CACHE": "{t}/file"}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(COMMAND_CASES))
+def test_probe_7_seq2seq_train_refuses_in_one_line_and_writes_nothing(case, data_dir, tmp_path):
+  """Before: exit 0 having rewritten the folder's files, a run in the current directory with
+  TensorBoard's ./runs/DATE_HOST, or a traceback."""
+  probe, env = COMMAND_CASES[case]
+  cwd = tmp_path / "cwd"
+  cwd.mkdir()
+  if probe:
+    make, refusal = NOT_A_RUN[probe]
+    workdir, cache = make(tmp_path), ["--config.data.cache_dir=" + str(tmp_path / "cache")]
+  else:
+    _files(tmp_path, "file")
+    workdir, cache, refusal = tmp_path / "run", [], r"SEQ2SEQ_CACHE={t}/file is a file, not a folder"
+  before = snapshot(tmp_path)
+  out = command("seq2seq.commands.train", "--config=tiny", f"--workdir={workdir}", f"--config.data.dir={data_dir}",
+                *cache, "--config.train.steps=2", "--config.train.eval_every=0", cwd=cwd, timeout=300,
+                env={k: v.format(t=tmp_path) for k, v in env.items()})
+  one_error_line(out, "^error: " + refusal.format(w=re.escape(str(workdir)), t=re.escape(str(tmp_path))))
+  assert snapshot(tmp_path) == before
+
+
+# -- 8. a save in flight when the workdir is moved, replaced or removed ------------------------
+HELD_SAVE_RUN = """
+import runpy, sys
+from orbax.checkpoint._src.path import async_path
+go = sys.argv.pop(1)
+write_text, held = async_path.write_text, []
+
+async def write_text_when_told(path, text):  # checkpoint 20's save waits, in flight, until the test says go
+  if "/20.orbax-checkpoint-tmp/" in str(path) and not held:
+    held.append(path)
+    print("save of checkpoint 20 held", flush=True)
+    with open(go) as fifo:
+      fifo.read()
+  return await write_text(path, text)
+
+async_path.write_text = write_text_when_told
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def _replace(workdir):
+  moved = workdir.rename(workdir.with_name("run.old"))
+  subprocess.run(["cp", "-a", str(moved), str(workdir)], check=True)  # as the user did: `mv R R.old && cp -a R.old R`
+
+
+def _remove(workdir):
+  while workdir.exists():  # rm -rf: again where the run created an entry meanwhile
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("change", ["replaced", "removed"])
+def test_probe_8_a_save_in_flight_never_writes_into_what_stands_at_the_workdirs_path(change, data_dir, session_cache,
+                                                                                     tmp_path):
+  """Checkpoint 20's save is held in flight (orbax's metadata write waits on a FIFO) while the
+  workdir is replaced by a copy (`mv R R.old && cp -a R.old R`) or removed (`rm -rf R`); then
+  it goes on. The run stops at step 25 with one line; nothing changed in the copy, and a
+  removed workdir stays removed. Before: orbax committed checkpoint 20 (unchecked) into the
+  copy and its retention deleted older ones there; a removed workdir was made again."""
+  workdir, go = tmp_path / "run", tmp_path / "go"
+  os.mkfifo(go)
+  trainer = subprocess.Popen(
+      [sys.executable, "-c", HELD_SAVE_RUN, str(go), "train.py", "--config=tiny", f"--workdir={workdir}",
+       f"--config.data.dir={data_dir}", f"--config.data.cache_dir={session_cache}", "--config.train.steps=1000",
+       "--config.train.log_every=5", "--config.train.eval_every=0", "--config.train.checkpoint_every=5",
+       "--config.train.keep_checkpoints=2", "--config.train.peak_flops=1e12"],
+      cwd=REPO, stdout=subprocess.PIPE, stderr=(tmp_path / "stderr").open("w"), text=True,
+      env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  try:
+    lines = iter(trainer.stdout.readline, "")
+    assert "save of checkpoint 20 held\n" in lines, (tmp_path / "stderr").read_text()[-3000:]
+    (_replace if change == "replaced" else _remove)(workdir)
+    after = snapshot(workdir) if change == "replaced" else None
+    with open(go, "w") as fifo:
+      fifo.write("go")
+    out = trainer.stdout.read()
+    trainer.wait(timeout=300)
+  finally:
+    if trainer.poll() is None:
+      trainer.kill()
+  now = f" \\(the directory this run holds is now {re.escape(str(tmp_path / 'run.old'))}\\)" if after else ""
+  one_error_line(subprocess.CompletedProcess([], trainer.returncode, out, (tmp_path / "stderr").read_text()),
+                 rf"^error: the workdir {re.escape(str(workdir))} was moved, removed or replaced while this run "
+                 rf"trained{now}; it no longer writes there\. Training stopped; the last good checkpoint is (15|20) ")
+  if change == "removed":
+    assert not workdir.exists()
+    return
+  assert snapshot(workdir) == after
+  old = tmp_path / "run.old" / "checkpoints"
+  assert sorted(p.name for p in old.iterdir()) == ["15", "20"]  # the save went on in the run's own directory
+  assert (old / "20" / checkpoint.CHECKSUMS).is_file() and checkpoint.verify(old / "20") is None

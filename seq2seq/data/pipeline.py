@@ -25,9 +25,29 @@ SPM_FILE = "spm.model"
 SPM_SETTINGS_FILE = "spm_settings.json"  # the settings spm.model was made with
 
 
+def file_in_the_way(path: str | os.PathLike) -> pathlib.Path | None:
+  """The file that `path`, or a folder above it, is (so no folder can be made there), else None."""
+  for above in (pathlib.Path(path), *pathlib.Path(path).parents):
+    if os.path.lexists(above):
+      return None if above.is_dir() else above
+  return None
+
+
 def cache_dir(config) -> pathlib.Path:
-  d = config.data.get("cache_dir", "") or os.environ.get("SEQ2SEQ_CACHE", "") or "~/.cache/seq2seq"
-  return pathlib.Path(os.path.expanduser(d))
+  """The folder of cached tokenizers, token arrays and downloads: config.data.cache_dir, else
+  $SEQ2SEQ_CACHE, else ~/.cache/seq2seq. A path that is (or lies under) a file is a
+  ConfigError naming the setting it came from, not a traceback where it is first written."""
+  setting, d = "config.data.cache_dir", config.data.get("cache_dir", "")
+  if not d:
+    setting, d = "SEQ2SEQ_CACHE", os.environ.get("SEQ2SEQ_CACHE", "")
+  path = pathlib.Path(os.path.expanduser(d or "~/.cache/seq2seq"))
+  if (blocking := file_in_the_way(path)) is not None:
+    where, fix = (f"{setting}={d}", setting) if d else (f"the cache folder {path}",
+                                                        "config.data.cache_dir or SEQ2SEQ_CACHE")
+    where += "" if blocking == path else f": {blocking}"
+    raise ConfigError(f"{where} is a file, not a folder; set {fix} to a folder (it holds cached tokenizers, token "
+                      "arrays and downloads)")
+  return path
 
 
 def source(config, split: str) -> Source:

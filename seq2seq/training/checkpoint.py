@@ -154,17 +154,23 @@ class Checkpoints:
   lowest validation loss; restores the latest."""
 
   def __init__(self, workdir: str, *, keep: int = 3, asynchronous: bool = True, allow_data_change: bool = False,
-               writer: bool = False):
+               writer: bool = False, root: str | os.PathLike | None = None):
     """`writer`: the training run, which holds the workdir's lock (seq2seq.training.lock):
-    any unfinished save (STEP.orbax-checkpoint-tmp) is then a killed run's, and is removed."""
+    any unfinished save (STEP.orbax-checkpoint-tmp) is then a killed run's, and is removed.
+    `root`: where the workdir's files are read and written, if not at its path: the held
+    directory's `WorkdirLock.anchor`, so that a save in flight when the workdir is moved or
+    replaced goes on into the run's own directory (or fails, once it is removed), never into a
+    folder now at its path. Messages name the workdir's path."""
     self.workdir = pathlib.Path(workdir).resolve()
-    self.directory = self.workdir / "checkpoints"
+    self.directory = self.workdir / "checkpoints"  # as messages name it
+    self._root = pathlib.Path(root) if root is not None else self.workdir
+    self._dir = self._root / "checkpoints"  # where the checkpoints are
     keep_policy = policies.AnyPreservationPolicy([
         policies.LatestN(n=keep),
         policies.BestN(get_metric_fn=lambda m: -m["val_loss"], n=1, keep_checkpoints_without_metrics=False)])
     options = ocp.CheckpointManagerOptions(preservation_policy=keep_policy, create=True,
                                            enable_async_checkpointing=asynchronous, cleanup_tmp_directories=writer)
-    self.manager = ocp.CheckpointManager(self.directory, options=options)
+    self.manager = ocp.CheckpointManager(self._dir, options=options)
     self._unsealed: int | None = None  # a save whose checksums are not written yet
     self.allow_data_change = allow_data_change
     self.fallbacks: list[dict] = []  # {"step", "problem"} of damaged checkpoints the last restore skipped
@@ -178,7 +184,7 @@ class Checkpoints:
     if self._unsealed is None or (not block and (jax.process_count() > 1 or self.manager.is_saving_in_progress())):
       return  # several processes seal only where they all block (finishing a save is collective)
     self.manager.wait_until_finished()  # raises if the save failed
-    step_dir = self.directory / str(self._unsealed)
+    step_dir = self._dir / str(self._unsealed)
     if jax.process_index() == 0 and step_dir.is_dir():
       write_checksums(step_dir)
     self._unsealed = None
@@ -208,11 +214,15 @@ class Checkpoints:
     self._discard(step)
     code, written = _cause(err)
     if code in RESOURCE_ERRNOS:
-      written = written or self.directory / f"{step}.orbax-checkpoint-tmp"
+      written = self._shown(written) if written else self.directory / f"{step}.orbax-checkpoint-tmp"
       return ResourceError(code, f"saving checkpoint {step} failed: {os.strerror(code)} writing {written}. "
                                  f"{self._stopped()}")
-    return CheckpointError(f"saving checkpoint {step} in {self.directory} failed: {type(err).__name__}: {err}. "
-                           f"{self._stopped()}")
+    return CheckpointError(f"saving checkpoint {step} in {self.directory} failed: {type(err).__name__}: "
+                           f"{self._shown(err)}. {self._stopped()}")
+
+  def _shown(self, text) -> str:
+    """`text` with the paths under `root` named by the workdir's path."""
+    return str(text).replace(str(self._dir), str(self.directory))
 
   def _discard(self, step: int | None) -> None:
     """Removes what a failed save of `step` left (process 0), once orbax has stopped writing:
@@ -226,7 +236,7 @@ class Checkpoints:
       if type(thread).__module__.startswith("orbax.") and thread is not threading.current_thread():
         with contextlib.suppress(Exception):  # orbax's threads raise their failure again on join
           thread.join(max(0.0, deadline - time.monotonic()))
-    for unfinished in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"):
+    for unfinished in self._dir.glob(f"{step}.orbax-checkpoint-tmp*"):
       shutil.rmtree(unfinished, ignore_errors=True)
 
   def stopped(self, err: OSError) -> OSError:
@@ -242,13 +252,13 @@ class Checkpoints:
     of the way of the steps training will save again)."""
     if jax.process_index() == 0:
       for step in steps:
-        target = self.workdir / "damaged_checkpoints" / str(step)
+        target = self._root / "damaged_checkpoints" / str(step)
         n = 1
         while target.exists():
-          target, n = self.workdir / "damaged_checkpoints" / f"{step}.{n}", n + 1
+          target, n = self._root / "damaged_checkpoints" / f"{step}.{n}", n + 1
         target.parent.mkdir(parents=True, exist_ok=True)
-        (self.directory / str(step)).rename(target)
-        _log.info("moved damaged checkpoint %d to %s", step, target)
+        (self._dir / str(step)).rename(target)
+        _log.info("moved damaged checkpoint %d to %s", step, self.workdir / target.relative_to(self._root))
     if jax.process_count() > 1:
       from jax.experimental import multihost_utils
 
@@ -257,7 +267,8 @@ class Checkpoints:
 
   def problem(self, step: int) -> str | None:
     """Why checkpoint `step` cannot be used (see `verify`), or None."""
-    return verify(self.directory / str(step))
+    problem = verify(self._dir / str(step))
+    return None if problem is None else self._shown(problem)
 
   def best_step(self) -> int | None:
     """The kept checkpoint with the lowest validation loss in metrics.jsonl."""
@@ -285,7 +296,7 @@ class Checkpoints:
     self.fallbacks = []
     candidates = [step] if step is not None else sorted(set(self.manager.all_steps()) - set(skip), reverse=True)
     for candidate in candidates:
-      if step is None and not (self.directory / str(candidate)).is_dir():
+      if step is None and not (self._dir / str(candidate)).is_dir():
         continue  # deleted since listed (a training run keeping only its newest): not damage
       try:  # a checkpoint deleted meanwhile (a run keeping its newest) fails here in many ways
         problem = self.problem(candidate)
@@ -294,9 +305,9 @@ class Checkpoints:
       except CheckpointError:  # IdentityError too: another run's checkpoint is not damage
         raise
       except Exception as err:  # noqa: BLE001 - orbax/tensorstore raise many kinds on damaged files
-        problem = f"cannot be read: {type(err).__name__}: {err}"
-      where = self.directory / str(candidate)
-      if step is None and not where.is_dir():
+        problem = f"cannot be read: {type(err).__name__}: {self._shown(err)}"
+      where, there = self.directory / str(candidate), (self._dir / str(candidate)).is_dir()
+      if step is None and not there:
         _log.info("checkpoint %d was deleted while being read (a run is training here); trying the next", candidate)
         if candidate == candidates[0]:  # the run may have saved a newer one meanwhile
           self.manager.reload()
@@ -305,7 +316,7 @@ class Checkpoints:
             return self._newest_intact(read, None, skip)
         continue
       if step is not None:
-        raise CheckpointError(f"checkpoint {candidate} ({where}) " + (f"is damaged: {problem}" if where.is_dir() else
+        raise CheckpointError(f"checkpoint {candidate} ({where}) " + (f"is damaged: {problem}" if there else
                                                                       "was deleted while being read"))
       _log.info("checkpoint %d is damaged, trying an older one: %s", candidate, problem)
       self.fallbacks.append({"step": int(candidate), "problem": problem})
@@ -321,7 +332,7 @@ class Checkpoints:
       self.data_changes = check_identity(saved.identity, run_identity, str(self.directory / str(step)),
                                          self.allow_data_change)
       state = restore_layout(lambda target: self.manager.restore(step, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(target))).state, self.directory / str(step) / "state", target_state)
+          state=ocp.args.StandardRestore(target))).state, self._dir / str(step) / "state", target_state)
       return state, saved.data
 
     step, (state, data_state) = self._newest_intact(read, step, skip)
@@ -337,7 +348,7 @@ class Checkpoints:
       def params(target):
         return self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
             target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True))).state
-      return restore_layout(params, self.directory / str(step) / "state", {"params": target_params})["params"]
+      return restore_layout(params, self._dir / str(step) / "state", {"params": target_params})["params"]
 
     step, params = self._newest_intact(read, step)
     return params, step
@@ -354,6 +365,19 @@ class Checkpoints:
       self.wait()
     finally:
       self.manager.close()
+
+  def settle(self) -> None:
+    """On a failing run's way out: waits for a save still in flight (sealing it if it finished)
+    and closes the manager, so nothing is written once the run lets go of its workdir (and of
+    the directory `root` names). The save's own failure goes to the log: the run's first failure
+    is the one reported."""
+    try:
+      self.wait()
+    except Exception as err:  # noqa: BLE001 - a full disk, a workdir removed under the save
+      _log.info("the checkpoint save in flight when the run stopped did not finish: %s", err)
+    finally:
+      with contextlib.suppress(Exception):
+        self.manager.close()
 
 
 class StopSignal:

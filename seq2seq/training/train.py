@@ -132,6 +132,7 @@ def train_and_evaluate(config, workdir: str, command: str = "") -> dict:
   line that started this run or restart, is added to DIR/commands.txt once it goes ahead."""
   preflight.absolute_paths(config)  # config.json's paths mean the same from any directory
   mesh = preflight.check(config)  # settings that cannot work end here, before anything is written
+  data.cache_dir(config)  # and a cache folder that is a file
   # One writer per workdir (a requeued job's second copy stops here); a run that fails before
   # writing anything leaves no workdir behind.
   with lock.take(workdir, jax.process_index(), command) as held:
@@ -160,17 +161,19 @@ def _train(config, workdir: str, command: str, mesh, held: lock.WorkdirLock) -> 
   model_cfg = ModelConfig.from_config(config.model, vocab_size=tok.vocab_size)
   tx, schedule = optimizer.make(t, d_model=model_cfg.d_model)
   train_iter = data.train_iterator(config, tok, process_index=jax.process_index(), process_count=jax.process_count())
+  _still_ours(held, None)  # loading the data took a while: the workdir may have been moved meanwhile
   if jax.process_index() == 0:  # the data loaded: the run's vocabulary goes into the workdir
     data.save_tokenizer(config, workdir, tok)
   graphdef, state, shardings = init_state(model_cfg, tx, mesh, config.seed)
   steps = Steps(config, graphdef, shardings, mesh, tx, schedule)
   validation = Validation(config, model_cfg, graphdef, tok, mesh, steps) if t.eval_every else None
   ckpts = checkpoint.Checkpoints(workdir, keep=t.keep_checkpoints, allow_data_change=t.allow_data_change,
-                                 writer=True)
+                                 writer=True, root=held.anchor)  # saves go on into the held directory only
   run_identity = checkpoint.identity(model_cfg, tok.model_bytes,
                                      data.resume_settings(config) | {"train_corpus": train_iter.corpus.fingerprint})
   if ckpts.latest_step() is not None:  # rerunning the same command resumes, from the newest intact checkpoint
     state = _resume(ckpts, state, run_identity, train_iter, t)
+  _still_ours(held, ckpts.last_good())
   if jax.process_index() == 0:  # only once the run goes ahead: a refused restart leaves the workdir as it was
     _announce(config, t, model_cfg, mesh, workdir, schedule, command)
   step = int(state.step)
@@ -193,11 +196,18 @@ def _train(config, workdir: str, command: str, mesh, held: lock.WorkdirLock) -> 
     ckpts.close()
   except BaseException as err:
     _close_events(run, failing=True)
+    ckpts.settle()  # a save in flight ends before the workdir's lock and directory are let go
     if isinstance(err, OSError) and (stopped := ckpts.stopped(err)) is not err:  # a full disk under metrics.jsonl
       raise stopped from err
     raise
   _close_events(run, failing=False)
   return last
+
+
+def _still_ours(held: lock.WorkdirLock, last_good: str | None) -> None:
+  """Stops the run (WorkdirGone) if its workdir was moved or replaced, before it writes there."""
+  if note := held.check(last_good):
+    print(note, flush=True)
 
 
 def _close_events(run: Run, failing: bool) -> None:
