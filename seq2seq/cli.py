@@ -178,6 +178,9 @@ def parse_flags(argv: list[str]) -> list[str]:
                              else str(err)))
   except (AttributeError, KeyError, ValueError, TypeError, FileNotFoundError, SyntaxError) as err:
     fail(explain(err, argv))
+  except (NameError, ImportError) as err:  # a config file that is not Python, or imports what is not installed
+    config = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), "")
+    fail(f"--config={config}: the config file does not load: {type(err).__name__}: {err}")
 
 
 FLAG_TYPES = {"int": "an integer", "float": "a number", "bool": "true or false"}

@@ -72,3 +72,15 @@ def test_checkpoint_flag_values():
   assert [cli.checkpoint_choice(v) for v in (None, "best", "300")] == [None, "best", 300]
   with pytest.raises(ValueError, match="--checkpoint must be 'best' or a step number, got 'last'"):
     cli.checkpoint_choice("last")
+
+
+@pytest.mark.parametrize("text, error", [("hello\n", "NameError: name 'hello' is not defined"),
+                                         ("import no_such_module\n", "ModuleNotFoundError: No module named")])
+def test_a_config_file_that_does_not_load_is_one_error_line_naming_it(text, error, tmp_path):
+  """A --config that is not Python, or imports what is not installed, gave a traceback."""
+  from probing import command, one_error_line
+
+  (tmp_path / "config.txt").write_text(text)
+  out = command("seq2seq.commands.train", f"--config={tmp_path / 'config.txt'}", f"--workdir={tmp_path / 'run'}")
+  one_error_line(out, rf"^error: --config={tmp_path}/config\.txt: the config file does not load: {error}")
+  assert not (tmp_path / "run").exists()
