@@ -14,6 +14,8 @@ import hashlib
 import os
 import pathlib
 
+from seq2seq.errors import ConfigError
+
 MIN_COMPILE_SECONDS = 0.2  # programs that compile faster are not worth a disk read
 
 
@@ -36,7 +38,10 @@ def default_folder() -> str:
 def enable(folder: str | None = None) -> str:
   """Keeps compiled programs in `folder` ("": off; None: the folder already configured in
   this process, else `default_folder()`). Returns the folder in use ("" when off).
-  JAX_COMPILATION_CACHE_DIR, when set, wins."""
+  JAX_COMPILATION_CACHE_DIR, when set, wins. A folder that cannot be one (a file, or under
+  one) is a ConfigError: JAX would warn at every compile and keep nothing."""
+  if folder is not None:
+    check_folder(folder)
   if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
     return os.environ["JAX_COMPILATION_CACHE_DIR"]
   import jax
@@ -45,7 +50,19 @@ def enable(folder: str | None = None) -> str:
     folder = jax.config.jax_compilation_cache_dir or default_folder()
   if not folder:
     return ""
+  check_folder(folder)
 
   jax.config.update("jax_compilation_cache_dir", folder)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)
   return folder
+
+
+def check_folder(folder) -> None:
+  """A ConfigError unless `folder` is "" (off) or a path where a folder is or can be made."""
+  if not isinstance(folder, (str, os.PathLike)):
+    raise ConfigError(f"compilation_cache must be a folder's path, '' (off) or None, got {type(folder).__name__}")
+  path = pathlib.Path(os.fspath(folder))
+  there = next((p for p in (path, *path.parents) if p.exists()), None) if os.fspath(folder) else None
+  if there is not None and not there.is_dir():
+    raise ConfigError(f"the compilation cache {folder} (--compilation_cache, or SEQ2SEQ_CACHE): {there} is a file; "
+                      "give a folder, or --compilation_cache= to compile every time")

@@ -40,6 +40,8 @@ BAD_FLAGS = {
     "empty --input": (["--input="], r"^error: --input is empty"),
     "max_len_b=2**31-1": (["--max_len_b=2147483647"], r"^error: --max_len_b=2147483647: .* <= 100000$"),
     "alpha=1e308": (["--alpha=1e308"], r"^error: --alpha=1e\+308: .* <= 10$"),
+    "compilation cache is a file": (["--compilation_cache=in.en"], r"^error: the compilation cache in\.en .* is a "
+                                                                   r"file; give a folder"),
 }
 
 
@@ -57,7 +59,7 @@ def test_a_decode_setting_that_cannot_work_is_one_error_line_before_the_model_lo
                 cwd=tmp_path)
   one_error_line(out, pattern)
   assert snapshot(tmp_path, tiny_run) == before
-  assert "Translating" not in out.stderr and "compil" not in out.stderr  # refused before any work
+  assert "Translating" not in out.stderr and "compiling" not in out.stderr  # refused before any work
 
 
 # -- the Python API ------------------------------------------------------------------------
@@ -72,6 +74,8 @@ BAD_CALLS = {
     "beam_size=True": (lambda t, run: Translator.from_workdir(run, beam_size=True), r"^beam_size=True: .* integer"),
     "max_len_b=-100": (lambda t, run: Translator.from_workdir(run, max_len_b=-100), r"^max_len_b=-100: .* >= 0"),
     "workdir=None": (lambda t, run: Translator.from_workdir(None), r"^workdir must be a path"),
+    "compilation_cache=123": (lambda t, run: Translator.from_workdir(run, compilation_cache=123),
+                              r"^compilation_cache must be a folder's path"),
     "translate(None)": (lambda t, run: t.translate(None), r"^sentences must be a string or a list of strings, got "
                                                           r"NoneType"),
     "translate([1, 2])": (lambda t, run: t.translate([1, 2]), r"^sentences\[0\] must be a string, got int"),
