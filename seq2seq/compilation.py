@@ -64,5 +64,9 @@ def check_folder(folder) -> None:
   path = pathlib.Path(os.fspath(folder))
   there = next((p for p in (path, *path.parents) if p.exists()), None) if os.fspath(folder) else None
   if there is not None and not there.is_dir():
+    env = os.environ.get("SEQ2SEQ_CACHE", "")
+    if env and pathlib.Path(os.path.expanduser(env)).is_relative_to(there):  # the default folder, under it
+      raise ConfigError(f"SEQ2SEQ_CACHE={env} is a file, not a folder; set SEQ2SEQ_CACHE to a folder (it holds "
+                        "compiled programs, cached tokenizers, token arrays and downloads)")
     raise ConfigError(f"the compilation cache {folder} (--compilation_cache, or SEQ2SEQ_CACHE): {there} is a file; "
                       "give a folder, or --compilation_cache= to compile every time")
