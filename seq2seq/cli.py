@@ -266,8 +266,8 @@ def run(main, module: str | None = None, argv=None, *, also: tuple[str, ...] = (
     sys.exit(0)
 
   def guarded(args):
-    compilation.enable(flags.FLAGS.compilation_cache)
     try:
+      compilation.enable(flags.FLAGS.compilation_cache)
       return main(args)
     except KeyboardInterrupt:  # Ctrl-C: what was written stays (outputs are written whole, at the end)
       print("interrupted (Ctrl-C)", file=sys.stderr, flush=True)
