@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 import threading
+import warnings
 
 LIBRARIES = ("orbax", "tensorstore", "tensorboardX")  # whose failures the run reports itself
 _log = logging.getLogger(__name__)
@@ -61,3 +62,6 @@ def library_errors_to_log() -> None:
                                                                      args.exc_traceback))
 
   sys.unraisablehook, threading.excepthook = quiet_unraisable, quiet_thread
+  # seq2seq has no coroutines: those never awaited are orbax's writes abandoned after a failed
+  # save (reported already), warned about when the interpreter collects them, often at exit.
+  warnings.filterwarnings("ignore", message=r"coroutine .* was never awaited", category=RuntimeWarning)
