@@ -44,7 +44,7 @@ def test_accelerator_benchmark_runs_on_the_cpu_with_a_measured_peak(tmp_path):
   assert 0 < result["mfu"] < 1
 
 
-@pytest.mark.slow
+@pytest.mark.long  # every section of the GPU check, at toy sizes on the CPU (2 minutes)
 def test_device_check_smoke_writes_every_section(tmp_path):
   out = subprocess.run([sys.executable, "benchmarks/device_check.py", "--smoke", f"--out={tmp_path / 'check.json'}",
                         f"--flax_models={tmp_path / 'missing.py'}"], cwd=REPO, capture_output=True, text=True,

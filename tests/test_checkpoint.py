@@ -276,7 +276,7 @@ def _finish(procs):
   return outs
 
 
-@pytest.mark.slow
+@pytest.mark.long  # two 2-process runs (the slow suite has SIGTERM on one host, and two hosts training)
 def test_sigterm_to_one_host_stops_every_host_at_one_step_and_the_rerun_resumes_exactly(
     data_dir, session_cache, tmp_path):
   """Preemption reaches hosts at different times: a SIGTERM to process 1 alone makes both

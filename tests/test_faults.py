@@ -18,7 +18,6 @@ from seq2seq.inference import load
 from seq2seq.training import checkpoint
 from seq2seq.training.train import train_and_evaluate
 
-pytestmark = pytest.mark.slow  # real training runs, ~90 s in all on one core
 
 
 def tiny(data_dir, cache, **train):
@@ -68,6 +67,7 @@ DAMAGE = {
 }
 
 
+@pytest.mark.slow  # real training runs
 @pytest.mark.parametrize("damage", ["bit_rot", "truncated", "lost_metadata"])
 def test_a_damaged_newest_checkpoint_is_skipped_by_eval_and_by_training_which_ends_as_if_it_were_not(
     damage, straight, twenty, data_dir, session_cache, tmp_path):
@@ -97,7 +97,7 @@ def test_a_damaged_newest_checkpoint_is_skipped_by_eval_and_by_training_which_en
   for x, y in zip(jax.tree.leaves(params_of(workdir).params), jax.tree.leaves(params_of(straight).params)):
     np.testing.assert_array_equal(x, y)
 
-
+@pytest.mark.slow  # real training runs
 def test_every_checkpoint_damaged_is_an_error_naming_each(twenty, data_dir, session_cache, tmp_path):
   workdir = shutil.copytree(twenty, tmp_path / "run")
   for step in (10, 20):
@@ -105,7 +105,7 @@ def test_every_checkpoint_damaged_is_an_error_naming_each(twenty, data_dir, sess
   with pytest.raises(checkpoint.CheckpointError, match=r"no intact checkpoint .*\(20: .*; 10: .*\)"):
     train_and_evaluate(tiny(data_dir, session_cache, steps=30), str(workdir))
 
-
+@pytest.mark.slow  # real training runs
 def test_a_torn_last_metrics_line_is_dropped_with_a_warning_naming_the_file(
     straight, twenty, data_dir, session_cache, tmp_path, caplog):
   workdir = shutil.copytree(twenty, tmp_path / "run")
@@ -119,7 +119,7 @@ def test_a_torn_last_metrics_line_is_dropped_with_a_warning_naming_the_file(
   with pytest.raises(ValueError, match=r"metrics.jsonl:2: not a JSON record"):
     metrics.read(workdir)
 
-
+@pytest.mark.slow  # real training runs
 def test_a_failed_save_stops_training_at_once_and_the_last_good_checkpoint_stays_intact(
     data_dir, session_cache, tmp_path):
   """Files over 256 KiB cannot be written (ulimit -f) once checkpoint 10 exists: the save of
@@ -140,6 +140,7 @@ def test_a_failed_save_stops_training_at_once_and_the_last_good_checkpoint_stays
   ckpts.close()
 
 
+@pytest.mark.long  # 150 steps killed ten times (the slow suite kills a run after and during a save)
 @pytest.mark.longest
 def test_soak_ten_sigkills_at_seeded_moments_end_bit_identical(data_dir, session_cache, tmp_path):
   """A 150-step tiny run killed (SIGKILL) at 10 seeded random moments, some inside saves

@@ -16,7 +16,7 @@ EXPECTED = {
 }
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.data
 @pytest.mark.longest
 def test_quickstart_notebook_runs(real_data_dir, monkeypatch, tmp_path):

@@ -237,7 +237,7 @@ def test_the_report_goes_between_the_markers_of_a_written_page(tmp_path):
     positions_report.write(tmp_path, page)
 
 
-@pytest.mark.slow
+@pytest.mark.long  # four trainings and evaluations (the study's parts are tested in the slow suite)
 def test_the_study_trains_evaluates_and_reports_two_position_types(tmp_path, data_dir, session_cache):
   """Two position types x 1 seed of a few steps of the tiny config, on pairs of at most 16
   tokens: each run trained and evaluated, the report written; a rerun only reports."""

@@ -190,6 +190,7 @@ def test_relative_links_resolve():
 # --- the quick start, as commands -------------------------------------------------------
 
 
+@pytest.mark.longest
 @pytest.mark.slow
 def test_readme_quick_start_commands_run(data_dir, session_cache, tmp_path):
   (block,) = [b for b in code_blocks(README, "bash") if "seq2seq-train" in b]

@@ -384,7 +384,7 @@ def sweep_command(workdir, *extra):
           "--config.eval.batch_size=64", "--compilation_cache=", *extra]
 
 
-@pytest.mark.slow
+@pytest.mark.long  # a sweep of real trainings, killed and rerun
 def test_a_killed_sweep_reruns_only_what_is_missing(tmp_path, data_dir, session_cache):
   """Kill -9 the sweep once the second run has its first checkpoint: the rerun leaves the
   first run alone, resumes the second from its checkpoint, and writes the tables."""

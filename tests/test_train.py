@@ -119,6 +119,7 @@ def optax_global_norm(tree):
   return optax.global_norm(tree)
 
 
+@pytest.mark.longest
 @pytest.mark.slow
 def test_sharded_meshes_train_like_one_device():
   out = subprocess.run([sys.executable, str(REPO / "tests" / "sharded_run.py"), "1,1,1", "8,1,1", "2,2,2", "1,8,1"],
@@ -276,7 +277,7 @@ def test_steps_that_do_not_log_evaluate_or_checkpoint_read_nothing_from_the_devi
     assert result["ok"] and result["step"] == 14 and np.isfinite(result["loss"])
 
 
-@pytest.mark.slow
+@pytest.mark.long  # two real-data trainings (the fast suite checks bfloat16 compute on one model)
 @pytest.mark.data
 def test_bfloat16_trains_like_float32(real_data_dir, session_cache, tmp_path):
   """300 steps of the tiny config on the real Multi30k in bf16 compute (f32 parameters, softmax,

@@ -1,8 +1,10 @@
 """The Transformer: causality, padding invariance, cached decoding, packed rows, relative
 positions' shift invariance, learned positions' limits, gradients, sizes.
 
-Every combination of positions x norm x placement x activation is checked: the fast suite
-runs a set that covers every pair of settings, the slow suite the rest of the grid.
+Combinations of positions x norm x placement x activation: the fast suite runs a set in which
+every pair of settings occurs, the slow suite adds what it takes for every triple to occur
+(85 models of the 168; a fault that needs all four settings at once is left to the studies'
+runs).
 """
 
 import itertools
@@ -29,18 +31,25 @@ def small_config(**overrides) -> ModelConfig:
   return ModelConfig(**(settings | overrides))
 
 
-def pairwise(grid: list[tuple]) -> list[tuple]:
-  """A subset of `grid` (a full product) in which every pair of values of any two axes
-  occurs: greedily, the combination that covers the most uncovered pairs first."""
-  def pairs(combo):
-    return {(i, a, j, b) for (i, a), (j, b) in itertools.combinations(enumerate(combo), 2)}
+def covering(grid: list[tuple], strength: int, chosen: list[tuple] = ()) -> list[tuple]:
+  """`chosen`, then combinations of `grid` (a full product) until every `strength` values of
+  any `strength` axes occur together: greedily, the combination that covers the most
+  uncovered ones first."""
+  def tuples(combo):
+    return set(itertools.combinations(enumerate(combo), strength))
 
-  todo, chosen = set().union(*map(pairs, grid)), []
+  chosen = list(chosen)
+  todo = set().union(*map(tuples, grid)) - set().union(set(), *map(tuples, chosen))
   while todo:
-    best = max(grid, key=lambda combo: len(pairs(combo) & todo))
+    best = max(grid, key=lambda combo: len(tuples(combo) & todo))
     chosen.append(best)
-    todo -= pairs(best)
+    todo -= tuples(best)
   return chosen
+
+
+def pairwise(grid: list[tuple]) -> list[tuple]:
+  """A subset of `grid` in which every pair of values of any two axes occurs."""
+  return covering(grid, 2)
 
 
 def with_activations(combos: list[tuple]) -> list[tuple]:
@@ -57,9 +66,10 @@ def fast_settings() -> list[tuple]:
 
 
 def variants():
-  fast = set(fast_settings())
-  grid = itertools.product(CHOICES["positions"], CHOICES["norm"], CHOICES["norm_position"], CHOICES["activation"])
-  return [c if c in fast else pytest.param(*c, marks=pytest.mark.slow) for c in grid]
+  fast = fast_settings()
+  grid = list(itertools.product(CHOICES["positions"], CHOICES["norm"], CHOICES["norm_position"],
+                                CHOICES["activation"]))
+  return fast + [pytest.param(*c, marks=pytest.mark.slow) for c in covering(grid, 3, fast)[len(fast):]]
 
 
 @pytest.mark.parametrize("positions, norm, norm_position, activation", variants())
