@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import pathlib
 
+from seq2seq import cli
+
+cli.version_before_imports(__name__)
+
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
 from seq2seq.errors import CheckpointError
-from seq2seq import cli
 from seq2seq.training.checkpoint import Checkpoints, restore_layout
 
 

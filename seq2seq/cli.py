@@ -84,12 +84,15 @@ def checkpoint_choice(value: str | None) -> None | str | int:
 
 def define_distributed_flags():
   """The multi-host flags of train and eval; returns a function that joins the run with them."""
-  from seq2seq import sharding
-
   address = flags.DEFINE_string("coordinator_address", "", "Multi-host runs: auto, or HOST:PORT of process 0.")
   count = flags.DEFINE_integer("num_processes", 0, "Multi-host runs with HOST:PORT: how many processes.")
   index = flags.DEFINE_integer("process_id", -1, "Multi-host runs with HOST:PORT: this process, 0 to N-1.")
-  return lambda: sharding.initialize_distributed(address.value, count.value, index.value)
+
+  def join() -> None:
+    from seq2seq import sharding  # JAX: not imported for --version or --help
+
+    sharding.initialize_distributed(address.value, count.value, index.value)
+  return join
 
 
 def _config_leaves(argv: list[str]) -> dict:
@@ -213,6 +216,24 @@ An unknown key is an error naming the closest ones. Shipped configs (--config=NA
 --config NAME, from any directory): {names}; --config=PATH.py loads a file."""
 
 
+def version_before_imports(module: str, *programs: str) -> None:
+  """`--version` answered at the top of a command's module, before it imports JAX (4 to 6 s):
+  when `module` is what runs (`python -m`) or sys.argv[0] is one of `programs` (its console
+  command, train.py or eval.py)."""
+  if "--version" in sys.argv[1:] and (module == "__main__" or os.path.basename(sys.argv[0]) in programs):
+    print(version_line(typed_command(sys.argv[0])), flush=True)
+    sys.exit(0)
+
+
+def typed_command(program: str) -> str:
+  """The command as the user typed it: `python -m seq2seq.export`, `seq2seq-train`, `train.py`."""
+  spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+  if spec is not None and spec.name not in ("__main__", None) and pathlib.Path(program).resolve() == \
+      pathlib.Path(spec.origin or "").resolve():
+    return f"python -m {spec.name.removesuffix('.__main__')}"  # a package's __main__: as typed
+  return os.path.basename(program)
+
+
 def version_line(program: str) -> str:
   from importlib import metadata
 
@@ -262,7 +283,7 @@ def run(main, module: str | None = None, argv=None, *, also: tuple[str, ...] = (
     sys.stdout.write(usage(program, module, full="--helpfull" in args[1:]))
     sys.exit(0)
   if "--version" in args[1:]:
-    print(version_line(os.path.basename(program)))
+    print(version_line(typed_command(program)))
     sys.exit(0)
 
   def guarded(args):

@@ -51,6 +51,10 @@ import os
 import pathlib
 import sys
 
+from seq2seq import cli
+
+cli.version_before_imports(__name__)
+
 import jax
 import ml_collections
 import numpy as np
@@ -366,8 +370,6 @@ def model_card(workdir: pathlib.Path, config, model_cfg: ModelConfig, label: str
 
 def main(argv=None) -> None:
   from absl import flags
-
-  from seq2seq import cli
 
   workdir = flags.DEFINE_string("workdir", None, "The training run's directory.", required=True)
   out = flags.DEFINE_string("out", None, "The model directory to write (new, or empty).", required=True)

@@ -49,9 +49,21 @@ def test_help_and_h_print_usage_and_exit_0_and_version_prints_it(module):
     assert "--log_level" in out.stdout and "--version" in out.stdout
   if module in ("seq2seq.commands.train", "seq2seq.data", "seq2seq.research.sweep"):  # the commands that take --config
     assert "--config.KEY=VALUE" in out.stdout and "tiny, " in out.stdout
-  version = python_m(module, "--version")
-  assert version.returncode == 0 and f" {seq2seq.__version__} (seq2seq-jax, installed {seq2seq.__version__})" in \
-      version.stdout
+  version = python_m(module, "--version")  # named as typed (it was `export.py 0.2.0`)
+  assert version.returncode == 0 and version.stdout == \
+      f"python -m {module} {seq2seq.__version__} (seq2seq-jax, installed {seq2seq.__version__})\n"
+
+
+@pytest.mark.parametrize("command", [["-m", "seq2seq.commands.train"], ["-m", "seq2seq.commands.eval"],
+                                     ["-m", "seq2seq.commands.translate"], ["-m", "seq2seq.export"],
+                                     ["-m", "seq2seq.average"], ["train.py"], ["eval.py"]])
+def test_version_answers_before_jax_is_imported(command):
+  """--version took 4 to 5.5 s: each command imported JAX first."""
+  out = subprocess.run([sys.executable, "-X", "importtime", *command, "--version"], capture_output=True, text=True,
+                       cwd=REPO, timeout=60)
+  assert out.returncode == 0 and out.stdout.split()[-4] == seq2seq.__version__, out.stdout
+  imported = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
+  assert "seq2seq.errors" in imported and not {"jax", "flax", "numpy"} & imported
 
 
 def test_config_name_with_a_space_or_equals_and_an_unknown_one_lists_the_shipped(capsys):

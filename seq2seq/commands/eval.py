@@ -19,11 +19,15 @@ import os
 import pathlib
 import sys
 
+from seq2seq import cli
+
+cli.version_before_imports(__name__, "seq2seq-eval", "eval.py")
+
 import jax
 from absl import flags
 
 from seq2seq.errors import ConfigError, DataError
-from seq2seq import cli, data, metrics
+from seq2seq import data, metrics
 from seq2seq.commands import decoding
 from seq2seq.inference import evaluate, load
 

@@ -37,6 +37,9 @@ import sys
 from absl import flags
 
 from seq2seq import cli, files
+
+cli.version_before_imports(__name__, "seq2seq-translate")
+
 from seq2seq.commands import decoding
 from seq2seq.errors import ConfigError
 from seq2seq.inference import evaluate, settings
