@@ -66,16 +66,11 @@ TRAIN_SMOKE = ["--config.train.log_every=5"]
 
 # -- the child processes ---------------------------------------------------------------
 def use_this_checkout() -> None:
-  """`seq2seq` from this checkout, and `seq2seq.configs` its configs/ folder (what the
-  installed package maps there), whatever else is installed."""
+  """`seq2seq`, its configs included, from this checkout (first on sys.path), whatever else is
+  installed."""
   import seq2seq
 
-  spec = importlib.util.spec_from_file_location("seq2seq.configs", REPO / "configs" / "__init__.py",
-                                                submodule_search_locations=[str(REPO / "configs")])
-  module = importlib.util.module_from_spec(spec)
-  sys.modules["seq2seq.configs"] = module
-  spec.loader.exec_module(module)
-  seq2seq.configs = module
+  assert pathlib.Path(seq2seq.__file__).resolve().parent == REPO / "seq2seq", seq2seq.__file__
 
 
 def _attention(model_cfg, t: int, packed: bool, devices: int) -> str:

@@ -1,6 +1,7 @@
 """The console commands (seq2seq-train, seq2seq-eval, seq2seq-translate) and what every
 command shares: configs by name from any directory, quiet logs unless asked, --help."""
 
+import json
 import os
 import pathlib
 import re
@@ -114,15 +115,17 @@ def test_a_run_prints_only_its_own_lines_unless_asked(data_dir, session_cache, t
 
 
 @pytest.mark.slow
-def test_a_non_editable_install_runs_from_any_directory(data_dir, session_cache, tmp_path):
+def test_a_non_editable_install_runs_from_any_directory_the_clone_included(data_dir, session_cache, tmp_path):
   """`pip install .` (not editable) ships the configs: a shipped config by name, and the
-  console commands, work from a directory with no checkout in it."""
-  source = tmp_path / "source"
-  for name in ("pyproject.toml", "README.md", "LICENSE"):
-    (source / name).parent.mkdir(parents=True, exist_ok=True)
+  console commands, work from a directory with no checkout in it, and the `python -m` commands
+  and train.py/eval.py from inside the clone, whose seq2seq/ (configs included) is the one
+  Python finds there (it lacked seq2seq.configs: an ImportError)."""
+  source = tmp_path / "source"  # a clone: what git checks out
+  source.mkdir()
+  for name in ("pyproject.toml", "README.md", "LICENSE", "train.py", "eval.py"):
     shutil.copy(REPO / name, source / name)
-  for folder in ("seq2seq", "configs"):
-    shutil.copytree(REPO / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
+  shutil.copytree(REPO / "seq2seq", source / "seq2seq", ignore=shutil.ignore_patterns("__pycache__"))
+  os.symlink(os.readlink(REPO / "configs"), source / "configs")
   target = tmp_path / "installed"
   pip = run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target), str(source)],
             tmp_path)
@@ -136,12 +139,17 @@ def test_a_non_editable_install_runs_from_any_directory(data_dir, session_cache,
   package, shipped, names = where.stdout.splitlines()
   assert package.startswith(str(target)) and shipped == str(target / "seq2seq" / "configs" / "__init__.py")
   assert {"tiny", "multi30k", "wmt14_base", "wmt14_big"} <= set(names.split())
-  stats = run([sys.executable, "-m", "seq2seq.data", "--config=tiny", "--json",
-               f"--config.data.cache_dir={session_cache}"], elsewhere, env=env)
-  assert stats.returncode == 0, stats.stderr
+  for cwd in (elsewhere, source):
+    stats = run([sys.executable, "-m", "seq2seq.data", "--config=tiny", "--json",
+                 f"--config.data.cache_dir={session_cache}"], cwd, env=env)
+    assert stats.returncode == 0, (cwd, stats.stderr)
+    assert json.loads(stats.stdout)["pairs"] > 0, stats.stdout[:300]
   for script in ("seq2seq-train", "seq2seq-eval", "seq2seq-translate"):
     helped = run([sys.executable, str(target / "bin" / script), "--help"], elsewhere, env=env)
     assert "--log_level" in helped.stdout and "--workdir" in helped.stdout, (script, helped.stderr)
+  for command in (["train.py"], ["eval.py"], ["-m", "seq2seq.export"], ["-m", "seq2seq.average"]):
+    helped = run([sys.executable, *command, "--help"], source, env=env)  # inside the clone
+    assert helped.returncode == 0 and "--workdir" in helped.stdout, (command, helped.stderr)
 
 
 def test_the_license_file_is_the_one_pyproject_names():

@@ -15,7 +15,7 @@ from conftest import REPO
 # row names, nothing else of seq2seq (imports inside functions count too). Rooms:
 #   top       seq2seq/*.py: the shared modules (cli, errors, files, metrics, sharding,
 #             compilation), average and export, and the package itself
-#   configs   configs/ (shipped as seq2seq.configs)
+#   configs   seq2seq/configs/ (configs/ links to it)
 #   data, model, training, inference, research, commands: those subpackages
 # The core is every room but research and commands: it never imports either. Research may
 # import the core; the commands may import anything. (seq2seq/sweep.py, results.py and plot.py
@@ -39,7 +39,6 @@ FORWARDED = ["sweep", "results", "plot"]  # python -m seq2seq.NAME runs seq2seq.
 def package_modules() -> dict[str, pathlib.Path]:
   modules = {".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__"): p
              for p in (REPO / "seq2seq").rglob("*.py")}
-  modules["seq2seq.configs"] = REPO / "configs" / "__init__.py"
   return modules
 
 
