@@ -17,7 +17,8 @@ from sharded_run import batches
 
 from seq2seq import metrics, sharding
 from seq2seq.model.config import ModelConfig
-from seq2seq.training import optimizer
+from seq2seq.training import optimizer, report
+from seq2seq.training.config import TrainConfig
 from seq2seq.training.loss import cross_entropy_sums
 from seq2seq.training.train import Steps, init_state, train_and_evaluate
 
@@ -315,3 +316,18 @@ def test_the_train_section_is_read_once_into_a_checked_train_config():
     TrainConfig.from_config({k: v for k, v in section.items() if k != "guard_lr_factor"})
   with pytest.raises(ConfigError, match="config.train.transfer_guard must be one of"):
     TrainConfig.from_config(dict(section.items()) | {"transfer_guard": "deny"})
+
+
+def test_a_run_shorter_than_its_warmup_or_log_interval_is_told_so():
+  """--config=multi30k --config.train.steps=30 trained silently at a rate that never left
+  warmup (500 steps) and logged nothing until the end (log_every 50)."""
+  from seq2seq import get_config
+
+  t = TrainConfig.from_config(dict(get_config("multi30k").train.items()) | {"steps": 30})
+  _, schedule = optimizer.make(t, d_model=256)
+  warmup, log = report.short_run_warnings(t, schedule)
+  assert warmup.startswith(f"warning: config.train.warmup_steps={t.warmup_steps} is more than config.train.steps=30: "
+                           f"the learning rate never reaches its peak (it ends at {float(schedule(29)):.3g})")
+  assert log.startswith(f"warning: config.train.log_every={t.log_every} is more than config.train.steps=30: ")
+  long_enough = TrainConfig.from_config(dict(get_config("multi30k").train.items()))
+  assert report.short_run_warnings(long_enough, schedule) == []

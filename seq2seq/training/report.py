@@ -49,6 +49,20 @@ def peak_learning_rate(schedule, warmup_steps: int, steps: int) -> float:
   return max(float(schedule(s)) for s in points)
 
 
+def short_run_warnings(t, schedule) -> list[str]:
+  """What a run shorter than its own settings should be told: a warmup it never finishes
+  (the rate never reaches its peak) and a log interval it never reaches."""
+  said = []
+  if t.warmup_steps > t.steps:
+    said.append(f"warning: config.train.warmup_steps={t.warmup_steps} is more than config.train.steps={t.steps}: "
+                f"the learning rate never reaches its peak (it ends at {float(schedule(t.steps - 1)):.3g}); set "
+                f"--config.train.warmup_steps to a fraction of the steps")
+  if t.log_every > t.steps:
+    said.append(f"warning: config.train.log_every={t.log_every} is more than config.train.steps={t.steps}: only "
+                f"the last step is logged; set --config.train.log_every")
+  return said
+
+
 def summary(config, model_cfg: ModelConfig, mesh, workdir: str, peak_lr: float | None = None) -> str:
   """One paragraph: the model, the data (its training split's spec), the schedule (its real
   peak rate when given) and where it runs."""
