@@ -128,7 +128,7 @@ def test_the_header_shows_the_real_peak_rate_and_the_training_split_and_warns_of
   assert report.unused_gpu("gpu", probes=(str(probe),)) is None
 
 
-@pytest.mark.slow
+@pytest.mark.long  # a training and its commands (CI's user path runs the Quick start from elsewhere)
 def test_a_run_eval_export_and_translation_from_elsewhere_with_a_relative_data_dir_and_umask_022(data_dir, tmp_path):
   """Train with SEQ2SEQ_DATA_DIR relative to the working directory, then evaluate, export
   and translate from another directory: config.json holds the absolute data folder, and

@@ -274,7 +274,7 @@ EXPORT_STAGES = [("wrote model.safetensors", True, OLD), ("wrote export.json", T
                  ("exchanged", True, NEW), ("aside", False, OLD), ("moved", False, NEW)]
 
 
-@pytest.mark.slow
+@pytest.mark.long  # six exports killed (the fast suite stops the swap at each of its steps)
 def test_an_export_killed_at_any_point_leaves_the_earlier_export_or_the_new(tiny_run, earlier, tmp_path):
   parent = tmp_path / "models"
   for stage, exchange, left in EXPORT_STAGES:

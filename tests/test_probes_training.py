@@ -480,7 +480,12 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 def _replace(workdir):
   moved = workdir.rename(workdir.with_name("run.old"))
-  subprocess.run(["cp", "-a", str(moved), str(workdir)], check=True)  # as the user did: `mv R R.old && cp -a R.old R`
+  for _ in range(20):  # as the user did: `mv R R.old && cp -a R.old R`
+    copied = subprocess.run(["cp", "-a", str(moved), str(workdir)], capture_output=True, text=True)
+    if copied.returncode == 0:
+      return
+    shutil.rmtree(workdir, ignore_errors=True)  # a file of the save in flight (a lock) vanished mid-copy: again
+  raise AssertionError(copied.stderr)
 
 
 def _remove(workdir):

@@ -190,8 +190,7 @@ def test_relative_links_resolve():
 # --- the quick start, as commands -------------------------------------------------------
 
 
-@pytest.mark.longest
-@pytest.mark.slow
+@pytest.mark.long  # CI runs the Quick start after a plain `pip install .` instead (.ci/user_path)
 def test_readme_quick_start_commands_run(data_dir, session_cache, tmp_path):
   (block,) = [b for b in code_blocks(README, "bash") if "seq2seq-train" in b]
   workdir, model_dir, cwd = tmp_path / "tiny", tmp_path / "tiny-model", tmp_path / "elsewhere"

@@ -9,6 +9,7 @@ since the last record a `Window`; a divergence is undone by a `Rollback` (guard.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import logging
@@ -37,6 +38,10 @@ from seq2seq.training.state import TrainState, init_state
 from seq2seq.training.validation import Validation
 from seq2seq.training.window import Window
 
+# Steps queued on the devices ahead of the one finishing: enough that the host prepares and
+# dispatches the next step while the devices compute, few enough that a stop (SIGTERM from a
+# preemption notice) saves within STEPS_IN_FLIGHT + 1 steps of where the devices were.
+STEPS_IN_FLIGHT = 2
 BATCH_KEYS = ("src_bs", "src_segments_bs", "src_positions_bs", "tgt_in_bt", "tgt_out_bt", "tgt_segments_bt",
               "tgt_positions_bt")
 
@@ -230,6 +235,7 @@ def _loop(run: Run, state: TrainState, feed, rollback: Rollback) -> dict:
   step = int(state.step)
   window, last = Window.after(step), {}
   data_state = None  # the iterator's state after the last batch a step consumed: what a checkpoint records
+  in_flight = collections.deque()  # the metrics of the steps dispatched and perhaps not finished
   with checkpoint.StopSignal() as stop:
     while step < t.steps:
       due = _due(step + 1, t)
@@ -243,6 +249,9 @@ def _loop(run: Run, state: TrainState, feed, rollback: Rollback) -> dict:
         poison = step + 1 == t.inject_nan_at_step and not rollback.count
         state, step_metrics = run.steps.update(state, [f["batch"] for f in fed], poison)
         step += 1
+        in_flight.append(step_metrics)
+        while len(in_flight) > STEPS_IN_FLIGHT:  # waits for a step to finish; reads nothing back
+          jax.block_until_ready(in_flight.popleft())
         window.add(step_metrics, [f["counts"] for f in fed], wait)
         run.bar.update(1)
         run.ckpts.check()  # a failed asynchronous save stops training now, not a checkpoint interval later
@@ -296,6 +305,9 @@ def _announce(config, t: TrainConfig, model_cfg: ModelConfig, mesh, workdir: str
   """Prints the run's summary; writes its config.json and adds `command` to commands.txt."""
   peak_lr = report.peak_learning_rate(schedule, t.warmup_steps, t.steps)
   print(report.summary(config, model_cfg, mesh, workdir, peak_lr=peak_lr), flush=True)
+  for warning in report.short_run_warnings(t, schedule):
+    print(warning, flush=True)
+  print("compiling the train step: the first step waits for it", flush=True)
   if report.unused_gpu(jax.default_backend()):
     print(report.unused_gpu(jax.default_backend()), file=sys.stderr, flush=True)
   write_atomic(pathlib.Path(workdir) / "config.json", config.to_json_best_effort(indent=1, sort_keys=True).encode())
