@@ -20,7 +20,7 @@ from seq2seq.model.config import ModelConfig
 from seq2seq.training import optimizer, report
 from seq2seq.training.config import TrainConfig
 from seq2seq.training.loss import cross_entropy_sums
-from seq2seq.training.train import Steps, init_state, train_and_evaluate
+from seq2seq.training.train import STEPS_IN_FLIGHT, Steps, init_state, train_and_evaluate
 
 
 @pytest.mark.parametrize("count", [0, 9, 3999, 4000, 20000])
@@ -167,9 +167,23 @@ def test_tiny_config_learns_and_reports(data_dir, session_cache, tmp_path, monke
 
   measured, calls = iter([1e11, 3e11, 2e11]), []  # the matmul peak at start and at the two evaluations
   monkeypatch.setattr(flops, "measure_matmul_peak", lambda repeats=10: calls.append(repeats) or next(measured))
+  # The loop waits (without reading back) for each step's metrics once STEPS_IN_FLIGHT newer steps are queued.
+  dispatched, waited, behind = [], [], []
+  update, block = Steps.update, jax.block_until_ready
+
+  def counted_update(self, *args, **kwargs):
+    behind.append(len(dispatched) - sum(1 for w in waited if w in map(id, dispatched)))  # unwaited steps queued
+    result = update(self, *args, **kwargs)
+    dispatched.append(result[1])
+    return result
+
+  monkeypatch.setattr(Steps, "update", counted_update)
+  monkeypatch.setattr(jax, "block_until_ready", lambda x: waited.append(id(x)) or block(x))
   config = make_config("tiny", data_dir, session_cache)
   config.train.update(steps=40, log_every=10, eval_every=20)
   last = train_and_evaluate(config, str(tmp_path))
+  assert [i for i in waited if i in set(map(id, dispatched))] == list(map(id, dispatched[:-STEPS_IN_FLIGHT]))
+  assert max(behind) == STEPS_IN_FLIGHT  # before each step, at most that many earlier ones not yet waited for
   records = metrics.read(tmp_path)
   train_records = [r for r in records if "loss" in r]
   assert [r["step"] for r in train_records] == [10, 20, 30, 40]
