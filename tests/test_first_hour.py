@@ -34,7 +34,12 @@ def test_one_version_and_the_distribution_name():
   assert project["name"] == seq2seq.DISTRIBUTION == "seq2seq-jax" and project["dynamic"] == ["version"]
   assert importlib.metadata.version(seq2seq.DISTRIBUTION) == seq2seq.__version__  # the installed metadata agrees
   assert project["license"] == "Apache-2.0" and "Typing :: Typed" in project["classifiers"]
-  assert {"cuda12", "cuda13", "tpu", "dev"} <= set(project["optional-dependencies"])
+  assert {"cuda12", "cuda13", "tpu", "dev", "notebook"} <= set(project["optional-dependencies"])
+  # The notebook opens after one install line the README gives (it needed tools no extra had).
+  notebook = " ".join(project["optional-dependencies"]["notebook"])
+  assert "jupyterlab" in notebook and "ipykernel" in notebook
+  assert 'pip install ".[notebook]"                # the notebook: jupyter lab notebooks/quickstart.ipynb' in \
+      (REPO / "README.md").read_text()
   assert f"## {seq2seq.__version__}" in (REPO / "CHANGELOG.md").read_text()
   assert re.search(rf"^version: {re.escape(seq2seq.__version__)}$", (REPO / "CITATION.cff").read_text(), re.M)
   assert (REPO / "seq2seq" / "py.typed").is_file()

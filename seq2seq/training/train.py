@@ -24,7 +24,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from seq2seq import data, metrics, sharding
+from seq2seq import data, errors, metrics, sharding
 from seq2seq.data.batching import BatchIterator
 from seq2seq.data.prefetch import Prefetch
 from seq2seq.files import write_atomic
@@ -202,6 +202,8 @@ def _train(config, workdir: str, command: str, mesh, held: lock.WorkdirLock) -> 
   except BaseException as err:
     _close_events(run, failing=True)
     ckpts.settle()  # a save in flight ends before the workdir's lock and directory are let go
+    if isinstance(err, (errors.CheckpointError, errors.ResourceError)):
+      held.check(ckpts.last_good())  # a save that failed because the workdir went away says so (WorkdirGone)
     if isinstance(err, OSError) and (stopped := ckpts.stopped(err)) is not err:  # a full disk under metrics.jsonl
       raise stopped from err
     raise
