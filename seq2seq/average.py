@@ -1,7 +1,12 @@
-"""Checkpoint averaging: the mean of the parameters of the last k checkpoints, saved as a
+"""Checkpoint averaging: the mean of the parameters of the last K checkpoints, saved as a
 checkpoint of its own that evaluation can load.
 
-  python -m seq2seq.average --workdir=DIR --last=5      # writes DIR/average/last5
+  python -m seq2seq.average --workdir=DIR --average_last=5                    # the newest 5
+  python -m seq2seq.average --workdir=DIR --average_last=5 --checkpoint=best  # the 5 ending at the best
+
+It writes DIR/average/lastK, which holds the average last made for K (its steps are recorded
+in it: seq2seq-eval --average_last=K [--checkpoint=...] uses it when they are the ones asked
+for, and makes it again when not). --last=K is --average_last's old name.
 """
 
 from __future__ import annotations
@@ -16,21 +21,29 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from seq2seq.errors import CheckpointError
+from seq2seq.errors import CheckpointError, ConfigError
 from seq2seq.training.checkpoint import Checkpoints, restore_layout
 
 
-def newest_steps(workdir: str, last: int) -> list[int]:
-  """The steps of the newest `last` checkpoints (an error if there are fewer)."""
+def newest_steps(workdir: str, last: int, end: None | str | int = None) -> list[int]:
+  """The steps of the `last` checkpoints ending at `end` (None: the newest; "best": the kept
+  one with the lowest validation loss; a step), oldest first; an error if there are fewer."""
   ckpts = Checkpoints(workdir, asynchronous=False)
   try:
-    steps = sorted(ckpts.manager.all_steps())[-last:]
+    steps = sorted(ckpts.manager.all_steps())
+    stop = ckpts.best_step() if end == "best" else end
   finally:
     ckpts.close()
+  if end is not None and stop not in steps:
+    what = "validated checkpoint (best)" if end == "best" else f"checkpoint {end}"
+    raise CheckpointError(f"{ckpts.directory} has no {what}; it has steps {steps}")
+  if stop is not None:
+    steps = [s for s in steps if s <= stop]
   if len(steps) < last:
-    raise CheckpointError(f"{ckpts.directory} has {len(steps)} checkpoint(s), fewer than --last={last} "
-                     "(raise config.train.keep_checkpoints to keep more)")
-  return steps
+    ending = "" if end is None else f" up to {'the best, ' if end == 'best' else ''}step {stop}"
+    raise CheckpointError(f"{ckpts.directory} has {len(steps)} checkpoint(s){ending}, fewer than --average_last={last} "
+                          "(raise config.train.keep_checkpoints to keep more)")
+  return steps[-last:]
 
 
 def averaged_steps(path: str | pathlib.Path) -> list[int] | None:
@@ -92,14 +105,21 @@ def main(argv=None) -> None:
   from absl import flags
 
   workdir = flags.DEFINE_string("workdir", None, "The run's directory.", required=True)
-  last = flags.DEFINE_integer("last", 5, "How many of the newest checkpoints to average.")
+  average_last = flags.DEFINE_integer("average_last", None, "How many checkpoints to average (default 5).")
+  checkpoint = flags.DEFINE_string("checkpoint", None, "The newest of them: latest (the default), best or a step.")
+  last = flags.DEFINE_integer("last", None, "The old name of --average_last.")
 
   def run(_):
-    try:
-      out = save_average(workdir.value, newest_steps(workdir.value, last.value))
-    except ValueError as e:
-      cli.fail(str(e))
-    print(f"averaged the last {last.value} checkpoints into {out}")
+    if last.value is not None and average_last.value is not None:
+      raise ConfigError("--last is the old name of --average_last: give one of them")
+    if last.value is not None:
+      cli.deprecated(f"--last={last.value}", f"--average_last={last.value}")
+    k = next((v for v in (average_last.value, last.value) if v is not None), 5)
+    if k < 1:
+      raise ConfigError(f"--average_last={k}: the number of checkpoints to average must be >= 1")
+    steps = newest_steps(workdir.value, k, cli.checkpoint_choice(checkpoint.value))
+    out = save_average(workdir.value, steps)
+    print(f"averaged checkpoints {', '.join(map(str, steps))} into {out}")
 
   cli.run(run, __name__, argv)
 

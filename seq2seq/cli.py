@@ -73,13 +73,26 @@ def command_line(console_name: str) -> str:
   return shlex.join([program] + sys.argv[1:] if program else ["python", *sys.argv])
 
 
-def checkpoint_choice(value: str | None) -> None | str | int:
-  """A --checkpoint flag's value: None (the newest intact checkpoint), "best" or a step."""
-  if value is None or value == "best":
+CHECKPOINT_HELP = ("Which checkpoint: latest (the newest intact one; the default), best (the kept one with the "
+                   "lowest validation loss) or a step; with --average_last=K, the K checkpoints ending there.")
+AVERAGE_LAST_HELP = "Use the mean of K checkpoints' parameters: the K ending at --checkpoint (default: the newest)."
+
+
+def checkpoint_choice(value: str | None, flag: str = "--checkpoint") -> None | str | int:
+  """A --checkpoint flag's value: None (latest: the newest intact checkpoint), "best" or a step."""
+  if value is None or value == "latest":
+    return None
+  if value == "best":
     return value
   if value.isdigit():
     return int(value)
-  raise ConfigError(f"--checkpoint must be 'best' or a step number, got {value!r}")
+  raise ConfigError(f"{flag}={value}: expected latest, best or a step number")
+
+
+def deprecated(old: str, new: str) -> None:
+  """The line a flag's old name prints: it still works, and says what replaces it."""
+  print(f"warning: {old} is deprecated; use {new} (the same flag in seq2seq-eval, seq2seq-translate, "
+        "python -m seq2seq.export and python -m seq2seq.average)", file=sys.stderr, flush=True)
 
 
 def define_distributed_flags():

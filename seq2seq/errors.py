@@ -23,12 +23,17 @@ import os
 
 
 def command(name: str) -> str:
-  """How this user runs the command `name` (train, eval), for hints in messages: the
-  console command when this process is one (`seq2seq-eval`), else `python eval.py`."""
+  """How this user runs the command `name` (train, eval), for hints in messages: `python
+  eval.py` when this process is one of the clone's scripts (train.py, eval.py), else the
+  console command (`seq2seq-eval`), which works from any directory: also after `python -m
+  seq2seq.export`, whose module path names no script of the clone."""
+  import pathlib
   import sys
 
-  started_as = os.path.basename(sys.argv[0]) if sys.argv else ""
-  return f"seq2seq-{name}" if started_as.startswith("seq2seq-") else f"python {name}.py"
+  started_as = pathlib.Path(sys.argv[0] if sys.argv else "")
+  if started_as.name in ("train.py", "eval.py") and started_as.resolve().parent.name not in ("commands", "seq2seq"):
+    return f"python {name}.py"
+  return f"seq2seq-{name}"
 
 
 class Error(Exception):

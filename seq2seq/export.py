@@ -1,6 +1,6 @@
 """Exports a trained model as a self-contained folder that loads without orbax:
 
-  python -m seq2seq.export --workdir=DIR --out=MODEL_DIR [--checkpoint=best|STEP]
+  python -m seq2seq.export --workdir=DIR --out=MODEL_DIR [--checkpoint=latest|best|STEP] [--average_last=K]
 
 MODEL_DIR/
   model.safetensors   the parameters (names like encoder_layers.0.self_attn.wqkv_dn3h), with
@@ -87,8 +87,9 @@ def flatten(params) -> dict[str, np.ndarray]:
 
 
 def export(workdir: str | os.PathLike, out: str | os.PathLike, checkpoint: None | str | int = None, *,
-           overwrite: bool = False) -> pathlib.Path:
-  """Writes MODEL_DIR from a run's checkpoint (None: the newest intact one; "best"; a step)."""
+           average_last: int = 0, overwrite: bool = False) -> pathlib.Path:
+  """Writes MODEL_DIR from a run's checkpoint (None: the newest intact one; "best"; a step),
+  or with `average_last` K the mean of the K checkpoints ending there."""
   from safetensors.numpy import save
 
   from seq2seq.inference import load
@@ -102,7 +103,7 @@ def export(workdir: str | os.PathLike, out: str | os.PathLike, checkpoint: None 
   config = load.run_config(workdir)
   mesh = sharding.make_mesh(config.mesh)
   loaded = load.load_params(workdir, config, mesh, best=checkpoint == "best",
-                            step=checkpoint if isinstance(checkpoint, int) else None)
+                            step=checkpoint if isinstance(checkpoint, int) else None, average_last=average_last)
   model_cfg, tok, label = loaded.model_cfg, loaded.tokenizer, loaded.checkpoint.label
   tensors = flatten(loaded.params)
   if jax.process_index() != 0:
@@ -373,11 +374,15 @@ def main(argv=None) -> None:
 
   workdir = flags.DEFINE_string("workdir", None, "The training run's directory.", required=True)
   out = flags.DEFINE_string("out", None, "The model directory to write (new, or empty).", required=True)
-  checkpoint = flags.DEFINE_string("checkpoint", None, "'best' or a step (default: the newest intact checkpoint).")
+  checkpoint = flags.DEFINE_string("checkpoint", None, cli.CHECKPOINT_HELP)
+  average_last = flags.DEFINE_integer("average_last", 0, cli.AVERAGE_LAST_HELP)
   overwrite = flags.DEFINE_bool("overwrite", False, "Replace an earlier export in --out.")
 
   def run(_):
-    path = export(workdir.value, out.value, cli.checkpoint_choice(checkpoint.value), overwrite=overwrite.value)
+    if average_last.value < 0:
+      raise ConfigError(f"--average_last={average_last.value}: the number of checkpoints to average must be >= 0")
+    path = export(workdir.value, out.value, cli.checkpoint_choice(checkpoint.value), average_last=average_last.value,
+                  overwrite=overwrite.value)
     if jax.process_index() == 0:
       print(f"exported {workdir.value} to {path}: {', '.join(sorted(p.name for p in path.iterdir()))}")
 

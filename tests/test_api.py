@@ -69,8 +69,14 @@ def test_from_workdir_chooses_the_checkpoint(tiny_run):
   assert Translator.from_workdir(tiny_run, 40, **SMALL).checkpoint == "step40"
   with pytest.raises(ValueError, match="has no checkpoint 7; it has steps"):
     Translator.from_workdir(tiny_run, 7)
-  with pytest.raises(ValueError, match="checkpoint must be None, 'best' or a step"):
-    Translator.from_workdir(tiny_run, "latest")
+  assert Translator.from_workdir(tiny_run, "latest", **SMALL).checkpoint == Translator.from_workdir(
+      tiny_run, **SMALL).checkpoint == f"step{max(r['step'] for r in metrics.read(tiny_run))}"
+  assert Translator.from_workdir(tiny_run, 40, average_last=2, **SMALL).checkpoint == "average2-40"
+  for wrong in ("last", True, -1):
+    with pytest.raises(ValueError, match="checkpoint must be None, 'latest', 'best' or a step"):
+      Translator.from_workdir(tiny_run, wrong)
+  with pytest.raises(ValueError, match="average_last must be a number of checkpoints >= 0, got -1"):
+    Translator.from_workdir(tiny_run, average_last=-1)
   with pytest.raises(ValueError, match="unknown search setting"):
     Translator.from_workdir(tiny_run, beam=3)
   config = load.run_config(tiny_run)

@@ -173,29 +173,37 @@ def test_restore_on_another_mesh_continues_the_same_run(uninterrupted, data_dir,
 
 
 def test_average_of_the_last_checkpoints_is_the_mean_of_their_parameters(uninterrupted, tmp_path):
+  """--average_last=K [--checkpoint=STEP]: the mean of the K checkpoints ending there; --last is
+  its old name (it works, with a deprecation line)."""
   import orbax.checkpoint as ocp
 
   from seq2seq import average
 
   workdir = tmp_path / "copy"
   shutil.copytree(uninterrupted, workdir)
-  out = subprocess.run([sys.executable, "-m", "seq2seq.average", f"--workdir={workdir}", "--last=2"], cwd=REPO,
-                       capture_output=True, text=True, timeout=300)
-  assert out.returncode == 0, out.stderr[-3000:]
-  params, identity = average.load_average(workdir / "average" / "last2")
-  assert identity["averaged_steps"] == [20, 30]
+
+  def run(*flags):
+    return subprocess.run([sys.executable, "-m", "seq2seq.average", f"--workdir={workdir}", *flags], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+
   ckpts = checkpoint.Checkpoints(str(workdir))
-  p20, p30 = (ckpts.manager.restore(s, args=ocp.args.Composite(state=ocp.args.StandardRestore())).state["params"]
-              for s in (20, 30))
+  saved = {s: ckpts.manager.restore(s, args=ocp.args.Composite(state=ocp.args.StandardRestore())).state["params"]
+           for s in (10, 20, 30)}
   ckpts.close()
-  leaves = list(zip(jax.tree.leaves(params), jax.tree.leaves(p20), jax.tree.leaves(p30)))
-  assert len(leaves) > 10
-  for avg, a, b in leaves:
-    np.testing.assert_array_equal(avg, ((np.float64(a) + np.float64(b)) / 2).astype(np.float32))
-  assert not np.array_equal(leaves[0][1], leaves[0][2])
-  too_many = subprocess.run([sys.executable, "-m", "seq2seq.average", f"--workdir={workdir}", "--last=5"],
-                            cwd=REPO, capture_output=True, text=True, timeout=300)
-  assert too_many.returncode != 0 and "fewer than --last=5" in too_many.stderr
+  for flags, steps in ((["--last=2"], [20, 30]), (["--average_last=2", "--checkpoint=20"], [10, 20])):
+    out = run(*flags)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert ("warning: --last=2 is deprecated; use --average_last=2" in out.stderr) == (flags == ["--last=2"])
+    params, identity = average.load_average(workdir / "average" / "last2")
+    assert identity["averaged_steps"] == steps
+    leaves = list(zip(jax.tree.leaves(params), *(jax.tree.leaves(saved[s]) for s in steps)))
+    assert len(leaves) > 10
+    for avg, a, b in leaves:
+      np.testing.assert_array_equal(avg, ((np.float64(a) + np.float64(b)) / 2).astype(np.float32))
+    assert not np.array_equal(leaves[0][1], leaves[0][2])
+  too_many = run("--average_last=3", "--checkpoint=20")
+  assert too_many.returncode == 2 and too_many.stderr.splitlines()[-1].endswith(
+      "has 2 checkpoint(s) up to step 20, fewer than --average_last=3 (raise config.train.keep_checkpoints to keep more)")
 
 
 def test_nan_at_a_step_rolls_back_to_the_last_checkpoint_and_training_goes_on(data_dir, session_cache, tmp_path):

@@ -69,8 +69,8 @@ def test_checkpoint_flag_values():
   """--checkpoint of seq2seq-translate and seq2seq.export: newest, best or a step; else an error."""
   from seq2seq import cli
 
-  assert [cli.checkpoint_choice(v) for v in (None, "best", "300")] == [None, "best", 300]
-  with pytest.raises(ValueError, match="--checkpoint must be 'best' or a step number, got 'last'"):
+  assert [cli.checkpoint_choice(v) for v in (None, "latest", "best", "300")] == [None, None, "best", 300]
+  with pytest.raises(ValueError, match="--checkpoint=last: expected latest, best or a step number"):
     cli.checkpoint_choice("last")
 
 

@@ -166,7 +166,7 @@ def test_a_stale_average_is_recomputed(run, tmp_path):
 
 def test_best_checkpoint_is_chosen_by_validation_loss(run):
   val = {r["step"]: r["val_loss"] for r in metrics.read(run) if "val_loss" in r}
-  out = eval_py(f"--workdir={run}", "--best", "--split=val", "--beam_size=1", "--max_len_b=5")
+  out = eval_py(f"--workdir={run}", "--checkpoint=best", "--split=val", "--beam_size=1", "--max_len_b=5")
   assert out.returncode == 0, out.stderr
   best = min(val, key=val.get)
   assert (run / "eval" / f"val.best{best}.greedy-len1x+5.json").is_file()
@@ -179,8 +179,11 @@ def test_mismatched_reference_is_a_clear_error(run, val_files, tmp_path):
   out = eval_py(f"--workdir={run}", f"--source={val_files / 'src.en'}", f"--reference={short}")
   assert out.returncode != 0
   assert f"has {VAL_SENTENCES} lines but --reference={short} has 2" in out.stderr
-  missing = eval_py(f"--workdir={run}", "--step=7")
-  assert missing.returncode != 0 and "no checkpoint 7" in missing.stderr
+  missing = eval_py(f"--workdir={run}", "--step=7")  # --checkpoint's old name: it works, and says so
+  assert missing.returncode == 2 and missing.stderr.splitlines()[0] == (
+      "warning: --step=7 is deprecated; use --checkpoint=7 (the same flag in seq2seq-eval, seq2seq-translate, "
+      "python -m seq2seq.export and python -m seq2seq.average)")
+  assert missing.stderr.splitlines()[-1].startswith("error: ") and "has no checkpoint 7" in missing.stderr
 
 
 @pytest.fixture(scope="module")
@@ -282,21 +285,26 @@ def test_result_names_tell_decodings_apart():
 @pytest.mark.slow
 def test_ensemble_decodes_the_mean_of_the_runs_and_records_its_members(run, translator, val_files, data_dir,
                                                                          session_cache, tmp_path):
-  """--ensemble: the CLI loads each member's checkpoint (here step 40 and step 60 of one run)
-  and translates as the in-process ensemble of those parameters does; a run ensembled with
-  itself translates as it does alone; runs with different sentencepiece models are refused."""
+  """--ensemble: the CLI loads each member's checkpoint (here step 40 of a run and step 60 of
+  its copy) and translates as the in-process ensemble of those parameters does; a model
+  ensembled with itself translates as it does alone; runs with different sentencepiece
+  models are refused (the commands refuse a run named twice: test_probes_translate)."""
+  import shutil
+
   from seq2seq.research import results
 
-  out = eval_py(f"--workdir={run}", "--step=40", f"--ensemble={run}", f"--source={val_files / 'src.en'}",
+  copy = tmp_path / "copy"
+  shutil.copytree(run, copy, ignore=shutil.ignore_patterns("eval", "average"))
+  out = eval_py(f"--workdir={run}", "--checkpoint=40", f"--ensemble={copy}", f"--source={val_files / 'src.en'}",
                 f"--reference={val_files / 'ref.de'}", "--beam_size=2", "--max_len_b=8", "--batch_size=4")
   assert out.returncode == 0, out.stderr
   [path] = (run / "eval").glob("src.en.step40+ensemble2-*.beam2-alpha0.6-len1x+8.json")
   result = json.loads(path.read_text())
   assert [m["checkpoint"] for m in result["ensemble"]] == ["step40", "step60"]
-  assert result["ensemble"][1]["workdir"] == str(run.resolve()) and result["ensemble"][1]["steps"] == 60
+  assert result["ensemble"][1]["workdir"] == str(copy.resolve()) and result["ensemble"][1]["steps"] == 60
   config = load.run_config(run)
   mesh = sharding.make_mesh(config.mesh)
-  loaded = load.load_ensemble([run, run], config, mesh, step=40)
+  loaded = load.load_ensemble([run, copy], config, mesh, step=40)
   params, label = loaded.params, loaded.checkpoint.label
   assert label == result["checkpoint"]
   both = Translator(loaded.model_cfg, loaded.graphdef, loaded.tokenizer, mesh, beam_size=2, alpha=0.6, max_len_a=1.0,
@@ -307,7 +315,7 @@ def test_ensemble_decodes_the_mean_of_the_runs_and_records_its_members(run, tran
   tr, single_params = translator
   assert both([single_params, single_params], sources) == tr(single_params, sources)
   row = next(r for r in results.rows(run) if "ensemble" in r)
-  assert f"ensemble of 2: step40 + `{run.name}` step60" in row and "(2 runs)" in row
+  assert f"ensemble of 2: step40 + `{copy.name}` step60" in row and "(2 runs)" in row
   # A run with another vocabulary cannot join.
   other = tmp_path / "other"
   other_config = make_config("tiny", data_dir, session_cache, vocab_size=800)

@@ -204,3 +204,8 @@ def test_hints_name_the_command_the_user_ran(monkeypatch):
   assert errors.command("train") == "seq2seq-train"
   monkeypatch.setattr(sys, "argv", ["eval.py", "--workdir=x"])
   assert errors.command("eval") == "python eval.py"
+  # `python -m seq2seq.export` (argv[0] is the module's file): the console command, as translate's hint says.
+  monkeypatch.setattr(sys, "argv", [str(REPO / "seq2seq" / "export.py"), "--workdir=x"])
+  assert errors.command("train") == "seq2seq-train"
+  monkeypatch.setattr(sys, "argv", [str(REPO / "seq2seq" / "commands" / "train.py"), "--workdir=x"])
+  assert errors.command("train") == "seq2seq-train"

@@ -42,6 +42,10 @@ BAD_FLAGS = {
     "alpha=1e308": (["--alpha=1e308"], r"^error: --alpha=1e\+308: .* <= 10$"),
     "compilation cache is a file": (["--compilation_cache=in.en"], r"^error: the compilation cache in\.en .* is a "
                                                                    r"file; give a folder"),
+    # Issue 60: one checkpoint vocabulary (latest|best|STEP) in every command; a run is one ensemble member.
+    "checkpoint=last": (["--checkpoint=last"], r"^error: --checkpoint=last: expected latest, best or a step number$"),
+    "a run twice in an ensemble": (["--ensemble={run}/"], r"^error: --ensemble=\S+/ is the run --workdir=\S+ names "
+                                                          r"already: an ensemble's members are different runs"),
 }
 
 
@@ -194,6 +198,8 @@ EVAL_FLAGS = {  # seq2seq-eval: refused before decoding (they failed after it, o
     "tokenize=bogus": (["--source=in.en", "--reference=in.en", "--tokenize=bogus"],
                        r"^error: --tokenize=bogus: sacreBLEU has no such tokenizer; choose one of .*13a"),
     "stdin with --output": (["--source=-", "--output=out.de"], r"^error: --output goes with --source=FILE"),
+    "old and new checkpoint flags": (["--step=20", "--checkpoint=best"], r"^error: --step=20 and --checkpoint=best "
+                                                                          r"each choose the checkpoint: give one"),
 }
 
 

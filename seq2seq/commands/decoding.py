@@ -1,5 +1,6 @@
 """What seq2seq-eval and seq2seq-translate share: the flags that choose the model (one
-checkpoint, an average of the last K, an ensemble of runs) and the search (beam, length
+checkpoint, --checkpoint=latest|best|STEP as export and average name it too; an average of
+the K ending there; an ensemble of runs) and the search (beam, length
 limits, batch), and the code that turns them into a Translator. Either command's --help
 lists them."""
 
@@ -9,16 +10,16 @@ import contextlib
 import os
 import pathlib
 import stat
-import sys
 
 from absl import flags
 
-from seq2seq import sharding
+from seq2seq import cli, sharding
 from seq2seq.errors import ConfigError
 from seq2seq.inference import load, settings
 from seq2seq.inference.translate import Translator, search_settings
 
-AVERAGE_LAST = flags.DEFINE_integer("average_last", 0, "Decode the average of the last K checkpoints.")
+CHECKPOINT = flags.DEFINE_string("checkpoint", None, cli.CHECKPOINT_HELP)
+AVERAGE_LAST = flags.DEFINE_integer("average_last", 0, cli.AVERAGE_LAST_HELP)
 ENSEMBLE = flags.DEFINE_multi_string("ensemble", None, "Also load this run (repeatable) and decode the ensemble: the "
                                      "mean of the models' probabilities. Runs must share the sentencepiece model.")
 BEAM_SIZE = flags.DEFINE_integer("beam_size", None, "Beam size (default: the config's eval.beam_size); 1 = greedy.")
@@ -47,6 +48,7 @@ def check_flags() -> None:
       settings.check(key, value, f"--{key}")
   if AVERAGE_LAST.value < 0:
     raise ConfigError(f"--average_last={AVERAGE_LAST.value}: the number of checkpoints to average must be >= 0")
+  cli.checkpoint_choice(CHECKPOINT.value)
 
 
 def check_output(path: str, flag: str, *, reads: dict[str, str | None] | None = None,
@@ -79,28 +81,31 @@ def check_output(path: str, flag: str, *, reads: dict[str, str | None] | None = 
     raise ConfigError(f"{flag}={path}: cannot write in {parent} (permission denied)")
 
 
-def load_run(workdir: str, config, mesh, *, step: int | None = None, best: bool = False) -> load.Loaded:
-  """A run's chosen checkpoint (`step`, `best`, --average_last), with the --ensemble runs if given."""
-  if [best, step is not None, bool(AVERAGE_LAST.value)].count(True) > 1:
-    raise ConfigError("choose at most one checkpoint: a step, the best one, or --average_last")
-  choice = dict(step=step, best=best, average_last=AVERAGE_LAST.value)
+def load_run(workdir: str, config, mesh, checkpoint: None | str | int = None) -> load.Loaded:
+  """A run's chosen checkpoint (None: the newest intact one, "best" or a step; --average_last
+  averages the K ending there), with the --ensemble runs if given (each a different run)."""
+  choice = dict(step=checkpoint if isinstance(checkpoint, int) else None, best=checkpoint == "best",
+                average_last=AVERAGE_LAST.value)
   members = [workdir, *(ENSEMBLE.value or [])]
-  if len({os.path.realpath(d) for d in members}) < len(members):
-    print(f"warning: --workdir and --ensemble name the same run more than once ({', '.join(members)}): its model "
-          "counts that many times in the ensemble's mean", file=sys.stderr, flush=True)
+  seen = {}
+  for flag, member in zip(["--workdir", *["--ensemble"] * (len(members) - 1)], members):
+    key = os.path.realpath(member)
+    if key in seen:
+      raise ConfigError(f"{flag}={member} is the run {seen[key]} names already: an ensemble's members are different "
+                        "runs (to weigh one run more, train another seed)")
+    seen[key] = f"{flag}={member}"
   if ENSEMBLE.value:
-    return load.load_ensemble([workdir, *ENSEMBLE.value], config, mesh, **choice)
+    return load.load_ensemble(members, config, mesh, **choice)
   return load.load_params(workdir, config, mesh, **choice)
 
 
-def translator_for_run(workdir: str, config=None, *, step: int | None = None,
-                       best: bool = False) -> tuple[Translator, load.Loaded]:
-  """A Translator holding the run's chosen model(s), searching as the flags say, and what was
-  loaded (the checkpoint, an ensemble's members). `config`: the run's (read from the workdir
-  when None)."""
+def translator_for_run(workdir: str, config=None, checkpoint: None | str | int = None) -> tuple[Translator, load.Loaded]:
+  """A Translator holding the run's chosen model(s) (`checkpoint`: see load_run), searching
+  as the flags say, and what was loaded (the checkpoint, an ensemble's members). `config`:
+  the run's (read from the workdir when None)."""
   config = load.run_config(workdir) if config is None else config
   mesh = sharding.make_mesh(config.mesh)
-  loaded = load_run(workdir, config, mesh, step=step, best=best)
+  loaded = load_run(workdir, config, mesh, checkpoint)
   translator = Translator(loaded.model_cfg, loaded.graphdef, loaded.tokenizer, mesh, params=loaded.params,
                           **search_settings(config.eval, **overrides()))
   translator.checkpoint, translator.config = loaded.checkpoint.label, config
@@ -109,7 +114,7 @@ def translator_for_run(workdir: str, config=None, *, step: int | None = None,
 
 def translator_for_export(model_dir: str) -> Translator:
   """A Translator holding an exported model (`python -m seq2seq.export`), searching as the flags say."""
-  if ENSEMBLE.value or AVERAGE_LAST.value:
-    raise ConfigError("--ensemble and --average_last choose among a run's checkpoints (--workdir); an exported "
-                      "--model holds one set of parameters")
+  if ENSEMBLE.value or AVERAGE_LAST.value or CHECKPOINT.value is not None:
+    raise ConfigError("--checkpoint, --average_last and --ensemble choose among a run's checkpoints (--workdir); an "
+                      "exported --model holds one set of parameters")
   return Translator.from_pretrained(model_dir, compilation_cache=flags.FLAGS.compilation_cache, **overrides())

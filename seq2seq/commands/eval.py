@@ -1,7 +1,7 @@
 """Evaluates a training run with sacreBLEU: seq2seq-eval --workdir=DIR (or python eval.py).
 
   seq2seq-eval --workdir=DIR                                   # the config's test sets
-  seq2seq-eval --workdir=DIR [--step=N | --best | --average_last=K] [--split=NAME ...]
+  seq2seq-eval --workdir=DIR [--checkpoint=latest|best|STEP] [--average_last=K] [--split=NAME ...]
   seq2seq-eval --workdir=DIR --source=in.en --reference=ref.de [--beam_size=4 --alpha=0.6]
   seq2seq-eval --workdir=DIR --source=- < in.en > out.de       # translate stdin
   seq2seq-eval --workdir=DIR --ensemble=DIR2 --ensemble=DIR3    # the runs' ensemble
@@ -32,8 +32,8 @@ from seq2seq.commands import decoding
 from seq2seq.inference import evaluate, load
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "The training run's directory.", required=True)
-_STEP = flags.DEFINE_integer("step", None, "Evaluate this checkpoint step (default: the latest).")
-_BEST = flags.DEFINE_bool("best", False, "Evaluate the kept checkpoint with the lowest validation loss.")
+_STEP = flags.DEFINE_integer("step", None, "The old name of --checkpoint=STEP.")
+_BEST = flags.DEFINE_bool("best", False, "The old name of --checkpoint=best.")
 _SPLITS = flags.DEFINE_multi_string("split", None, "Split(s) to evaluate (default: config.data.test_splits).")
 _SOURCE = flags.DEFINE_string("source", None, "Source file to translate (plain/gz/sgm); '-' reads stdin.")
 _REFERENCE = flags.DEFINE_string("reference", None, "Reference file for --source (plain/gz/sgm).")
@@ -63,6 +63,19 @@ def jobs(config) -> list[tuple[str, list[str], list[str]]]:
   return out
 
 
+def checkpoint() -> None | str | int:
+  """--checkpoint's choice, or that of its old names --step=N and --best (with a deprecation line)."""
+  old = ([f"--step={_STEP.value}"] if _STEP.value is not None else []) + (["--best"] if _BEST.value else [])
+  if not old:
+    return cli.checkpoint_choice(decoding.CHECKPOINT.value)
+  if len(old) > 1 or decoding.CHECKPOINT.value is not None:
+    given = old + ([f"--checkpoint={decoding.CHECKPOINT.value}"] if decoding.CHECKPOINT.value is not None else [])
+    raise ConfigError(f"{' and '.join(given)} each choose the checkpoint: give one --checkpoint=latest|best|STEP")
+  new = "--checkpoint=best" if _BEST.value else f"--checkpoint={_STEP.value}"
+  cli.deprecated(old[0], new)
+  return cli.checkpoint_choice(new.split("=", 1)[1], old[0].split("=")[0])
+
+
 def check_tokenize(name: str) -> None:
   """sacreBLEU's tokenizer `name` exists, else a ConfigError listing those that do (before any decoding)."""
   from sacrebleu.metrics import BLEU
@@ -76,6 +89,7 @@ def main(argv) -> None:
   if _SOURCE.value == "-" and jax.process_count() > 1:
     raise ConfigError("--source=- (stdin) translates on one process; give --source=FILE on a multi-host run")
   decoding.check_flags()  # every setting, and where the hypotheses go, before any work
+  chosen = checkpoint()
   check_tokenize(_TOKENIZE.value)
   if _OUTPUT.value and _SOURCE.value == "-":
     raise ConfigError("--output goes with --source=FILE or the test sets; with --source=- the translations go to "
@@ -88,7 +102,7 @@ def main(argv) -> None:
     raise ConfigError(f"{pathlib.Path(workdir) / 'eval'} is a file; results go in that folder: move the file away")
   config = load.run_config(workdir)
   todo = jobs(config)
-  translator, loaded = decoding.translator_for_run(workdir, config, step=_STEP.value, best=_BEST.value)
+  translator, loaded = decoding.translator_for_run(workdir, config, chosen)
   params, label, members = translator.params, translator.checkpoint, loaded.members
   extra = {"command": cli.command_line("seq2seq-eval")} | ({"ensemble": members} if members else {})
   if _SOURCE.value == "-":

@@ -1,6 +1,6 @@
 """Translates text, one output line per input line (stdin to stdout by default):
 
-  seq2seq-translate --workdir=DIR [--checkpoint=best|STEP | --average_last=K] < in.en > out.de
+  seq2seq-translate --workdir=DIR [--checkpoint=latest|best|STEP] [--average_last=K] < in.en > out.de
   seq2seq-translate --workdir=DIR --input=in.en --output=out.de [--ensemble=DIR2 ...]
   seq2seq-translate --model=MODEL_DIR < in.en > out.de            # a `python -m seq2seq.export` folder
   seq2seq-translate --workdir=DIR                                 # at a terminal: a prompt, line by line
@@ -20,8 +20,8 @@ Output formats:
   of FILE as the translation of the same input line (normalised as beam scores are;
   --normalize=false: the plain log-probability).
 
-The model and search flags (--beam_size, --alpha, --max_len_a, --max_len_b, --batch_size,
---average_last, --ensemble, --quiet) are seq2seq-eval's (seq2seq/commands/decoding.py).
+The model and search flags (--checkpoint, --average_last, --ensemble, --beam_size, --alpha,
+--max_len_a, --max_len_b, --batch_size, --quiet) are seq2seq-eval's (seq2seq/commands/decoding.py).
 Input from a file or a pipe is translated in batches, with progress on stderr (--quiet: none).
 --input (a file, a named pipe such as `<(command)`, or '-': stdin) and --score_reference are
 read alike: invalid UTF-8 becomes U+FFFD with a warning naming the line, and no lines at all
@@ -48,7 +48,6 @@ from seq2seq.inference.translate import Translator
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A training run's directory.")
 _MODEL = flags.DEFINE_string("model", None, "A model directory written by `python -m seq2seq.export`.")
-_CHECKPOINT = flags.DEFINE_string("checkpoint", None, "With --workdir: 'best' or a step (default: the newest).")
 _INPUT = flags.DEFINE_string("input", "-", "Text to translate, one sentence per line (plain, .gz or .sgm); '-': stdin.")
 _OUTPUT = flags.DEFINE_string("output", "-", "Where the translations go; '-': stdout.")
 _SCORES = flags.DEFINE_bool("scores", False, "Write SCORE<TAB>TRANSLATION lines (the search's score).")
@@ -70,12 +69,8 @@ def make_translator() -> Translator:
   if (_WORKDIR.value is None) == (_MODEL.value is None):
     raise ConfigError("give one of --workdir=DIR (a training run) and --model=MODEL_DIR (an exported model)")
   if _MODEL.value:
-    if _CHECKPOINT.value is not None:
-      raise ConfigError("--checkpoint chooses within a --workdir; an exported --model has one")
     return decoding.translator_for_export(_MODEL.value)
-  choice = cli.checkpoint_choice(_CHECKPOINT.value)
-  return decoding.translator_for_run(_WORKDIR.value, step=choice if isinstance(choice, int) else None,
-                                     best=choice == "best")[0]
+  return decoding.translator_for_run(_WORKDIR.value, checkpoint=cli.checkpoint_choice(decoding.CHECKPOINT.value))[0]
 
 
 def sampling() -> Sampling | None:

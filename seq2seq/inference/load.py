@@ -1,5 +1,5 @@
 """Loading a trained run for inference: its resolved config, and the parameters of a chosen
-checkpoint (latest intact, a step, the best by validation loss, an average of the last K, or
+checkpoint (latest intact, a step, the best by validation loss, an average of the K ending there, or
 several runs as an ensemble) laid out on a device mesh, with the run's tokenizer."""
 
 from __future__ import annotations
@@ -74,8 +74,8 @@ def run_config(workdir: str | os.PathLike) -> ml_collections.ConfigDict:
 
 
 def load_params(workdir, config, mesh, *, step: int | None = None, best: bool = False, average_last: int = 0):
-  """The model of a run's checkpoint (`step`, `best`, an average of the last `average_last`,
-  else the newest intact one), its parameters laid out on `mesh`."""
+  """The model of a run's checkpoint (`step`, `best`, else the newest intact one), or with
+  `average_last` K the mean of the K checkpoints ending there; its parameters laid out on `mesh`."""
   tok_path = pathlib.Path(workdir) / data.SPM_FILE
   if not tok_path.is_file():
     raise CheckpointError(f"{tok_path} not found: the run's sentencepiece model is needed to translate")
@@ -90,7 +90,7 @@ def load_params(workdir, config, mesh, *, step: int | None = None, best: bool = 
   graphdef = transformer.graphdef(model_cfg)
   if average_last:
     path = average.directory(workdir, average_last)
-    steps = average.newest_steps(workdir, average_last)
+    steps = average.newest_steps(workdir, average_last, "best" if best else step)
     if average.averaged_steps(path) != steps:  # none yet, or stale
       average.save_average(workdir, steps)
     params, saved = average.load_average(path, target)
@@ -125,8 +125,8 @@ def _restore(workdir, model_cfg, graphdef, target, run_identity, tok, step, best
 def load_ensemble(workdirs: list[str], config, mesh, *, step: int | None = None, best: bool = False,
                   average_last: int = 0) -> Loaded:
   """Several runs decoded as one ensemble (model configs, graphdefs and parameters listed per
-  run). The first run's checkpoint is chosen by `step`; every run's by `best` or
-  `average_last` (else its latest). The runs must share the sentencepiece model."""
+  run). The first run's checkpoint is chosen by `step`; every run's by `best` (else its
+  latest), and averaged with `average_last`. The runs must share the sentencepiece model."""
   runs, members = [], []
   for i, workdir in enumerate(workdirs):
     member_config = config if i == 0 else run_config(workdir)

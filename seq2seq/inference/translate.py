@@ -138,10 +138,11 @@ class Translator:
 
   @classmethod
   def from_workdir(cls, workdir: str | os.PathLike, checkpoint: None | str | int = None, *,
-                   beam_size: int | None = None, alpha: float | None = None, mesh=None,
+                   average_last: int = 0, beam_size: int | None = None, alpha: float | None = None, mesh=None,
                    compilation_cache: str | None = None, **settings) -> Translator:
-    """The model of a training run: `checkpoint` None (the newest intact one), "best" (lowest
-    validation loss) or a step. Search settings default to the run's config.eval; `settings`
+    """The model of a training run: `checkpoint` None or "latest" (the newest intact one),
+    "best" (lowest validation loss) or a step, as the commands' --checkpoint; `average_last`
+    K > 0: the mean of the K checkpoints ending there (--average_last). Search settings default to the run's config.eval; `settings`
     may set max_len_a, max_len_b, batch_size, min_len and max_source_len. `mesh` defaults to
     config.mesh. Compiled searches are kept on disk as the commands keep them
     (`compilation_cache`: None the folder this process uses already, else the default one; ""
@@ -149,13 +150,15 @@ class Translator:
     from seq2seq.inference import load
 
     compilation.enable(compilation_cache)
-    if checkpoint is not None and checkpoint != "best" and (not isinstance(checkpoint, int) or checkpoint < 0
-                                                            or isinstance(checkpoint, bool)):
-      raise ConfigError(f"checkpoint must be None, 'best' or a step number, got {checkpoint!r}")
+    checkpoint = None if checkpoint == "latest" else checkpoint
+    if checkpoint not in (None, "best") and (type(checkpoint) is not int or checkpoint < 0):  # noqa: E721 (not bool)
+      raise ConfigError(f"checkpoint must be None, 'latest', 'best' or a step number, got {checkpoint!r}")
+    if not isinstance(average_last, int) or isinstance(average_last, bool) or average_last < 0:
+      raise ConfigError(f"average_last must be a number of checkpoints >= 0, got {average_last!r}")
     config = load.run_config(inputs.path(workdir, "workdir"))
     mesh = sharding.make_mesh(config.mesh) if mesh is None else mesh
     loaded = load.load_params(workdir, config, mesh, best=checkpoint == "best",
-                              step=checkpoint if isinstance(checkpoint, int) else None)
+                              step=checkpoint if isinstance(checkpoint, int) else None, average_last=average_last)
     return cls._holding(config, loaded.model_cfg, loaded.graphdef, loaded.tokenizer, mesh, loaded.params,
                         loaded.checkpoint.label,
                         **search_settings(config.eval, beam_size=beam_size, alpha=alpha, **settings))
