@@ -7,6 +7,7 @@ import sys
 import pytest
 from conftest import REPO
 
+from seq2seq.inference.settings import SearchSettings
 from seq2seq.research import plot, results
 
 OLD_SIG = "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.5.0"
@@ -37,7 +38,7 @@ def test_results_table_comes_from_the_run_files(tmp_path):
   for cell in ("**36.12**", "61.50", "average5-200", "beam 4, alpha 0.6", "| 200 |", "| 20 min |", "| 1125 |",
                "python train.py --config=configs/multi30k.py", "python eval.py --workdir=/tmp/m30k --average_last=5"):
     assert cell in row, cell
-  assert NEW_SIG in text
+  assert row.endswith("| `nrefs:1\\|case:mixed\\|eff:no\\|tok:13a\\|smooth:exp\\|version:2.6.0` |")  # one cell
   doc = tmp_path / "results.md"
   doc.write_text(f"# Title\n\n{results.START}\nold table\n{results.END}\n\nafter\n")
   results.update_file(doc, text)
@@ -60,29 +61,77 @@ def test_the_command_updates_the_table_of_the_file_it_is_given(tmp_path):
   assert doc.read_text() == f"# Results\n\n{results.START}\n{out.stdout}{results.END}\n\nnotes\n"
 
 
+def old_layout(rows: list[str], signatures: list[str]) -> str:
+  """A table as the generator wrote it before rows carried their signature: listed below it."""
+  header = results.HEADER.replace(" BLEU signature |", "").replace("|---|\n", "\n").rstrip("|-") + "|"
+  header = "\n".join(line.removesuffix("---|") if i else line for i, line in enumerate(header.splitlines()))
+  return "\n".join([header, *rows]) + "\n" + "  \n".join(f"BLEU signature: `{s}`" for s in signatures) + "\n"
+
+
 def test_updating_the_table_replaces_the_given_runs_rows_and_keeps_the_others(tmp_path):
   run = fake_run(tmp_path)
   new_row = results.rows(run)[0]
+  assert new_row.endswith(f"| {results.signature_cell(NEW_SIG)} |")
   before = ["| `first` | test_2016_flickr | **30.00** |", "| `first` | test_2017_flickr | **20.00** |",
             "| `m30k` | test_2016_flickr | **1.00** |", "| `last` | test_2016_flickr | **35.00** |"]
+  kept = [f"{row} {results.signature_cell(OLD_SIG)} |" for row in before]  # an old row gets the one signature listed
   doc = tmp_path / "results.md"
-  doc.write_text(f"# T\n{results.START}\n{results._format(before, {OLD_SIG})}{results.END}\ntail\n")
+  doc.write_text(f"# T\n{results.START}\n{old_layout(before, [OLD_SIG])}{results.END}\ntail\n")
   merged = results.update_file(doc, results.table([str(run)]))
-  assert merged == results._format(before[:2] + [new_row] + before[3:], {OLD_SIG, NEW_SIG})
+  assert merged == results._format(kept[:2] + [new_row] + kept[3:])
   assert doc.read_text() == f"# T\n{results.START}\n{merged}{results.END}\ntail\n"
   # A run the table does not have yet is appended; running the update again changes nothing.
   other = fake_run(tmp_path / "b").rename(tmp_path / "b" / "newrun")
   merged = results.update_file(doc, results.table([str(other)]))
-  assert merged.splitlines()[2:7] == before[:2] + [new_row] + before[3:] + [new_row.replace("`m30k`", "`newrun`")]
+  assert merged.splitlines()[2:7] == kept[:2] + [new_row] + kept[3:] + [new_row.replace("`m30k`", "`newrun`")]
   assert results.update_file(doc, results.table([str(other)])) == merged
 
 
-def test_signatures_of_replaced_rows_leave_the_table(tmp_path):
+def test_an_old_table_that_listed_two_signatures_is_not_guessed(tmp_path):
+  """Rows without a signature under two listed ones: which row had which is unknown."""
   run = fake_run(tmp_path)
-  old = results._format(["| `m30k` | test_2016_flickr | **1.00** |"], {OLD_SIG})
-  merged = results.merge(old, results.table([str(run)]))  # every old row is replaced: only the new signature
-  assert merged == results._format(results.rows(run), {NEW_SIG})
-  assert OLD_SIG not in merged
+  with pytest.raises(ValueError, match="a results row without its BLEU signature, under a table listing 2"):
+    results.merge(old_layout(["| `first` | test_2016_flickr | **30.00** |"], [OLD_SIG, NEW_SIG]),
+                  results.table([str(run)]))
+
+
+class StubTranslator:
+  """What `evaluate.evaluate` reads of a Translator, translating every line alike."""
+
+  settings = SearchSettings(beam_size=4, alpha=0.6)
+  workers, compiled_programs, compile_seconds, truncated = 1, 1, 0.0, 0
+
+  def __call__(self, params, sources, progress=True):
+    return ["ein Hund läuft am Strand entlang." for _ in sources]
+
+
+def test_scoring_options_name_their_own_result_files_and_rows_show_each_signature(tmp_path):
+  """Issue 60: --lowercase --tokenize=intl wrote the file a default-scored evaluation writes
+  (and replaced it), and the table showed cased/13a and lc/intl scores in one column with
+  nothing saying which was which."""
+  from seq2seq.inference import evaluate
+
+  run = fake_run(tmp_path)
+  for path in (run / "eval").iterdir():
+    path.unlink()
+  found = []
+  for tokenize, lowercase in (("13a", False), ("intl", True), ("13a", True)):
+    r = evaluate.evaluate(StubTranslator(), None, ["A dog runs along the beach."],
+                          ["Ein Hund läuft am Strand entlang."],
+                          name="in.en", label="step200", outdir=run / "eval", tokenize=tokenize, lowercase=lowercase,
+                          progress=False)
+    found.append(r)
+    assert evaluate.scoring_of(r) == (tokenize, lowercase)
+  assert sorted(p.name for p in (run / "eval").glob("*.json")) == [
+      "in.en.step200.beam4-alpha0.6-lc-tok_intl.json", "in.en.step200.beam4-alpha0.6-lc.json",
+      "in.en.step200.beam4-alpha0.6.json"]
+  assert [r["bleu"] for r in evaluate.saved_results(run / "eval", "in.en", "step200")] == [found[0]["bleu"]]
+  assert found[0]["bleu"] < found[2]["bleu"] == pytest.approx(100)  # "Ein" / "ein": the casing counts
+  rows = results.rows(run)
+  assert len(rows) == 3
+  for r in found:
+    assert sum(row.endswith(f"| {results.signature_cell(r['bleu_signature'])} |") for row in rows) == 1
+  assert {"case:lc", "tok:intl", "case:mixed"} <= {part for r in found for part in r["bleu_signature"].split("|")}
 
 
 def test_plots_have_one_png_per_panel_with_data(tmp_path):

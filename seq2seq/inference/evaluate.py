@@ -61,27 +61,45 @@ def result_name(split: str) -> str:
   return split.replace("/", "_").replace(":", "_")
 
 
+def scoring_name(tokenize: str = "13a", lowercase: bool = False) -> str:
+  """What result file names add for scoring other than sacreBLEU's default (tokenizer 13a,
+  cased): `-lc` for --lowercase, `-tok_intl` for --tokenize=intl; "" for the default."""
+  return ("-lc" if lowercase else "") + ("" if tokenize == "13a" else f"-tok_{tokenize}")
+
+
+def scoring_of(result: dict) -> tuple[str, bool]:
+  """(tokenizer, lowercase) of a saved result, read from its BLEU signature (e.g.
+  `nrefs:1|case:lc|eff:no|tok:intl|...`), so results written before they were recorded count too."""
+  fields = dict(part.split(":", 1) for part in result.get("bleu_signature", "").split("|") if ":" in part)
+  return fields.get("tok", "13a"), fields.get("case", "mixed") == "lc"
+
+
 def saved_results(outdir: pathlib.Path, name: str, label: str) -> list[dict]:
-  """The JSON results written by `evaluate` for NAME at checkpoint LABEL, every search, by file name."""
-  return [json.loads(p.read_text()) for p in sorted(outdir.glob(f"{name}.{label}.*.json"))]
+  """The JSON results written by `evaluate` for NAME at checkpoint LABEL, every search, by file
+  name; only those scored as sacreBLEU does by default (13a, cased)."""
+  results = [json.loads(p.read_text()) for p in sorted(outdir.glob(f"{name}.{label}.*.json"))]
+  return [r for r in results if not scoring_name(*scoring_of(r))]
 
 
 def evaluate(translator: Translator, params, sources: list[str], references: list[str], *, name: str, label: str,
              outdir: pathlib.Path, output: str = "", tokenize: str = "13a", lowercase: bool = False,
              extra: dict | None = None, progress: bool = True) -> dict:
-  """Translates, scores and writes DIR/eval/NAME.CHECKPOINT.SEARCH.{hyp,json}; returns the result."""
+  """Translates, scores and writes DIR/eval/NAME.CHECKPOINT.SEARCH.{hyp,json} (SEARCH ends
+  with the scoring options when they are not the default: `scoring_name`); returns the result."""
   start = time.perf_counter()
   hypotheses = translator(params, sources, progress=progress)
   seconds = time.perf_counter() - start
   result = score(hypotheses, references, tokenize=tokenize, lowercase=lowercase) | {
-      "name": name, "checkpoint": label, "sentences": len(sources), "seconds": seconds,
+      "name": name, "checkpoint": label, "tokenize": tokenize, "lowercase": lowercase,
+      "sentences": len(sources), "seconds": seconds,
       "sentences_per_s": len(sources) / max(seconds, 1e-9), "decode": dataclasses.asdict(translator.settings),
       "workers": translator.workers, "compiled_programs": translator.compiled_programs,
       "compile_seconds": translator.compile_seconds,
       "truncated_sources": translator.truncated, "hardware": hardware()} | (extra or {})
   if jax.process_index() == 0:
     outdir.mkdir(parents=True, exist_ok=True)
-    stem = f"{name}.{label}.{translator.settings.name()}"  # one file per checkpoint and search
+    stem = f"{name}.{label}.{translator.settings.name()}{scoring_name(tokenize, lowercase)}"  # per checkpoint,
+    # search and scoring: a lowercased score does not replace the cased one
     hyp_path = outdir / f"{stem}.hyp"
     text = "".join(h + "\n" for h in hypotheses)
     write_atomic(hyp_path, text.encode("utf-8"))

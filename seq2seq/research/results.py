@@ -21,7 +21,7 @@ from seq2seq import errors, metrics
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 HEADER = ("| run | test set | BLEU | chrF | checkpoint | decoding | training | last logged step | train time then | tokens/s "
-          "| hardware |\n|---|---|---|---|---|---|---|---|---|---|---|")
+          "| hardware | BLEU signature |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def rows(workdir: str | pathlib.Path) -> list[str]:
@@ -44,46 +44,50 @@ def rows(workdir: str | pathlib.Path) -> list[str]:
       minutes = f"{train['minutes'] + sum(m['minutes'] for m in others):.0f} min ({len(others) + 1} runs)"
     out.append(f"| `{workdir.name}` | {r['name']} | **{r['bleu']:.2f}** | {r['chrf']:.2f} | {checkpoint} "
                f"| {decoding}<br>`{r.get('command', '?')}` | `{train['command']}` | {train['steps']} "
-               f"| {minutes} | {train['tokens_per_s']:.0f} | {r.get('hardware', '?')} |")
+               f"| {minutes} | {train['tokens_per_s']:.0f} | {r.get('hardware', '?')} "
+               f"| {signature_cell(r['bleu_signature'])} |")
   return out
 
 
-def _format(lines: list[str], signatures: set[str]) -> str:
-  notes = "".join(f"\nBLEU signature: `{s}`" for s in sorted(signatures))
-  return "\n".join([HEADER] + lines) + "\n" + notes.lstrip("\n").replace("\nBLEU", "  \nBLEU") + "\n"
+def signature_cell(signature: str) -> str:
+  """A sacreBLEU signature as a table cell: its `|` escaped, so it stays one cell."""
+  return "`" + signature.replace("|", "\\|") + "`"
+
+
+def _format(lines: list[str]) -> str:
+  return "\n".join([HEADER] + lines) + "\n"
 
 
 def table(workdirs: list[str]) -> str:
-  signatures = set()
-  lines = []
-  for w in workdirs:
-    lines += rows(w)
-    for path in sorted((pathlib.Path(w) / "eval").glob("*.json")):
-      signatures.add(json.loads(path.read_text())["bleu_signature"])
-  return _format(lines, signatures)
+  """The rows of every eval result of the runs; each row carries its own BLEU signature (the
+  tokenizer, casing and sacreBLEU version it was scored with), so rows scored differently
+  are told apart where they stand."""
+  return _format([line for w in workdirs for line in rows(w)])
 
 
-def _parse(text: str) -> tuple[dict[str, list[str]], set[str]]:
-  """A table's rows grouped by run name (in order) and its BLEU signatures."""
+def _parse(text: str) -> dict[str, list[str]]:
+  """A table's rows grouped by run name (in order). Rows of the older layout, without the
+  signature column, get the one signature listed under their table; when it listed several,
+  which row had which is not known, and that is an error rather than a guess."""
+  signatures = sorted(set(re.findall(r"BLEU signature: `([^`]*)`", text)))
   by_run: dict[str, list[str]] = {}
   for line in text.splitlines():
-    if line.startswith("| `"):
-      by_run.setdefault(line.split("|")[1].strip(), []).append(line)
-  return by_run, set(re.findall(r"BLEU signature: `([^`]*)`", text))
+    if not line.startswith("| `"):
+      continue
+    if "nrefs:" not in line:
+      if len(signatures) != 1:
+        raise DataError(f"a results row without its BLEU signature, under a table listing {len(signatures)}: "
+                        f"{line[:80]}...; regenerate the table from the runs' files")
+      line += f" {signature_cell(signatures[0])} |"
+    by_run.setdefault(line.split("|")[1].strip(), []).append(line)
+  return by_run
 
 
 def merge(old: str, new: str) -> str:
-  """Table `new`, plus the rows of the runs in table `old` that `new` lacks, in old's order.
-
-  Old signatures stay only while some old run's rows do: the table lists the signatures of
-  the rows it holds (rows do not say which one is theirs, so a kept old run keeps them all).
-  """
-  old_rows, old_signatures = _parse(old)
-  new_rows, new_signatures = _parse(new)
+  """Table `new`, plus the rows of the runs in table `old` that `new` lacks, in old's order."""
+  old_rows, new_rows = _parse(old), _parse(new)
   runs = list(old_rows) + [run for run in new_rows if run not in old_rows]
-  lines = [line for run in runs for line in new_rows.get(run, old_rows.get(run))]
-  kept_old = any(run not in new_rows for run in old_rows)
-  return _format(lines, (old_signatures if kept_old else set()) | new_signatures)
+  return _format([line for run in runs for line in new_rows.get(run, old_rows.get(run))])
 
 
 def update_file(path: str | pathlib.Path, text: str) -> str:
