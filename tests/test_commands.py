@@ -103,9 +103,11 @@ def test_a_run_prints_only_its_own_lines_unless_asked(data_dir, session_cache, t
   assert quiet.returncode == 0, quiet.stderr
   lines = (quiet.stdout + quiet.stderr).splitlines()
   own = re.compile(r"^(model|data|training|devices): |^step (10|20): (loss |val_loss=|checkpoint saving to )|"
-                   r"^compiling the train step: |^warning: config\.train\.warmup_steps=50 is more than config\.train\.steps=20: ")
+                   r"^compiling the train step: |^warning: config\.train\.warmup_steps=50 is more than config\.train\.steps=20: "
+                   r"|^preparing the data: ")
   assert [line for line in lines if not own.match(line)] == []
-  assert [line.split(":")[0] for line in lines[:4]] == ["model", "data", "training", "devices"]
+  assert lines[0].startswith("preparing the data: ")  # before the minutes a first run spends on its vocabulary
+  assert [line.split(":")[0] for line in lines[1:5]] == ["model", "data", "training", "devices"]
   assert sum(line.startswith("step 20: ") for line in lines) == 3  # log, evaluation, checkpoint
   verbose = run(args + ["--config.train.steps=30", "--log_level=INFO"], tmp_path, env=env)  # resumes
   assert verbose.returncode == 0, verbose.stderr

@@ -345,3 +345,24 @@ def test_a_run_shorter_than_its_warmup_or_log_interval_is_told_so():
   assert log.startswith(f"warning: config.train.log_every={t.log_every} is more than config.train.steps=30: ")
   long_enough = TrainConfig.from_config(dict(get_config("multi30k").train.items()))
   assert report.short_run_warnings(long_enough, schedule) == []
+  # Its one validation (at step 30) leaves out BLEU, which took 74 s to say 0; a run that reaches eval_every does not.
+  bleu_sentences = get_config("multi30k").eval.val_bleu_sentences
+  assert report.skips_validation_bleu(t, bleu_sentences) and not report.skips_validation_bleu(long_enough,
+                                                                                               bleu_sentences)
+  note = report.short_run_warnings(t, schedule, bleu_sentences)[-1]
+  assert note.startswith(f"note: config.train.eval_every={t.eval_every} is more than config.train.steps=30: the "
+                         "validation at step 30 computes the loss only, not BLEU")
+  assert not report.skips_validation_bleu(t, 0)  # no validation BLEU asked for: nothing to say
+  # The loop's validation asks for BLEU as Run.skip_bleu says (train_and_evaluate sets it from the rule above).
+  from types import SimpleNamespace
+
+  from seq2seq.training import train
+
+  for skip in (True, False):
+    asked = []
+    run = SimpleNamespace(validation=lambda params, bleu: asked.append(bleu) or {"loss": 1.0}, skip_bleu=skip,
+                          peak=(1.0, "configured"), writer=SimpleNamespace(write=lambda step, values: None),
+                          bar=SimpleNamespace(disable=True, write=print))
+    window = SimpleNamespace(exclude=lambda seconds: None)
+    assert train._evaluate(run, 30, SimpleNamespace(params=None), window) == {"val_loss": 1.0, "val_step": 30}
+    assert asked == [not skip]

@@ -49,9 +49,18 @@ def peak_learning_rate(schedule, warmup_steps: int, steps: int) -> float:
   return max(float(schedule(s)) for s in points)
 
 
-def short_run_warnings(t, schedule) -> list[str]:
+def skips_validation_bleu(t, bleu_sentences: int) -> bool:
+  """Whether the run's one validation, at its last step, leaves BLEU out: a run shorter than
+  config.train.eval_every (a smoke run) never reaches a scheduled evaluation, and decoding an
+  undertrained model to its length limit took longer than the run (74 s after 30 steps of
+  multi30k, for BLEU 0). The validation loss is still computed."""
+  return bool(bleu_sentences) and 0 < t.steps < t.eval_every
+
+
+def short_run_warnings(t, schedule, bleu_sentences: int = 0) -> list[str]:
   """What a run shorter than its own settings should be told: a warmup it never finishes
-  (the rate never reaches its peak) and a log interval it never reaches."""
+  (the rate never reaches its peak), a log interval it never reaches, and that its final
+  validation leaves out BLEU (`skips_validation_bleu`)."""
   said = []
   if t.warmup_steps > t.steps:
     said.append(f"warning: config.train.warmup_steps={t.warmup_steps} is more than config.train.steps={t.steps}: "
@@ -60,6 +69,10 @@ def short_run_warnings(t, schedule) -> list[str]:
   if t.log_every > t.steps:
     said.append(f"warning: config.train.log_every={t.log_every} is more than config.train.steps={t.steps}: only "
                 f"the last step is logged; set --config.train.log_every")
+  if skips_validation_bleu(t, bleu_sentences):
+    said.append(f"note: config.train.eval_every={t.eval_every} is more than config.train.steps={t.steps}: the "
+                f"validation at step {t.steps} computes the loss only, not BLEU (a run this short scores about 0 and "
+                f"decodes slowly); seq2seq-eval scores any checkpoint")
   return said
 
 

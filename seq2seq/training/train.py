@@ -157,11 +157,15 @@ class Run:
   validation: Validation | None  # None: config.train.eval_every = 0
   peak: tuple[float, str]  # MFU's denominator (FLOP/s) and where it comes from
   start_time: float  # perf_counter() at wall time 0 (restarts go on from the last logged wall_time_s)
+  skip_bleu: bool = False  # validation leaves BLEU out (report.skips_validation_bleu: a run shorter than eval_every)
 
 
 def _train(config, workdir: str, command: str, mesh, held: lock.WorkdirLock) -> dict:
   quiet.library_errors_to_log()  # a failed save is one error line, not the libraries' tracebacks
   t = TrainConfig.from_config(config.train)
+  if jax.process_index() == 0:  # the first run of a config trains its vocabulary and tokenizes its corpus: minutes
+    print(f"preparing the data: the sentencepiece model and the tokenized training corpus (cached in "
+          f"{data.cache_dir(config)} for later runs)", flush=True)
   tok = data.load_tokenizer(config, workdir, write=False)
   model_cfg = ModelConfig.from_config(config.model, vocab_size=tok.vocab_size)
   tx, schedule = optimizer.make(t, d_model=model_cfg.d_model)
@@ -186,7 +190,8 @@ def _train(config, workdir: str, command: str, mesh, held: lock.WorkdirLock) -> 
   logged = [r["wall_time_s"] for r in kept if "wall_time_s" in r]
   run = Run(t, steps, ckpts, held, run_identity, metrics.MetricsWriter(workdir, enabled=jax.process_index() == 0),
             report.progress(t.steps, step), validation, _peak(model_cfg, t),
-            time.perf_counter() - (logged[-1] if logged else 0.0))
+            time.perf_counter() - (logged[-1] if logged else 0.0),
+            report.skips_validation_bleu(t, config.eval.val_bleu_sentences))
   try:  # the event file is closed however the run ends (at interpreter exit, Python 3.12 cannot)
     for f in ckpts.fallbacks:
       run.writer.write(step, {"event": "restore_fallback", "damaged_step": f["step"], "problem": f["problem"]})
@@ -307,7 +312,7 @@ def _announce(config, t: TrainConfig, model_cfg: ModelConfig, mesh, workdir: str
   """Prints the run's summary; writes its config.json and adds `command` to commands.txt."""
   peak_lr = report.peak_learning_rate(schedule, t.warmup_steps, t.steps)
   print(report.summary(config, model_cfg, mesh, workdir, peak_lr=peak_lr), flush=True)
-  for warning in report.short_run_warnings(t, schedule):
+  for warning in report.short_run_warnings(t, schedule, config.eval.val_bleu_sentences):
     print(warning, flush=True)
   print("compiling the train step: the first step waits for it", flush=True)
   if report.unused_gpu(jax.default_backend()):
@@ -369,7 +374,7 @@ def _evaluate(run: Run, step: int, state: TrainState, window: Window) -> dict:
   """Validation loss (and BLEU when asked) at `step`, logged; their time is left out of the
   window's throughput."""
   start = time.perf_counter()
-  val = {f"val_{k}": v for k, v in run.validation(state.params).items()}
+  val = {f"val_{k}": v for k, v in run.validation(state.params, bleu=not run.skip_bleu).items()}
   if run.peak[1] == flops.MEASURED:
     run.peak = (max(run.peak[0], flops.measure_matmul_peak(repeats=3) * jax.device_count()), run.peak[1])
   window.exclude(time.perf_counter() - start)

@@ -62,5 +62,6 @@ class Validation:
     self.bleu = bleu_validator(config, model_cfg, graphdef, tok, mesh)
     self.steps, self.mesh = steps, mesh
 
-  def __call__(self, params) -> dict[str, float]:
-    return evaluate(self.steps, params, self.batches, self.mesh) | (self.bleu(params) if self.bleu else {})
+  def __call__(self, params, bleu: bool = True) -> dict[str, float]:
+    """The validation metrics of `params`; `bleu` False leaves BLEU out (report.skips_validation_bleu)."""
+    return evaluate(self.steps, params, self.batches, self.mesh) | (self.bleu(params) if self.bleu and bleu else {})
