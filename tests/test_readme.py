@@ -164,6 +164,21 @@ def test_figures_quoted_in_prose_agree_with_the_results_table():
   assert stated and all(figures[config]["test_2016_flickr"][1] == minutes for config, minutes in stated), stated
 
 
+def test_the_tiny_models_size_and_steps_are_its_configs():
+  """The Quick start's figures of the tiny model come from configs/tiny.py; its BLEU bound
+  (`mostly wrong (under N BLEU)`) is checked against a run of the Quick start, on the jax
+  version CI installs, by .ci/user_path."""
+  from seq2seq import configs
+  from seq2seq.model import transformer
+  from seq2seq.model.config import ModelConfig
+
+  config = configs.get("tiny")
+  millions, steps = re.search(r"The tiny model \(([\d.]+)M parameters, (\d+) steps\)", README.read_text()).groups()
+  model_cfg = ModelConfig.from_config(config.model, vocab_size=config.data.vocab_size)
+  assert (millions, int(steps)) == (f"{transformer.count_params(model_cfg) / 1e6:.1f}", config.train.steps)
+  assert re.search(r"mostly wrong \(under (\d+) BLEU\)", README.read_text())  # what .ci/user_path reads
+
+
 # --- links ------------------------------------------------------------------------------
 
 
