@@ -1,6 +1,7 @@
 """Issue 46, parts 5 to 7: sampling, scoring a reference, and the translate command's flags."""
 
 import io
+import shutil
 import subprocess
 import sys
 
@@ -140,7 +141,9 @@ def test_translate_reads_and_writes_files_with_evals_search_flags_and_scores_ref
   got = [line.split("\t") for line in scored.stdout.splitlines()]
   assert [r for _, r in got] == refs
   assert [float(s) for s, _ in got] == pytest.approx(greedy.score(sources, refs, normalize=False), abs=1e-4)
-  ensemble = run_translate(f"--workdir={tiny_run}", f"--ensemble={tiny_run}", "--beam_size=2", "--quiet",
+  twin = tmp_path / "twin"  # another run with the same model (the commands refuse a run named twice)
+  shutil.copytree(tiny_run, twin, ignore=shutil.ignore_patterns("eval", "average"))
+  ensemble = run_translate(f"--workdir={tiny_run}", f"--ensemble={twin}", "--beam_size=2", "--quiet",
                            stdin=SOURCE + "\n")
   assert ensemble.returncode == 0, ensemble.stderr
   assert ensemble.stdout.strip() == Translator.from_workdir(tiny_run, beam_size=2).translate(SOURCE)
