@@ -71,3 +71,37 @@ def test_device_check_smoke_writes_every_section(tmp_path):
   if not result["versions"]["torch"]:
     assert sections["peers"]["torch"] == {"skipped": "torch is not installed"}
   assert result["summary"]["bfloat16_packed_tokens_per_s"] > 0 and result["summary"]["train_target_tokens_per_s"] > 0
+
+
+def test_the_save_times_docs_quote_are_those_the_benchmark_wrote():
+  """docs/training.md's save-time table is benchmarks/results/save_time_cpu2.json, row by row
+  (`python benchmarks/save_time.py --out=...` writes it; the table is not typed by hand)."""
+  import json
+  import re
+
+  result = json.loads((REPO / "benchmarks" / "results" / "save_time_cpu2.json").read_text())
+  doc = (REPO / "docs" / "training.md").read_text(encoding="utf-8")
+  table = doc.split("<!-- save-time:start -->", 1)[1].split("<!-- save-time:end -->", 1)[0]
+  quoted = re.findall(r"^\| `(\w+)` \| ([\d,]+) MB \| ([\d.]+) s \| ([\d.]+) s \| ([\d.]+) s \|$", table, re.M)
+  assert quoted == [(r["config"], f"{r['state_bytes'] / 1e6:,.0f}", f"{r['blocking_s']:.2f}", f"{r['complete_s']:.2f}",
+                     f"{r['stop_s']:.2f}") for r in result["rows"]]
+  from seq2seq import configs
+
+  shipped = {name for name in configs.names() if name not in ("default", "multi30k_positions", "multi30k_sweep",
+                                                              "wmt14_files")}
+  assert {r["config"] for r in result["rows"]} == shipped  # every shipped training config has its row
+
+
+def test_the_save_time_benchmark_saves_as_the_run_does(tmp_path, monkeypatch):
+  """One save of the tiny config, in process: the row's figures are positive and ordered."""
+  import importlib.util
+
+  spec = importlib.util.spec_from_file_location("save_time", REPO / "benchmarks" / "save_time.py")
+  save_time = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(save_time)
+  monkeypatch.chdir(tmp_path)
+  row = save_time.measure("tiny", repeats=1)
+  # float32 parameters and Adam's two moments, plus four scalars (step, lr scale, Adam's count; float32/int32)
+  assert row["state_bytes"] == 12 * row["parameters"] + 16
+  assert 0 < row["blocking_s"] <= row["complete_s"] and row["stop_s"] > 0
+  assert list(tmp_path.iterdir()) == []  # its temporary workdir is gone
