@@ -234,8 +234,13 @@ def version_before_imports(module: str, *programs: str) -> None:
   when `module` is what runs (`python -m`) or sys.argv[0] is one of `programs` (its console
   command, train.py or eval.py)."""
   if "--version" in sys.argv[1:] and (module == "__main__" or os.path.basename(sys.argv[0]) in programs):
-    print(version_line(typed_command(sys.argv[0])), flush=True)
-    sys.exit(0)
+    answer_version(sys.argv[0])
+
+
+def answer_version(program: str) -> None:
+  """Prints the version line of `program` as typed, and exits 0."""
+  print(version_line(typed_command(program)), flush=True)
+  sys.exit(0)
 
 
 def typed_command(program: str) -> str:
@@ -295,9 +300,8 @@ def run(main, module: str | None = None, argv=None, *, also: tuple[str, ...] = (
   if any(a in HELP_FLAGS for a in args[1:]):  # usage on stdout, exit 0 (absl's own --help exits 1)
     sys.stdout.write(usage(program, module, full="--helpfull" in args[1:]))
     sys.exit(0)
-  if "--version" in args[1:]:
-    print(version_line(typed_command(program)))
-    sys.exit(0)
+  if "--version" in args[1:]:  # a command whose module does not call version_before_imports
+    answer_version(program)
 
   def guarded(args):
     try:

@@ -48,9 +48,9 @@ def enable(folder: str | None = None) -> str:
 
   if folder is None:
     folder = jax.config.jax_compilation_cache_dir or default_folder()
+    check_folder(folder)  # a given folder was checked above
   if not folder:
     return ""
-  check_folder(folder)
 
   jax.config.update("jax_compilation_cache_dir", folder)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)
