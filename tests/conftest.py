@@ -10,7 +10,10 @@
   tests start): $JAX_COMPILATION_CACHE_DIR when set (.ci/run sets one for the whole run), else
   a temporary folder removed at the end.
 - Order: tests marked `longest` start first, so a parallel run (pytest-xdist) does not end
-  waiting on one of them; then those of the trained tiny run, so one worker builds it.
+  waiting on one of them; then those of the trained tiny run.
+- Built once: the synthetic data, the data cache and the trained tiny run are made by the
+  first process that needs them and used by the others (`built_once`; .ci/run points both
+  suites at one folder with SEQ2SEQ_TESTS_SHARED).
 """
 
 import os
@@ -43,8 +46,8 @@ def pytest_collection_modifyitems(config, items):
   for item in items:
     if "real_data_dir" in getattr(item, "fixturenames", ()) and not item.get_closest_marker("data"):
       raise pytest.UsageError(f"{item.nodeid} reads the real corpora (real_data_dir): mark it @pytest.mark.data")
-  # Stable: otherwise as collected. xdist hands each worker a contiguous share of this order, so
-  # the tests of the trained tiny run start on one worker, which alone builds it (13 s).
+  # Stable: otherwise as collected. The tests of the trained tiny run come early: the first
+  # worker to need it trains it (`built_once`), while the other goes on with other tests.
   items.sort(key=lambda item: (item.get_closest_marker("longest") is None,
                                "tiny_run" not in getattr(item, "fixturenames", ())))
 
@@ -66,14 +69,44 @@ def optimized_env() -> dict[str, str]:
   return {**os.environ, "XLA_FLAGS": OPTIMIZED_XLA_FLAGS}
 
 
+def shared_folder(tmp_path_factory) -> pathlib.Path:
+  """Where the session fixtures below are built once for every process that asks:
+  $SEQ2SEQ_TESTS_SHARED when set (.ci/run: one folder for the fast and the slow suite), else
+  the folder the xdist workers of this session share (else this session's own)."""
+  if os.environ.get("SEQ2SEQ_TESTS_SHARED"):
+    path = pathlib.Path(os.environ["SEQ2SEQ_TESTS_SHARED"])
+  else:
+    base = tmp_path_factory.getbasetemp()
+    path = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared"
+  path.mkdir(parents=True, exist_ok=True)
+  return path
+
+
+def built_once(folder: pathlib.Path, build) -> pathlib.Path:
+  """`folder`, made by `build(folder)` in the first process that asks for it; the others wait
+  for it (a lock file beside it), then use it as it is. A build that failed or was killed
+  leaves no `.done` mark, so the next process builds it again from nothing."""
+  import fcntl
+
+  done = folder.with_name(folder.name + ".done")
+  with open(folder.with_name(folder.name + ".lock"), "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when the process dies
+    if not done.exists():
+      shutil.rmtree(folder, ignore_errors=True)
+      folder.mkdir(parents=True)
+      build(folder)
+      done.touch()
+  return folder
+
+
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory) -> pathlib.Path:
   """A data folder with the synthetic corpus: multi30k/ (train 6000 pairs, val 300,
   test_2016_flickr and test_2017_flickr 200, en and de) and wmt14/ (newstest2013 and 2014,
-  plain and SGML)."""
+  plain and SGML). Written once (`built_once`); tests read it, and copy what they change."""
   import synthetic
 
-  return synthetic.write(tmp_path_factory.mktemp("data"))
+  return built_once(shared_folder(tmp_path_factory) / "data", synthetic.write)
 
 
 @pytest.fixture(scope="session")
@@ -87,22 +120,29 @@ def real_data_dir() -> pathlib.Path:
 
 @pytest.fixture(scope="session")
 def session_cache(tmp_path_factory) -> pathlib.Path:
-  """One cache folder (tokenizers, corpora) shared by the tests of a session."""
-  return tmp_path_factory.mktemp("cache")
+  """One cache folder (tokenizers, corpora) shared by the tests of a session and its workers
+  (the data code writes it atomically: concurrent runs share caches as cluster jobs do)."""
+  path = shared_folder(tmp_path_factory) / "cache"
+  path.mkdir(exist_ok=True)
+  return path
 
 
 @pytest.fixture(scope="session")
 def tiny_run(data_dir, session_cache, tmp_path_factory) -> pathlib.Path:
   """A tiny model trained 60 steps with validation (loss and greedy BLEU on 24 sentences) and a
-  checkpoint every 20. Tests that change the run work on a copy."""
+  checkpoint every 20. Trained once (`built_once`); each worker gets its own copy, where its
+  tests may add files (eval results, averages). Tests that change the run work on a copy."""
   from seq2seq.training.train import train_and_evaluate
 
+  def train(workdir):
+    config = make_config("tiny", data_dir, session_cache)
+    config.train.update(steps=60, log_every=20, eval_every=20, checkpoint_every=20, keep_checkpoints=3,
+                        peak_flops=1e12)  # no matmul measured at each evaluation (2 s)
+    config.eval.update(val_bleu_sentences=24, val_beam_size=1, batch_size=16)
+    train_and_evaluate(config, str(workdir))
+
   workdir = tmp_path_factory.mktemp("tiny_run")
-  config = make_config("tiny", data_dir, session_cache)
-  config.train.update(steps=60, log_every=20, eval_every=20, checkpoint_every=20, keep_checkpoints=3,
-                      peak_flops=1e12)  # no matmul measured at each evaluation (2 s)
-  config.eval.update(val_bleu_sentences=24, val_beam_size=1, batch_size=16)
-  train_and_evaluate(config, str(workdir))
+  shutil.copytree(built_once(shared_folder(tmp_path_factory) / "tiny_run", train), workdir, dirs_exist_ok=True)
   return workdir
 
 
