@@ -117,7 +117,7 @@ def test_a_run_prints_only_its_own_lines_unless_asked(data_dir, session_cache, t
       "seq2seq-train --config=tiny" if command("seq2seq-train")[0].endswith("seq2seq-train") else "python ")
 
 
-@pytest.mark.slow
+@pytest.mark.long  # CI runs the same path for real: .ci/user_path (a plain `pip install .`, commands in the clone)
 def test_a_non_editable_install_runs_from_any_directory_the_clone_included(data_dir, session_cache, tmp_path):
   """`pip install .` (not editable) ships the configs: a shipped config by name, and the
   console commands, work from a directory with no checkout in it, and the `python -m` commands

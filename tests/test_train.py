@@ -123,7 +123,9 @@ def optax_global_norm(tree):
 @pytest.mark.longest
 @pytest.mark.slow
 def test_sharded_meshes_train_like_one_device():
-  out = subprocess.run([sys.executable, str(REPO / "tests" / "sharded_run.py"), "1,1,1", "8,1,1", "2,2,2", "1,8,1"],
+  # Data parallelism alone (8,1,1) is left to test_sharding's collectives and to two processes
+  # training as one (test_two_processes_train_like_one): CI's time.
+  out = subprocess.run([sys.executable, str(REPO / "tests" / "sharded_run.py"), "1,1,1", "2,2,2", "1,8,1"],
                        cwd=REPO, capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
   runs = json.loads(out.stdout.strip().splitlines()[-1])
@@ -140,7 +142,6 @@ def test_sharded_meshes_train_like_one_device():
   # Each device really holds its part: wi_df is [32, 64] = [embed, mlp].
   assert runs["2,2,2"]["wi_df_shard_shape"] == [16, 32]
   assert runs["1,8,1"]["wi_df_shard_shape"] == [4, 64]
-  assert runs["8,1,1"]["wi_df_shard_shape"] == [32, 64]
 
 
 def test_mfu_peak_is_the_nominal_peak_of_the_compute_dtype_on_accelerators(monkeypatch):
