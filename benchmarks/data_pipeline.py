@@ -38,9 +38,9 @@ sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
 import wmt_like  # noqa: E402
 
 
-def overrides(corpus_dir: pathlib.Path, cache: pathlib.Path, data_dir: str) -> list[str]:
+def overrides(corpus_dir: pathlib.Path, cache: pathlib.Path, data_dir: str, vocab_size: int = 0) -> list[str]:
   return [f"--config.data.train_split=files:{corpus_dir}/wmt_like.{{lang}}", f"--config.data.cache_dir={cache}",
-          f"--config.data.dir={data_dir}"]
+          f"--config.data.dir={data_dir}", *([f"--config.data.vocab_size={vocab_size}"] if vocab_size else [])]
 
 
 def run_stage(code: str, args: list[str]) -> dict:
@@ -81,8 +81,8 @@ config = flag.value
 """
 TOKENIZER = CONFIG + "data.load_tokenizer(config)\n"
 CORPUS = CONFIG + "print(len(data.load_corpus(config, config.data.train_split, data.load_tokenizer(config))))\n"
-PLAN = "import sys; from seq2seq import data; data.main(sys.argv[:1] + ['--config=configs/wmt14_base.py', '--json'] + " \
-       "sys.argv[1:])\n"
+PLAN = "import sys; from seq2seq.data import pipeline; pipeline.main(sys.argv[:1] + ['--config=configs/wmt14_base.py', " \
+       "'--json'] + sys.argv[1:])\n"
 
 
 def batch_times(config, n: int = 200) -> dict:
@@ -163,6 +163,8 @@ def main() -> None:
   parser.add_argument("--data_dir", default=os.environ.get("SEQ2SEQ_DATA_DIR", str(REPO.parent / "shared/data")))
   parser.add_argument("--out", default="")
   parser.add_argument("--skip_train_step", action="store_true")
+  parser.add_argument("--vocab_size", type=int, default=0, help="sentencepiece pieces (0: the config's 37000)")
+  parser.add_argument("--batches", type=int, default=200, help="batches timed on the host")
   args = parser.parse_args()
   from seq2seq.inference.evaluate import hardware
 
@@ -174,7 +176,7 @@ def main() -> None:
     start = time.perf_counter()
     results["corpus"] = wmt_like.write(args.data_dir, args.pairs, tmp / "text")
     results["corpus"]["write_s"] = time.perf_counter() - start
-    flags = overrides(tmp / "text", tmp / "cache", args.data_dir)
+    flags = overrides(tmp / "text", tmp / "cache", args.data_dir, args.vocab_size)
     for name, code in (("tokenizer", TOKENIZER), ("corpus", CORPUS)):
       stage = run_stage(code, flags)
       results[name] = {"seconds": stage["seconds"], "peak_gib": stage["peak_gib"]}
@@ -196,8 +198,8 @@ def main() -> None:
     for mode, packing in (("bucketed", False), ("packed", True)):
       config = wmt14_base.get_config()
       config.data.update(train_split=f"files:{tmp}/text/wmt_like.{{lang}}", cache_dir=str(tmp / "cache"),
-                         dir=args.data_dir, packing=packing)
-      results[mode]["host_per_batch"] = batch_times(config)
+                         dir=args.data_dir, packing=packing, vocab_size=args.vocab_size or config.data.vocab_size)
+      results[mode]["host_per_batch"] = batch_times(config, args.batches)
       print(mode, results[mode]["host_per_batch"], flush=True)
     if not args.skip_train_step:
       results["train_step"] = step_against_host(wmt14_base.get_config(), results["bucketed"]["host_per_batch"])

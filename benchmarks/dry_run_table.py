@@ -51,13 +51,16 @@ def main() -> None:
   parser.add_argument("--dtypes", default="bfloat16,float32")
   parser.add_argument("--peak_tflops", type=float, default=989.0, help="per device (default: H100 SXM dense bf16)")
   parser.add_argument("--max_tokens", default="", help="comma-separated data.max_tokens values (default: the config's)")
+  parser.add_argument("--meshes", default=";".join(",".join(map(str, m)) for m in MESHES),
+                      help="data,fsdp,tensor sizes, ';' between meshes (default: the docs' five)")
   parser.add_argument("--out", default="")
   args = parser.parse_args()
+  meshes = [tuple(int(x) for x in m.split(",")) for m in args.meshes.split(";")]
   rows = []
   for config in args.configs.split(","):
     for dtype in args.dtypes.split(","):
       for max_tokens in (args.max_tokens.split(",") if args.max_tokens else [""]):
-        for mesh in MESHES:
+        for mesh in meshes:
           extra = [f"--config.data.max_tokens={max_tokens}"] if max_tokens else []
           row = plan(config, mesh, dtype, args.peak_tflops, extra)
           rows.append({"config": config, "max_tokens": max_tokens or "config"} | row)

@@ -36,32 +36,33 @@ def main() -> None:
   args = parser.parse_args()
 
   import jax
-  import ml_collections
 
   from seq2seq import sharding
+  from seq2seq.configs import default
   from seq2seq.model import flops
   from seq2seq.model.config import ModelConfig
   from seq2seq.training import optimizer
   from seq2seq.training.train import Steps, init_state
 
+  # Every setting the train step reads comes from configs/default.py (or --config, which
+  # starts from it); the reference model and the flags override the model section.
   if args.config:
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("cfg", args.config)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    model_section = dict(module.get_config().model)
+    config = module.get_config()
   else:
-    model_section = dict(d_model=256, num_heads=4, num_encoder_layers=3, num_decoder_layers=3, d_ff=1024,
-                         dropout_rate=0.1)
-  model_section["dtype"] = args.dtype
-  model_cfg = ModelConfig(vocab_size=args.vocab_size, **model_section)
-  config = ml_collections.ConfigDict({"seed": 0, "train": dict(
-      label_smoothing=0.1, schedule="rsqrt", learning_rate=1.0, warmup_steps=4000, steps=1000, adam_b1=0.9,
-      adam_b2=0.98, adam_eps=1e-9, weight_decay=0.0, grad_clip_norm=0.0, accum_steps=1, rng_impl=args.rng_impl)})
+    config = default.get_config()
+    config.model.update(d_model=256, num_heads=4, num_encoder_layers=3, num_decoder_layers=3, d_ff=1024,
+                        dropout_rate=0.1)
+  config.model.dtype = args.dtype
+  config.train.update(rng_impl=args.rng_impl)
+  model_cfg = ModelConfig.from_config(config.model, vocab_size=args.vocab_size)
   mesh = sharding.make_mesh({"data": -1, "fsdp": 1, "tensor": 1})
   tx, lr = optimizer.make(config.train, d_model=model_cfg.d_model)
-  graphdef, state, shardings = init_state(model_cfg, tx, mesh, 0)
+  graphdef, state, shardings = init_state(model_cfg, tx, mesh, config.seed)
   steps = Steps(config, graphdef, shardings, mesh, tx, lr)
 
   rng = np.random.default_rng(0)
