@@ -52,9 +52,9 @@ FULL = dict(config="configs/wmt14_base.py", shape="96x256x256", timed_steps=20, 
             peak_repeats=10)
 SMOKE = dict(config="configs/tiny.py", shape="8x32x32", timed_steps=2, train_steps=10, train_pairs=3000,
              train_dtype="float32", peers="torch,flax-wmt", peer_steps=2, budget_s=480.0, peak_repeats=3)
-CAPS_S = {"flash": 90, "steps_bfloat16": 150, "decode": 240, "peers": 200, "train": 180,
+CAPS_S = {"flash": 90, "steps_bfloat16": 150, "profile": 150, "decode": 240, "peers": 200, "train": 180,
           "steps_float32": 150}  # each section's own limit
-SECTIONS = "flash,steps_bfloat16,decode,peers,train,steps_float32"  # the default order
+SECTIONS = "flash,steps_bfloat16,profile,decode,peers,train,steps_float32"  # the default order
 MIN_SECTION_S = 15.0  # a section that would start with less left is skipped
 # seq2seq-train settings of the train section besides the corpus: two row lengths (two
 # compilations instead of eight, ~30 s each on an H200); 20000 pieces, since newstest's
@@ -112,6 +112,42 @@ def step_rows(config_path: str, dtype: str, shape: tuple[int, int, int], count: 
              "peak_tflops": peak[0] / 1e12, "peak_source": peak[1], "compile_s": compile_s,
              "attention": _attention(model_cfg, t, packed, mesh.size), "device_kind": device.device_kind,
              "platform": device.platform, "devices": mesh.size}
+      del state, steps
+    except Exception as err:  # noqa: BLE001  (the other layout still runs)
+      row = {"packed": packed, "error": f"{type(err).__name__}: {err}"[:2000]}
+    print(json.dumps(row), flush=True)
+
+
+def profile_capture(config_path: str, dtype: str, shape: tuple[int, int, int], count: int, out: pathlib.Path) -> None:
+  """Traces `count` train steps of each row layout (packed, then unpacked) with jax.profiler
+  into out/LAYOUT/ (TensorBoard's xplane.pb and a Perfetto trace.json.gz) beside the step's
+  optimized HLO (out/LAYOUT/train_step.hlo.txt, whose fusion names the trace's kernels
+  carry), and prints one JSON line per layout with the untraced step time."""
+  import jax
+  import numpy as np
+
+  from seq2seq import sharding
+
+  rows, s, t = shape
+  for packed in (True, False):
+    folder = out / ("packed" if packed else "unpacked")
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+      config = accelerator.load_config(config_path)
+      config.model.dtype = dtype
+      config.data.update(fill_rows=packed, packing=False)
+      model_cfg, mesh, state, steps = accelerator.build(config)
+      batch = sharding.put_batch(accelerator.random_batch(rows, s, t, model_cfg.vocab_size, np.random.default_rng(0)),
+                                 mesh)
+      (folder / "train_step.hlo.txt").write_text(steps.train.lower(state, batch, False).compile().as_text())
+      state, seconds, compile_s = accelerator.time_steps(steps, state, batch, count)
+      with jax.profiler.trace(str(folder / "trace"), create_perfetto_trace=True):
+        for _ in range(count):
+          state, metrics = steps.update(state, [batch])
+        jax.block_until_ready((state, metrics))
+      row = {"packed": packed, "dtype": dtype, "shape": list(shape), "step_ms": seconds * 1e3, "traced_steps": count,
+             "compile_s": compile_s, "attention": _attention(model_cfg, t, packed, mesh.size),
+             "files": sorted(str(p.relative_to(out)) for p in folder.rglob("*") if p.is_file())}
       del state, steps
     except Exception as err:  # noqa: BLE001  (the other layout still runs)
       row = {"packed": packed, "error": f"{type(err).__name__}: {err}"[:2000]}
@@ -254,6 +290,31 @@ def flash_section(args, timeout: float) -> dict:
   result = {"command": shlex.join(command), "checks": [r for r in rows if "case" in r],
             "timing": {r.pop("timing"): r for r in rows if "timing" in r}}
   return result if rows else result | {"error": _failure(child, timeout)}
+
+
+def profile_section(args, timeout: float) -> dict:
+  """The train step traced (profile_capture, in a child) and tabled by benchmarks/profile_table.py
+  for each row layout; --profile_dir keeps the traces and the HLO."""
+  import profile_table
+
+  with tempfile.TemporaryDirectory(prefix="device_check_profile_") as tmp:
+    out = pathlib.Path(args.profile_dir or tmp)
+    command = [sys.executable, str(pathlib.Path(__file__).resolve()), "--section=profile_capture",
+               f"--config={args.config}", f"--dtype={args.train_dtype}", f"--shape={args.shape}",
+               f"--timed_steps={args.profile_steps}", f"--out={out}"]
+    child = run_child(command, timeout)
+    result = {"command": shlex.join(command)}
+    for row in child["objects"]:
+      layout = "packed" if row.pop("packed") else "unpacked"
+      if "error" not in row:
+        try:
+          row["table"] = profile_table.from_folder(out / layout, row["traced_steps"])
+        except (OSError, ValueError) as err:
+          row["error"] = f"{type(err).__name__}: {err}"
+      result[layout] = row
+    for layout in ("packed", "unpacked"):
+      result.setdefault(layout, {"error": _failure(child, timeout)})
+  return result
 
 
 def decode_section(args, timeout: float) -> dict:
@@ -409,7 +470,8 @@ def check(args) -> dict:
   start = time.monotonic()
   deadline = start + args.budget_s
   run = {"flash": lambda s: flash_section(args, s), "steps_bfloat16": lambda s: steps_section(args, "bfloat16", s),
-         "decode": lambda s: decode_section(args, s), "peers": lambda s: peers_section(args, s),
+         "profile": lambda s: profile_section(args, s), "decode": lambda s: decode_section(args, s),
+         "peers": lambda s: peers_section(args, s),
          "train": lambda s: train_section(args, s), "steps_float32": lambda s: steps_section(args, "float32", s)}
   sections = {}
   for name in args.sections.split(","):
@@ -433,6 +495,8 @@ def parse(argv: list[str]):
   parser.add_argument("--flax_models", type=pathlib.Path, default=None,
                       help="the Flax WMT example's models.py (default SHARED/bench/flax_wmt_models.py)")
   parser.add_argument("--out", default="", help="default benchmarks/results/device_check_<device>[_smoke].json")
+  parser.add_argument("--profile_dir", default="", help="keep the profile section's traces and HLO here")
+  parser.add_argument("--profile_steps", type=int, default=5, help="train steps the profile section traces")
   parser.add_argument("--sections", default=SECTIONS, help=f"sections to run, in order (default {SECTIONS})")
   parser.add_argument("--section", default="", help=argparse.SUPPRESS)  # a child: steps or flash
   parser.add_argument("--dtype", default="bfloat16", help=argparse.SUPPRESS)
@@ -460,6 +524,9 @@ def main() -> None:
   args = parse(sys.argv[1:])
   if args.section == "flash":
     return flash_rows()
+  if args.section == "profile_capture":
+    return profile_capture(str(REPO / args.config), args.dtype, tuple(int(x) for x in args.shape.split("x")),
+                           args.timed_steps, pathlib.Path(args.out))
   if args.section == "steps":
     return step_rows(str(REPO / args.config), args.dtype, tuple(int(x) for x in args.shape.split("x")),
                      args.timed_steps, args.peak_repeats)

@@ -54,7 +54,8 @@ def test_device_check_smoke_writes_every_section(tmp_path):
   assert result["smoke"] and result["device_kind"] == "cpu" and result["shape"] == [8, 32, 32]
   assert {"jax", "jaxlib", "flax", "torch"} <= set(result["versions"]) and result["versions"]["jax"]
   sections = result["sections"]
-  assert list(sections) == ["flash", "steps_bfloat16", "decode", "peers", "train", "steps_float32"]
+  assert list(sections) == ["flash", "steps_bfloat16", "profile", "decode", "peers", "train", "steps_float32"]
+  assert all(sections["profile"][layout]["table"]["attributed_fraction"] == 1.0 for layout in ("packed", "unpacked"))
   assert all("interpret mode" in row["error"] for row in sections["flash"]["checks"])  # the kernel needs a GPU
   decode = sections["decode"]
   assert decode["identical_hypotheses"] and decode["modes"]["planned"]["programs"] <= 3, decode
@@ -105,3 +106,170 @@ def test_the_save_time_benchmark_saves_as_the_run_does(tmp_path, monkeypatch):
   assert row["state_bytes"] == 12 * row["parameters"] + 16
   assert 0 < row["blocking_s"] <= row["complete_s"] and row["stop_s"] > 0
   assert list(tmp_path.iterdir()) == []  # its temporary workdir is gone
+
+
+# -- every script in benchmarks/ runs: tiny shapes, a few steps (a refactor cannot break one unseen)
+def _run_benchmark(script: str, args: list, data_dir, tmp_path) -> str:
+  env = {**__import__("os").environ, "SEQ2SEQ_DATA_DIR": str(data_dir), "SEQ2SEQ_CACHE": str(tmp_path / "cache")}
+  out = subprocess.run([sys.executable, f"benchmarks/{script}.py", *args], cwd=REPO, capture_output=True, text=True,
+                       timeout=600, env=env)
+  assert out.returncode == 0, (script, out.stdout[-2000:], out.stderr[-3000:])
+  return out.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", [
+    "train_throughput", "wmt_like", "loss_bytes", "host_overhead", "dry_run_table", "decode_programs",
+    # an 8000-piece vocabulary (decode's model) and WMT-like text for 1000 pieces need the real corpora
+    pytest.param("decode", marks=pytest.mark.data), pytest.param("data_pipeline", marks=pytest.mark.data)])
+def test_every_benchmark_script_runs_at_a_tiny_size(script, data_dir, tmp_path, request):
+  result = tmp_path / "result.json"
+  if request.node.get_closest_marker("data"):
+    data_dir = request.getfixturevalue("real_data_dir")
+  if script == "train_throughput":
+    stdout = _run_benchmark(script, ["--config=configs/tiny.py", "--vocab_size=300", "--batch=4", "--src_len=8",
+                                     "--tgt_len=8", "--steps=1", "--rounds=1"], data_dir, tmp_path)
+    row = json.loads(stdout[stdout.index("{"):])
+    assert row["shape"] == [4, 8, 8] and row["target_tokens_per_s"] > 0 and 0 < row["mfu"] < 1, row
+  elif script == "wmt_like":
+    _run_benchmark(script, ["--pairs=200", f"--out={tmp_path}"], data_dir, tmp_path)
+    for lang in ("en", "de"):
+      lines = (tmp_path / f"wmt_like.{lang}").read_text().splitlines()
+      assert len(lines) == 200 and all(line.strip() for line in lines)
+  elif script == "decode":
+    _run_benchmark(script, ["--sentences=8", "--steps=4", "--modes=greedy", "--batch_size=8", f"--out={result}"],
+                   data_dir, tmp_path)
+    modes = json.loads(result.read_text())["modes"]
+    assert modes["greedy"]["sentences_per_s"] > 0, modes
+  elif script == "loss_bytes":
+    _run_benchmark(script, ["--config=configs/tiny.py", "--shape=4,8,8", "--dtype=float32", f"--out={result}"],
+                   data_dir, tmp_path)
+    losses = json.loads(result.read_text())["losses"]
+    assert set(losses) == {"legacy", "passes", "one_pass"}, losses
+    assert all(row["loss"]["bytes_accessed"] > 0 and row["step"]["flops"] > 0 for row in losses.values()), losses
+  elif script == "host_overhead":
+    _run_benchmark(script, ["--steps=30", "--log_every=10", f"--out={result}"], data_dir, tmp_path)
+    row = json.loads(result.read_text())
+    assert row["loop_ms_per_step"] > 0 and row["dispatch_ms_per_step"] > 0, row
+  elif script == "data_pipeline":
+    _run_benchmark(script, ["--pairs=3000", "--vocab_size=1000", "--skip_train_step", "--batches=5",
+                            f"--data_dir={data_dir}", f"--out={result}"], data_dir, tmp_path)
+    row = json.loads(result.read_text())
+    assert 2900 < row["pairs_kept"] <= 3000 and row["text_to_token_cache"]["seconds"] > 0, row["text_to_token_cache"]
+    assert len(row["packed"]["batch_shapes"]) == 1 <= len(row["bucketed"]["batch_shapes"]), row["packed"]
+  elif script == "decode_programs":
+    _run_benchmark(script, ["--config=configs/tiny.py", "--sentences=64", f"--out={result}"], data_dir, tmp_path)
+    row = json.loads(result.read_text())
+    assert row["identical_hypotheses"] and row["modes"]["planned"]["programs"] <= 3, row["modes"]
+  elif script == "dry_run_table":
+    _run_benchmark(script, ["--configs=tiny", "--dtypes=float32", "--meshes=2,2,2", f"--out={result}"], data_dir,
+                   tmp_path)
+    [row] = json.loads(result.read_text())
+    assert row["mesh"] == {"data": 2, "fsdp": 2, "tensor": 2} and row["total_gib"] > 0 and row["flops_xla"] > 0, row
+
+
+@pytest.mark.slow
+def test_the_profile_section_tables_a_cpu_trace_of_the_train_step(tmp_path):
+  """device_check's profile section (profile_capture, then profile_table) on XLA:CPU: every
+  thunk names its instruction, so all are attributed, and the sites of a model are there."""
+  out = subprocess.run([sys.executable, "benchmarks/device_check.py", "--smoke", "--sections=profile",
+                        f"--out={tmp_path / 'check.json'}", f"--profile_dir={tmp_path / 'profile'}"], cwd=REPO,
+                       capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  profile = json.loads((tmp_path / "check.json").read_text())["sections"]["profile"]
+  for layout in ("packed", "unpacked"):
+    table = profile[layout]["table"]
+    assert table["attributed_fraction"] == 1.0 and table["kernel_launches_per_step"] > 0, table
+    assert {"matmul", "optimizer", "loss and logits (softmax, casts)", "norm"} <= set(table["ms_per_step"]), table
+    assert {"FFN", "FFN (backward)", "QKV projection", "vocabulary projection"} <= set(
+        table["matmul_sites_ms_per_step"]), table
+    assert (tmp_path / "profile" / layout / "train_step.hlo.txt").is_file()
+
+
+def _profile_table():
+  spec = importlib.util.spec_from_file_location("profile_table", REPO / "benchmarks" / "profile_table.py")
+  module = importlib.util.module_from_spec(spec)
+  sys.modules["profile_table"] = module  # its dataclasses look their module up
+  spec.loader.exec_module(module)
+  return module
+
+
+HLO = """HloModule jit_train_step, is_scheduled=true
+
+FileNames
+1 "seq2seq/model/layers.py"
+
+FunctionNames
+1 "train_step"
+2 "FeedForward.__call__"
+3 "dense"
+4 "Norm.__call__"
+5 "flash_attention"
+6 "scale_by_adam.<locals>.update_fn"
+
+FileLocations
+1 {file_name_id=1 function_name_id=1 line=1 end_line=1 column=1 end_column=2}
+2 {file_name_id=1 function_name_id=2 line=2 end_line=2 column=1 end_column=2}
+3 {file_name_id=1 function_name_id=3 line=3 end_line=3 column=1 end_column=2}
+4 {file_name_id=1 function_name_id=4 line=4 end_line=4 column=1 end_column=2}
+5 {file_name_id=1 function_name_id=5 line=5 end_line=5 column=1 end_column=2}
+6 {file_name_id=1 function_name_id=6 line=6 end_line=6 column=1 end_column=2}
+
+StackFrames
+1 {file_location_id=1 parent_frame_id=1}
+2 {file_location_id=2 parent_frame_id=2}
+3 {file_location_id=3 parent_frame_id=3}
+4 {file_location_id=4 parent_frame_id=2}
+5 {file_location_id=5 parent_frame_id=2}
+6 {file_location_id=6 parent_frame_id=2}
+
+%fused_norm (param_0.1: f32[8]) -> f32[8] {
+  %param_0.1 = f32[8]{0} parameter(0), metadata={scheduling_name="param_0.1"}
+  ROOT %multiply.1 = f32[8]{0} multiply(%param_0.1, %param_0.1), metadata={op_name="jit(train_step)/mul" stack_frame_id=4}
+}
+
+%fused_norm.1 (param_0.2: f32[8]) -> f32[8] {
+  %param_0.2 = f32[8]{0} parameter(0), metadata={scheduling_name="param_0.2"}
+  ROOT %multiply.2 = f32[8]{0} multiply(%param_0.2, %param_0.2), metadata={op_name="jit(train_step)/mul" stack_frame_id=4}
+}
+
+ENTRY %main (p: f32[8]) -> f32[8] {
+  %p = f32[8]{0} parameter(0)
+  %loop_multiply_fusion = f32[8]{0} fusion(%p), kind=kLoop, calls=%fused_norm, metadata={op_name="jit(train_step)/mul" stack_frame_id=4}
+  %custom-call.1 = (f32[8]{0}, s8[4]{0}) custom-call(%p, %p), custom_call_target="__cublas$lt$matmul", metadata={op_name="jit(train_step)/jvp()/dot_general" stack_frame_id=3}
+  %pallas_call.2 = f32[8]{0} custom-call(%p), custom_call_target="__gpu$xla.gpu.triton", metadata={op_name="jit(train_step)/pallas_call" stack_frame_id=5}
+  %custom-call.3 = (f32[8]{0}, s8[4]{0}) custom-call(%p, %p), custom_call_target="__cublas$lt$matmul", metadata={op_name="jit(train_step)/transpose(jvp())/dot_general" stack_frame_id=3}
+  %loop_multiply_fusion.1 = f32[8]{0} fusion(%p), kind=kLoop, calls=%fused_norm.1, metadata={op_name="jit(train_step)/mul" stack_frame_id=4}
+  %loop_add_fusion = f32[8]{0} fusion(%p), kind=kLoop, calls=%fused_norm, metadata={op_name="jit(train_step)/add" stack_frame_id=6}
+  ROOT %copy.1 = f32[8]{0} copy(%p)
+}
+"""
+
+
+def test_profile_table_matches_command_buffer_kernels_to_their_instructions():
+  """Inside a CUDA graph every kernel says `command_buffer_1`: named kernels match their fusion
+  (a deduplicated kernel, named after the first fusion like it, the next such fusion), library
+  kernels the next call of their library, memsets nothing; then categories and sites."""
+  pt = _profile_table()
+  hlo = pt.parse_hlo(HLO)
+  assert [i.name for i in hlo.schedule] == ["loop_multiply_fusion", "custom-call.1", "pallas_call.2", "custom-call.3",
+                                            "loop_multiply_fusion.1", "loop_add_fusion", "copy.1"]
+  assert hlo.by_name["custom-call.1"].functions == ["dense", "FeedForward.__call__", "train_step"]
+  kernels = ["loop_multiply_fusion", "Memset 0", "nvjet_sm90_tst_128x128", "my_flash_kernel", "nvjet_sm90_tss_64x64",
+             "loop_multiply_fusion", "loop_add_fusion", "copy_1"]
+  events = [{"name": k, "ts": 10.0 * n, "dur": float(n + 1), "stream": "Stream #14(Compute)",
+             "args": {"hlo_module": "jit_train_step", "hlo_op": "command_buffer_1"}} for n, k in enumerate(kernels)]
+  events.append({"name": "MemcpyH2D", "ts": 5.0, "dur": 3.0, "stream": "Stream #15(MemcpyH2D)", "args": {}})
+  kernels_out, h2d = pt.attribute(events, hlo)
+  assert [(inst.name if inst else None, category, site) for _, inst, category, site in kernels_out] == [
+      ("loop_multiply_fusion", "norm", ""), (None, "memsets/copies", ""),
+      ("custom-call.1", "matmul", "FFN"), ("pallas_call.2", "attention", ""),
+      ("custom-call.3", "matmul", "FFN (backward)"), ("loop_multiply_fusion.1", "norm", ""),
+      ("loop_add_fusion", "optimizer", ""), ("copy.1", "copy/layout", "")]
+  assert h2d == 3.0
+  table = pt.table(events, hlo, steps=1)
+  assert table["ms_per_step"]["norm"] == (1 + 6) / 1e3 and table["matmul_sites_ms_per_step"] == {
+      "FFN (backward)": 5 / 1e3, "FFN": 3 / 1e3}
+  assert table["kernel_launches_per_step"] == 8 and table["attributed_fraction"] == 7 / 8
+  assert table["busy_ms"] == 36 / 1e3 and table["step_ms"] == (70 + 8) / 1e3  # span: first start to last end
+  assert table["ms_per_step"]["idle gaps (device)"] == (78 - 36) / 1e3
