@@ -49,6 +49,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import re
 import sys
 
 from seq2seq import cli
@@ -102,8 +103,7 @@ def export(workdir: str | os.PathLike, out: str | os.PathLike, checkpoint: None 
   _check_replaceable(target, out, overwrite)
   config = load.run_config(workdir)
   mesh = sharding.make_mesh(config.mesh)
-  loaded = load.load_params(workdir, config, mesh, best=checkpoint == "best",
-                            step=checkpoint if isinstance(checkpoint, int) else None, average_last=average_last)
+  loaded = load.load_params(workdir, config, mesh, checkpoint=checkpoint, average_last=average_last)
   model_cfg, tok, label = loaded.model_cfg, loaded.tokenizer, loaded.checkpoint.label
   tensors = flatten(loaded.params)
   if jax.process_index() != 0:
@@ -330,6 +330,17 @@ def load_params(model_dir: str | os.PathLike, model_cfg: ModelConfig, mesh):
   return transformer.graphdef(model_cfg), jax.tree_util.tree_unflatten(treedef, leaves)
 
 
+def _eval_flags(label: str) -> str:
+  """seq2seq-eval's flags that evaluate the checkpoint a label names: best40 -> --checkpoint=best,
+  step60 -> --checkpoint=60, average5-20000 -> --checkpoint=20000 --average_last=5."""
+  m = re.fullmatch(r"(step|best|average)(\d+)(?:-(\d+))?", label)
+  if not m:
+    return ""
+  kind, number, step = m.groups()
+  return {"step": f" --checkpoint={number}", "best": " --checkpoint=best",
+          "average": f" --checkpoint={step} --average_last={number}"}[kind]
+
+
 def model_card(workdir: pathlib.Path, config, model_cfg: ModelConfig, label: str) -> str:
   """A README for the model folder: what it translates, its size, how it was trained and scored."""
   d = config.data
@@ -365,7 +376,7 @@ def model_card(workdir: pathlib.Path, config, model_cfg: ModelConfig, label: str
     lines += [f"- {r['name']}: `{r['bleu_signature']}`, `{r['chrf_signature']}`" for r in results]
   else:
     lines += [f"No evaluation of checkpoint `{label}` was found in {workdir / 'eval'}: run "
-              f"`seq2seq-eval --workdir={workdir}` before exporting to include its scores."]
+              f"`seq2seq-eval --workdir={workdir}{_eval_flags(label)}` before exporting to include its scores."]
   return "\n".join(lines) + "\n"
 
 

@@ -304,7 +304,7 @@ def test_ensemble_decodes_the_mean_of_the_runs_and_records_its_members(run, tran
   assert result["ensemble"][1]["workdir"] == str(copy.resolve()) and result["ensemble"][1]["steps"] == 60
   config = load.run_config(run)
   mesh = sharding.make_mesh(config.mesh)
-  loaded = load.load_ensemble([run, copy], config, mesh, step=40)
+  loaded = load.load_ensemble([run, copy], config, mesh, checkpoint=40)
   params, label = loaded.params, loaded.checkpoint.label
   assert label == result["checkpoint"]
   both = Translator(loaded.model_cfg, loaded.graphdef, loaded.tokenizer, mesh, beam_size=2, alpha=0.6, max_len_a=1.0,

@@ -133,3 +133,12 @@ def test_a_file_size_limit_during_export_is_one_error_line_and_leaves_nothing(ti
   errors = error_lines(out.stderr)
   assert len(errors) == 1 and "model.safetensors: File too large (exporting to" in errors[0], out.stderr
   assert list(tmp_path.iterdir()) == []
+
+
+def test_the_model_card_of_an_unevaluated_checkpoint_names_the_eval_flags_that_score_it(tiny_run):
+  assert [export._eval_flags(label) for label in ("step60", "best40", "average5-20000", "step40+ensemble2-1a2b")] == [
+      " --checkpoint=60", " --checkpoint=best", " --checkpoint=20000 --average_last=5", ""]
+  config = load.run_config(tiny_run)
+  model_cfg = ModelConfig.from_config(config.model, vocab_size=Tokenizer.load(tiny_run / "spm.model").vocab_size)
+  card = export.model_card(tiny_run, config, model_cfg, "average3-60")
+  assert f"`seq2seq-eval --workdir={tiny_run} --checkpoint=60 --average_last=3`" in card

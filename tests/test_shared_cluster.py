@@ -240,7 +240,7 @@ def test_a_checkpoint_deleted_under_eval_falls_back_or_is_one_error(tiny_run, tm
   shutil.rmtree(run)
   run = shutil.copytree(tiny_run, tmp_path / "run")
   with pytest.raises(errors.CheckpointError, match=rf"checkpoint {newest} .* was deleted while being read"):
-    load.load_params(run, config, mesh, step=newest)
+    load.load_params(run, config, mesh, checkpoint=newest)
 
 
 # -- inputs of any length ------------------------------------------------------------------

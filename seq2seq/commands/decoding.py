@@ -84,8 +84,6 @@ def check_output(path: str, flag: str, *, reads: dict[str, str | None] | None = 
 def load_run(workdir: str, config, mesh, checkpoint: None | str | int = None) -> load.Loaded:
   """A run's chosen checkpoint (None: the newest intact one, "best" or a step; --average_last
   averages the K ending there), with the --ensemble runs if given (each a different run)."""
-  choice = dict(step=checkpoint if isinstance(checkpoint, int) else None, best=checkpoint == "best",
-                average_last=AVERAGE_LAST.value)
   members = [workdir, *(ENSEMBLE.value or [])]
   seen = {}
   for flag, member in zip(["--workdir", *["--ensemble"] * (len(members) - 1)], members):
@@ -95,8 +93,8 @@ def load_run(workdir: str, config, mesh, checkpoint: None | str | int = None) ->
                         "runs (to weigh one run more, train another seed)")
     seen[key] = f"{flag}={member}"
   if ENSEMBLE.value:
-    return load.load_ensemble(members, config, mesh, **choice)
-  return load.load_params(workdir, config, mesh, **choice)
+    return load.load_ensemble(members, config, mesh, checkpoint=checkpoint, average_last=AVERAGE_LAST.value)
+  return load.load_params(workdir, config, mesh, checkpoint=checkpoint, average_last=AVERAGE_LAST.value)
 
 
 def translator_for_run(workdir: str, config=None, checkpoint: None | str | int = None) -> tuple[Translator, load.Loaded]:

@@ -21,7 +21,7 @@ from seq2seq import average, data, errors, metrics, sharding
 from seq2seq.data.tokenizer import Tokenizer
 from seq2seq.model import transformer
 from seq2seq.model.config import ModelConfig
-from seq2seq.training import checkpoint
+from seq2seq.training import checkpoint as checkpoints
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,15 +73,16 @@ def run_config(workdir: str | os.PathLike) -> ml_collections.ConfigDict:
   return config
 
 
-def load_params(workdir, config, mesh, *, step: int | None = None, best: bool = False, average_last: int = 0):
-  """The model of a run's checkpoint (`step`, `best`, else the newest intact one), or with
+def load_params(workdir, config, mesh, *, checkpoint: None | str | int = None, average_last: int = 0):
+  """The model of a run's checkpoint (a step, "best", else (None) the newest intact one), or with
   `average_last` K the mean of the K checkpoints ending there; its parameters laid out on `mesh`."""
+  best, step = checkpoint == "best", checkpoint if isinstance(checkpoint, int) else None
   tok_path = pathlib.Path(workdir) / data.SPM_FILE
   if not tok_path.is_file():
     raise CheckpointError(f"{tok_path} not found: the run's sentencepiece model is needed to translate")
   tok = Tokenizer.load(tok_path)
   model_cfg = ModelConfig.from_config(config.model, vocab_size=tok.vocab_size)
-  run_identity = checkpoint.identity(model_cfg, tok.model_bytes)
+  run_identity = checkpoints.identity(model_cfg, tok.model_bytes)
 
   def init():
     return nnx.state(transformer.Transformer(model_cfg, rngs=nnx.Rngs(0)), nnx.Param)
@@ -94,7 +95,7 @@ def load_params(workdir, config, mesh, *, step: int | None = None, best: bool = 
     if average.averaged_steps(path) != steps:  # none yet, or stale
       average.save_average(workdir, steps)
     params, saved = average.load_average(path, target)
-    checkpoint.check_identity(saved, run_identity, str(path))
+    checkpoints.check_identity(saved, run_identity, str(path))
     return Loaded(model_cfg, graphdef, params, tok, Checkpoint("average", saved["averaged_steps"][-1], average_last))
   try:
     return _restore(workdir, model_cfg, graphdef, target, run_identity, tok, step, best)
@@ -104,7 +105,7 @@ def load_params(workdir, config, mesh, *, step: int | None = None, best: bool = 
 
 
 def _restore(workdir, model_cfg, graphdef, target, run_identity, tok, step, best):
-  ckpts = checkpoint.Checkpoints(workdir, asynchronous=False)
+  ckpts = checkpoints.Checkpoints(workdir, asynchronous=False)
   try:
     chosen = ckpts.best_step() if best else step  # None: the newest intact one
     if (best or step is not None) and (chosen is None or chosen not in ckpts.manager.all_steps()):
@@ -122,16 +123,17 @@ def _restore(workdir, model_cfg, graphdef, target, run_identity, tok, step, best
   return Loaded(model_cfg, graphdef, params, tok, Checkpoint("best" if best else "step", chosen))
 
 
-def load_ensemble(workdirs: list[str], config, mesh, *, step: int | None = None, best: bool = False,
+def load_ensemble(workdirs: list[str], config, mesh, *, checkpoint: None | str | int = None,
                   average_last: int = 0) -> Loaded:
   """Several runs decoded as one ensemble (model configs, graphdefs and parameters listed per
-  run). The first run's checkpoint is chosen by `step`; every run's by `best` (else its
-  latest), and averaged with `average_last`. The runs must share the sentencepiece model."""
+  run). The first run's checkpoint is `checkpoint` (as load_params takes it); the others' are
+  their best with "best", else their newest; each averaged with `average_last`. The runs must
+  share the sentencepiece model."""
   runs, members = [], []
   for i, workdir in enumerate(workdirs):
     member_config = config if i == 0 else run_config(workdir)
-    run = load_params(workdir, member_config, mesh, step=step if i == 0 else None, best=best,
-                      average_last=average_last)
+    run = load_params(workdir, member_config, mesh, average_last=average_last,
+                      checkpoint=checkpoint if i == 0 or checkpoint == "best" else None)
     if runs and run.tokenizer.model_bytes != runs[0].tokenizer.model_bytes:
       raise ConfigError(f"{pathlib.Path(workdir) / data.SPM_FILE} differs from {pathlib.Path(workdirs[0]) / data.SPM_FILE}: "
                        "ensembled runs must share one sentencepiece model")

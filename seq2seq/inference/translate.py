@@ -157,8 +157,7 @@ class Translator:
       raise ConfigError(f"average_last must be a number of checkpoints >= 0, got {average_last!r}")
     config = load.run_config(inputs.path(workdir, "workdir"))
     mesh = sharding.make_mesh(config.mesh) if mesh is None else mesh
-    loaded = load.load_params(workdir, config, mesh, best=checkpoint == "best",
-                              step=checkpoint if isinstance(checkpoint, int) else None, average_last=average_last)
+    loaded = load.load_params(workdir, config, mesh, checkpoint=checkpoint, average_last=average_last)
     return cls._holding(config, loaded.model_cfg, loaded.graphdef, loaded.tokenizer, mesh, loaded.params,
                         loaded.checkpoint.label,
                         **search_settings(config.eval, beam_size=beam_size, alpha=alpha, **settings))
