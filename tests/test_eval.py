@@ -323,3 +323,46 @@ def test_ensemble_decodes_the_mean_of_the_runs_and_records_its_members(run, tran
   train_and_evaluate(other_config, str(other))
   with pytest.raises(ValueError, match=f"{other / 'spm.model'} differs from {run / 'spm.model'}"):
     load.load_ensemble([run, other], config, mesh)
+
+
+def test_compare_gives_sacrebleus_own_paired_bootstrap_for_each_system(run, val_files, tmp_path):
+  """--compare: this run's hypotheses are the baseline; each file's BLEU, chrF++ and TER, means,
+  95% intervals and p-values equal `sacrebleu REF -i BASE SYS... --paired-bs` on the same files."""
+  import re
+
+  refs = (val_files / "ref.de").read_text(encoding="utf-8").splitlines()
+  better, other = tmp_path / "better.de", tmp_path / "other.de"
+  better.write_text("".join((r if i % 3 else r.split(" ")[0]) + "\n" for i, r in enumerate(refs)), encoding="utf-8")
+  other.write_text("".join(" ".join(r.split(" ")[::2]) + "\n" for r in refs), encoding="utf-8")
+  out = eval_py(f"--workdir={run}", f"--source={val_files / 'src.en'}", f"--reference={val_files / 'ref.de'}",
+                "--beam_size=1", "--output=" + str(tmp_path / "ours.de"), f"--compare={better}", f"--compare={other}")
+  assert out.returncode == 0, out.stderr
+  lines = out.stdout.strip().splitlines()
+  assert lines[-1].startswith("src.en: BLEU = ") and lines[-2].startswith("src.en: chrF2 = ")  # scores stay last
+  assert any(line.startswith("compared with src.en.step60 (this run) (paired bootstrap, 1000 resamples") for line in lines)
+  result = json.loads((run / "eval" / "src.en.step60.greedy-len1x+10.json").read_text())
+  systems = result["compare"]["systems"]
+  assert [s["name"] for s in systems] == ["src.en.step60 (this run)", str(better), str(other)]
+  assert systems[0]["BLEU"]["score"] == pytest.approx(result["bleu"], abs=1e-9)
+  cli = subprocess.run([sys.executable, "-m", "sacrebleu", str(val_files / "ref.de"), "-i", str(tmp_path / "ours.de"),
+                        str(better), str(other), "--paired-bs", "-m", "bleu", "chrf", "ter", "--chrf-word-order", "2", "-f", "text"],
+                       capture_output=True, text=True, check=True).stdout.splitlines()
+  rows = [n for n, line in enumerate(cli) if re.search(r"│\s*(Baseline: |/)", line)]
+  assert len(rows) == 3, cli
+  number = re.compile(r"\d+\.\d+")
+  for system, n in zip(systems, rows):
+    expected = number.findall(cli[n]) + (number.findall(cli[n + 1]) if system is not systems[0] else [])
+    ours = [f"{system[m][k]:.1f}" for m in ("BLEU", "chrF2++", "TER") for k in ("score", "mean", "ci")]
+    ours += [f"{system[m]['p_value']:.4f}" for m in ("BLEU", "chrF2++", "TER") if system[m]["p_value"] is not None]
+    assert ours == expected, (system["name"], cli[n:n + 2])
+  assert systems[1]["BLEU"]["p_value"] < 0.05 < systems[1]["BLEU"]["score"]  # the better system is significantly so
+  # a file that is not a system's output for this test set, and two test sets at once: one error line each
+  short = tmp_path / "short.de"
+  short.write_text("one line\n", encoding="utf-8")
+  out = eval_py(f"--workdir={run}", f"--source={val_files / 'src.en'}", f"--reference={val_files / 'ref.de'}",
+                f"--compare={short}")
+  assert out.returncode == 2 and out.stderr.strip().splitlines() == [
+      f"error: --compare={short} has 1 lines but src.en has {VAL_SENTENCES} sentences: a system's hypotheses for the "
+      "same test set, one line each, are needed"]
+  out = eval_py(f"--workdir={run}", "--split=val", "--split=test_2016_flickr", f"--compare={better}")
+  assert out.returncode == 2 and "error: --compare needs one test set to compare on, got 2" in out.stderr

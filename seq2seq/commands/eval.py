@@ -5,6 +5,11 @@
   seq2seq-eval --workdir=DIR --source=in.en --reference=ref.de [--beam_size=4 --alpha=0.6]
   seq2seq-eval --workdir=DIR --source=- < in.en > out.de       # translate stdin
   seq2seq-eval --workdir=DIR --ensemble=DIR2 --ensemble=DIR3    # the runs' ensemble
+  seq2seq-eval --workdir=DIR --split=test_2016_flickr --compare=other.hyp [--paired=bs|ar]
+
+--compare=HYPS (one or more files, one test set): BLEU, chrF++ and TER of this run and of each
+file, and sacreBLEU's paired test of each against this run (seq2seq/inference/compare.py),
+printed before the score lines and kept in the JSON result under "compare".
 
 It prints the sacreBLEU score lines (signature last) and writes hypotheses and a JSON result
 into DIR/eval/ (see seq2seq/inference/evaluate.py); the scores also go to the run's
@@ -15,6 +20,7 @@ Many hosts (a model too large for one): the same command on every host, plus
 process 0 writes the files and prints the scores.
 """
 
+import json
 import os
 import pathlib
 import sys
@@ -27,9 +33,9 @@ import jax
 from absl import flags
 
 from seq2seq.errors import ConfigError, DataError
-from seq2seq import data, metrics
+from seq2seq import data, files, metrics
 from seq2seq.commands import decoding
-from seq2seq.inference import evaluate, load
+from seq2seq.inference import compare, evaluate, load
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "The training run's directory.", required=True)
 _STEP = flags.DEFINE_integer("step", None, "The old name of --checkpoint=STEP.")
@@ -40,6 +46,12 @@ _REFERENCE = flags.DEFINE_string("reference", None, "Reference file for --source
 _OUTPUT = flags.DEFINE_string("output", "", "Also write the hypotheses to this file.")
 _TOKENIZE = flags.DEFINE_string("tokenize", "13a", "sacreBLEU tokenizer (13a, intl, zh, char, none, ...).")
 _LOWERCASE = flags.DEFINE_bool("lowercase", False, "Case-insensitive BLEU and chrF.")
+_COMPARE = flags.DEFINE_multi_string("compare", None, "Hypothesis file(s) of other systems on the same test set: "
+                                     "each is compared with this run by a paired test (one --split or --source).")
+_PAIRED = flags.DEFINE_enum("paired", "bs", ["bs", "ar"], "--compare's test: paired bootstrap (bs) or approximate "
+                            "randomization (ar), as sacreBLEU runs them.")
+_PAIRED_SAMPLES = flags.DEFINE_integer("paired_samples", 0, "Bootstrap resamples or randomization trials "
+                                       "(0: sacreBLEU's 1000 / 10000).", lower_bound=0)
 _JOIN_HOSTS = cli.define_distributed_flags()
 
 
@@ -84,6 +96,35 @@ def check_tokenize(name: str) -> None:
     raise ConfigError(f"--tokenize={name}: sacreBLEU has no such tokenizer; choose one of {', '.join(BLEU.TOKENIZERS)}")
 
 
+def compared_systems(todo) -> list[tuple[str, list[str]]]:
+  """(file, lines) of each --compare file, read and checked against the one test set before decoding."""
+  if not _COMPARE.value:
+    return []
+  if len(todo) != 1:
+    raise ConfigError(f"--compare needs one test set to compare on, got {len(todo)}: give one --split=NAME or "
+                      "--source/--reference")
+  name, _, references = todo[0]
+  out = []
+  for path in _COMPARE.value:
+    hypotheses = evaluate.read_text(path)
+    if len(hypotheses) != len(references):
+      raise DataError(f"--compare={path} has {len(hypotheses)} lines but {name} has {len(references)} sentences: "
+                      "a system's hypotheses for the same test set, one line each, are needed")
+    out.append((path, hypotheses))
+  return out
+
+
+def compare_with(result: dict, references: list[str], others) -> dict:
+  """The paired comparison of this run's hypotheses (the baseline) with the others, also kept
+  in the run's JSON result (written again)."""
+  baseline = (f"{result['name']}.{result['checkpoint']} (this run)", evaluate.read_text(result["hypotheses"]))
+  result["compare"] = compare.compare(baseline, others, references, test=_PAIRED.value, samples=_PAIRED_SAMPLES.value,
+                                      tokenize=_TOKENIZE.value, lowercase=_LOWERCASE.value)
+  path = pathlib.Path(result["hypotheses"]).with_suffix(".json")
+  files.write_atomic(path, (json.dumps(result, indent=1) + "\n").encode("utf-8"))
+  return result["compare"]
+
+
 def main(argv) -> None:
   _JOIN_HOSTS()
   if _SOURCE.value == "-" and jax.process_count() > 1:
@@ -102,6 +143,7 @@ def main(argv) -> None:
     raise ConfigError(f"{pathlib.Path(workdir) / 'eval'} is a file; results go in that folder: move the file away")
   config = load.run_config(workdir)
   todo = jobs(config)
+  others = compared_systems(todo)
   translator, loaded = decoding.translator_for_run(workdir, config, chosen)
   params, label, members = translator.params, translator.checkpoint, loaded.members
   extra = {"command": cli.command_line("seq2seq-eval")} | ({"ensemble": members} if members else {})
@@ -115,12 +157,17 @@ def main(argv) -> None:
              for name, src, ref in todo]
   if jax.process_index() != 0:
     return
+  if others:
+    compare_with(results[0], todo[0][2], others)
   if results and not members:
     metrics.write_scalars(workdir, loaded.checkpoint.step, {
         f"eval/{r['name']}/{key}": r[key] for r in results for key in ("bleu", "chrf")})
   for r in results:
     print(f"{r['name']} ({r['checkpoint']}): {r['sentences']} sentences in {r['seconds']:.1f} s "
           f"({r['sentences_per_s']:.1f} sentences/s); hypotheses in {r['hypotheses']}")
+  for r in results:
+    if "compare" in r:
+      print("\n".join(compare.lines(r["compare"])))
   for r in results:  # the score lines come last, each ending with its signature
     print(f"{r['name']}: {r['chrf_line']}")
     print(f"{r['name']}: {r['bleu_line']}")
