@@ -1,4 +1,5 @@
-"""benchmarks/accelerator.py and device_check.py on this machine's CPU; the nominal-peak table."""
+"""Every script in benchmarks/ at a tiny size on this machine's CPU (accelerator.py, device_check.py and
+its profile parser, the others in one smoke test each); the nominal-peak table."""
 
 import importlib.util
 import json
