@@ -11,9 +11,13 @@ minutes, written to one JSON (benchmarks/results/device_check_<device>.json):
   the first, which includes compiling);
 - peers: ../shared/bench/anchors_gpu.py on the same shape and model size, one process per
   peer (torch.compile, torch eager, the Flax WMT example, a bf16 matmul); a peer is skipped,
-  with the reason, when torch or the Flax example's models.py (`--flax_models`) is missing.
+  with the reason, when torch or the Flax example's models.py (`--flax_models`) is missing;
+- profile: the train step traced and tabled by benchmarks/profile_table.py (where the time goes);
+- variants (not in the default run, `--sections=variants`): the packed step with each of
+  VARIANTS, the changes issue 62's profile points to, one at a time against the baseline.
 
   python benchmarks/device_check.py --flax_models=PATH/models.py   # one GPU, ~7 minutes
+  python benchmarks/device_check.py --sections=profile,variants --profile_dir=DIR  # ~6 minutes
   python benchmarks/device_check.py --smoke --out=/tmp/check.json  # CPU: tiny config, ~1.5 minutes
 
 Sections run in this order (the most wanted figures first), each in its own process (none
@@ -52,7 +56,7 @@ FULL = dict(config="configs/wmt14_base.py", shape="96x256x256", timed_steps=20, 
             peak_repeats=10)
 SMOKE = dict(config="configs/tiny.py", shape="8x32x32", timed_steps=2, train_steps=10, train_pairs=3000,
              train_dtype="float32", peers="torch,flax-wmt", peer_steps=2, budget_s=480.0, peak_repeats=3)
-CAPS_S = {"flash": 90, "steps_bfloat16": 150, "profile": 150, "decode": 240, "peers": 200, "train": 180,
+CAPS_S = {"flash": 90, "steps_bfloat16": 150, "profile": 150, "variants": 300, "decode": 240, "peers": 200, "train": 180,
           "steps_float32": 150}  # each section's own limit
 SECTIONS = "flash,steps_bfloat16,profile,decode,peers,train,steps_float32"  # the default order
 MIN_SECTION_S = 15.0  # a section that would start with less left is skipped
@@ -87,8 +91,10 @@ def _attention(model_cfg, t: int, packed: bool, devices: int) -> str:
     return f"unknown ({type(err).__name__}: {err})"
 
 
-def step_rows(config_path: str, dtype: str, shape: tuple[int, int, int], count: int, repeats: int) -> None:
-  """Prints one JSON line per row layout (packed, then unpacked): the train step at `shape`."""
+def step_rows(config_path: str, dtype: str, shape: tuple[int, int, int], count: int, repeats: int,
+              overrides: tuple = (), layouts: str = "packed,unpacked") -> None:
+  """Prints one JSON line per row layout (packed, then unpacked): the train step at `shape`,
+  with `overrides` (`section.key=value`, as on the command line) applied to the config."""
   import jax
   import numpy as np
 
@@ -97,11 +103,18 @@ def step_rows(config_path: str, dtype: str, shape: tuple[int, int, int], count: 
 
   device, (rows, s, t) = jax.devices()[0], shape
   peak = None
-  for packed in (True, False):
+  for packed in [layout == "packed" for layout in layouts.split(",")]:
     try:
       config = accelerator.load_config(config_path)
       config.model.dtype = dtype
       config.data.update(fill_rows=packed, packing=False)
+      applied = {}
+      for override in overrides:
+        key, value = override.split("=", 1)
+        section, name = key.rsplit(".", 1)
+        current = config[section][name]
+        config[section][name] = value.lower() in ("1", "true") if isinstance(current, bool) else type(current)(value)
+        applied[key] = config[section][name]
       model_cfg, mesh, state, steps = accelerator.build(config)
       peak = peak or flops.peak_flops(device.device_kind, device.platform, dtype, mesh.size, repeats=repeats)
       batch = accelerator.random_batch(rows, s, t, model_cfg.vocab_size, np.random.default_rng(0))
@@ -112,6 +125,8 @@ def step_rows(config_path: str, dtype: str, shape: tuple[int, int, int], count: 
              "peak_tflops": peak[0] / 1e12, "peak_source": peak[1], "compile_s": compile_s,
              "attention": _attention(model_cfg, t, packed, mesh.size), "device_kind": device.device_kind,
              "platform": device.platform, "devices": mesh.size}
+      if applied:  # as the child's config holds them
+        row["config"] = applied
       del state, steps
     except Exception as err:  # noqa: BLE001  (the other layout still runs)
       row = {"packed": packed, "error": f"{type(err).__name__}: {err}"[:2000]}
@@ -234,10 +249,12 @@ def flash_rows(repeats: int = 20) -> None:
 
 
 # -- in the parent -------------------------------------------------------------------------
-def run_child(command: list[str], timeout: float, cwd: pathlib.Path | None = None) -> dict:
-  """Runs `command` in its own process group, killed after `timeout` s: its return code, the
-  JSON objects it printed one per line, its output's tails, and whether it timed out."""
-  env = os.environ | {"PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
+def run_child(command: list[str], timeout: float, cwd: pathlib.Path | None = None, env: dict | None = None) -> dict:
+  """Runs `command` in its own process group (with `env` added to the environment), killed
+  after `timeout` s: its return code, the JSON objects it printed one per line, its output's
+  tails, and whether it timed out."""
+  env = os.environ | (env or {}) | {
+      "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
   proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
                           start_new_session=True)
   try:
@@ -290,6 +307,45 @@ def flash_section(args, timeout: float) -> dict:
   result = {"command": shlex.join(command), "checks": [r for r in rows if "case" in r],
             "timing": {r.pop("timing"): r for r in rows if "timing" in r}}
   return result if rows else result | {"error": _failure(child, timeout)}
+
+
+# Changes the profile points to (issue 62), each timed alone against the baseline in the same
+# call: name -> (config overrides, XLA_FLAGS added, rows factor of the batch shape).
+VARIANTS = {
+    "baseline": ((), "", 1),
+    "adam_mu_bfloat16": (("train.adam_mu_dtype=bfloat16",), "", 1),
+    "no_command_buffers": ((), "--xla_gpu_enable_command_buffer=", 1),
+    "no_triton_gemm": ((), "--xla_gpu_enable_triton_gemm=false", 1),
+    "rows_x2": ((), "", 2),
+}
+
+
+def variants_section(args, timeout: float) -> dict:
+  """The packed train step with each of VARIANTS (a child process each, so that XLA_FLAGS
+  apply): step time, tokens/s and MFU, and the speed relative to `baseline`."""
+  rows, s, t = (int(x) for x in args.shape.split("x"))
+  deadline, result = time.monotonic() + timeout, {}
+  for name in ["baseline", *[v for v in args.variants.split(",") if v != "baseline"]]:
+    if name not in VARIANTS:
+      raise SystemExit(f"error: unknown variant {name!r}; known: {', '.join(VARIANTS)}")
+    overrides, xla_flags, factor = VARIANTS[name]
+    left = deadline - time.monotonic()
+    if left < MIN_SECTION_S:
+      result[name] = {"skipped": f"{left:.0f} s left"}
+      continue
+    command = [sys.executable, str(pathlib.Path(__file__).resolve()), "--section=steps", f"--config={args.config}",
+               f"--dtype={args.train_dtype}", f"--shape={rows * factor}x{s}x{t}", f"--timed_steps={args.timed_steps}",
+               f"--peak_repeats={args.peak_repeats}", "--layouts=packed", *[f"--override={o}" for o in overrides]]
+    env = {"XLA_FLAGS": " ".join(filter(None, [os.environ.get("XLA_FLAGS", ""), xla_flags]))} if xla_flags else {}
+    child = run_child(command, left, env=env)
+    row = next(iter(child["objects"]), {"error": _failure(child, left)})
+    row.pop("packed", None)
+    result[name] = {"overrides": list(overrides), "xla_flags": xla_flags, **row}
+  base = result.get("baseline", {}).get("target_tokens_per_s")
+  for row in result.values():
+    if base and row.get("target_tokens_per_s"):
+      row["speed_vs_baseline"] = row["target_tokens_per_s"] / base
+  return result
 
 
 def profile_section(args, timeout: float) -> dict:
@@ -470,7 +526,8 @@ def check(args) -> dict:
   start = time.monotonic()
   deadline = start + args.budget_s
   run = {"flash": lambda s: flash_section(args, s), "steps_bfloat16": lambda s: steps_section(args, "bfloat16", s),
-         "profile": lambda s: profile_section(args, s), "decode": lambda s: decode_section(args, s),
+         "profile": lambda s: profile_section(args, s), "variants": lambda s: variants_section(args, s),
+         "decode": lambda s: decode_section(args, s),
          "peers": lambda s: peers_section(args, s),
          "train": lambda s: train_section(args, s), "steps_float32": lambda s: steps_section(args, "float32", s)}
   sections = {}
@@ -495,11 +552,14 @@ def parse(argv: list[str]):
   parser.add_argument("--flax_models", type=pathlib.Path, default=None,
                       help="the Flax WMT example's models.py (default SHARED/bench/flax_wmt_models.py)")
   parser.add_argument("--out", default="", help="default benchmarks/results/device_check_<device>[_smoke].json")
+  parser.add_argument("--variants", default=",".join(VARIANTS), help="the variants section's variants (baseline always)")
   parser.add_argument("--profile_dir", default="", help="keep the profile section's traces and HLO here")
   parser.add_argument("--profile_steps", type=int, default=5, help="train steps the profile section traces")
   parser.add_argument("--sections", default=SECTIONS, help=f"sections to run, in order (default {SECTIONS})")
   parser.add_argument("--section", default="", help=argparse.SUPPRESS)  # a child: steps or flash
   parser.add_argument("--dtype", default="bfloat16", help=argparse.SUPPRESS)
+  parser.add_argument("--override", action="append", default=[], help=argparse.SUPPRESS)  # steps: config overrides
+  parser.add_argument("--layouts", default="packed,unpacked", help=argparse.SUPPRESS)  # steps: which layouts
   args = parser.parse_args(argv)
   for name, value in (SMOKE if args.smoke else FULL).items():
     if getattr(args, name) is None:
@@ -529,7 +589,7 @@ def main() -> None:
                            args.timed_steps, pathlib.Path(args.out))
   if args.section == "steps":
     return step_rows(str(REPO / args.config), args.dtype, tuple(int(x) for x in args.shape.split("x")),
-                     args.timed_steps, args.peak_repeats)
+                     args.timed_steps, args.peak_repeats, tuple(args.override), args.layouts)
   result = check(args)
   slug = re.sub(r"[^a-z0-9]+", "_", result["device_kind"].lower()).strip("_") + ("_smoke" if args.smoke else "")
   out = pathlib.Path(args.out or REPO / "benchmarks" / "results" / f"device_check_{slug}.json")

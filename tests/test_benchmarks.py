@@ -187,6 +187,23 @@ def test_the_profile_section_tables_a_cpu_trace_of_the_train_step(tmp_path):
     assert (tmp_path / "profile" / layout / "train_step.hlo.txt").is_file()
 
 
+@pytest.mark.slow
+def test_the_variants_section_times_each_change_against_the_baseline(tmp_path):
+  """device_check's variants: a config override reaches its child (each variant is one); each
+  row is the packed step at the config's shape with its speed relative to the baseline."""
+  out = subprocess.run([sys.executable, "benchmarks/device_check.py", "--smoke", "--sections=variants",
+                        "--variants=adam_mu_bfloat16", f"--out={tmp_path / 'check.json'}"],
+                       cwd=REPO, capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  variants = json.loads((tmp_path / "check.json").read_text())["sections"]["variants"]
+  assert variants.pop("seconds") > 0 and list(variants) == ["baseline", "adam_mu_bfloat16"], variants
+  assert variants["adam_mu_bfloat16"]["overrides"] == ["train.adam_mu_dtype=bfloat16"]
+  assert variants["adam_mu_bfloat16"]["config"] == {"train.adam_mu_dtype": "bfloat16"}  # as the child built it
+  for row in variants.values():
+    assert "error" not in row and row["shape"] == [8, 32, 32] and row["speed_vs_baseline"] > 0, row
+  assert variants["baseline"]["speed_vs_baseline"] == 1.0
+
+
 def _profile_table():
   spec = importlib.util.spec_from_file_location("profile_table", REPO / "benchmarks" / "profile_table.py")
   module = importlib.util.module_from_spec(spec)

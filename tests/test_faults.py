@@ -28,7 +28,7 @@ def tiny(data_dir, cache, **train):
 
 def params_of(workdir, step=None):
   config = load.run_config(workdir)
-  return load.load_params(workdir, config, sharding.make_mesh(config.mesh), step=step)
+  return load.load_params(workdir, config, sharding.make_mesh(config.mesh), checkpoint=step)
 
 
 @pytest.fixture(scope="module")
