@@ -174,8 +174,8 @@ def main() -> None:
   with tempfile.TemporaryDirectory() as tmp:
     tmp = pathlib.Path(tmp)
     start = time.perf_counter()
-    results["corpus"] = wmt_like.write(args.data_dir, args.pairs, tmp / "text")
-    results["corpus"]["write_s"] = time.perf_counter() - start
+    results["text"] = wmt_like.write(args.data_dir, args.pairs, tmp / "text")
+    results["text"]["write_s"] = time.perf_counter() - start
     flags = overrides(tmp / "text", tmp / "cache", args.data_dir, args.vocab_size)
     for name, code in (("tokenizer", TOKENIZER), ("corpus", CORPUS)):
       stage = run_stage(code, flags)

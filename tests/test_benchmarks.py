@@ -156,6 +156,7 @@ def test_every_benchmark_script_runs_at_a_tiny_size(script, data_dir, tmp_path, 
     _run_benchmark(script, ["--pairs=3000", "--vocab_size=1000", "--skip_train_step", "--batches=5",
                             f"--data_dir={data_dir}", f"--out={result}"], data_dir, tmp_path)
     row = json.loads(result.read_text())
+    assert row["text"]["pairs"] == 3000 and row["text"]["write_s"] > 0, row["text"]  # the corpus made here
     assert 2900 < row["pairs_kept"] <= 3000 and row["text_to_token_cache"]["seconds"] > 0, row["text_to_token_cache"]
     assert len(row["packed"]["batch_shapes"]) == 1 <= len(row["bucketed"]["batch_shapes"]), row["packed"]
   elif script == "decode_programs":
