@@ -143,11 +143,10 @@ def test_every_benchmark_script_runs_at_a_tiny_size(script, data_dir, tmp_path, 
     modes = json.loads(result.read_text())["modes"]
     assert modes["greedy"]["sentences_per_s"] > 0, modes
   elif script == "loss_bytes":
-    _run_benchmark(script, ["--config=configs/tiny.py", "--shape=4,8,8", "--dtype=float32", f"--out={result}"],
-                   data_dir, tmp_path)
-    losses = json.loads(result.read_text())["losses"]
-    assert set(losses) == {"legacy", "passes", "one_pass"}, losses
-    assert all(row["loss"]["bytes_accessed"] > 0 and row["step"]["flops"] > 0 for row in losses.values()), losses
+    _run_benchmark(script, ["--config=configs/tiny.py", "--shape=4,8,8", "--dtype=float32", "--loss=auto",
+                            f"--out={result}"], data_dir, tmp_path)  # the step and the loss this machine runs
+    (row,) = json.loads(result.read_text())["losses"].values()
+    assert row["loss"]["bytes_accessed"] > 0 and row["step"]["flops"] > row["loss"]["flops"] > 0, row
   elif script == "host_overhead":
     _run_benchmark(script, ["--steps=30", "--log_every=10", f"--out={result}"], data_dir, tmp_path)
     row = json.loads(result.read_text())
