@@ -20,7 +20,6 @@ Many hosts (a model too large for one): the same command on every host, plus
 process 0 writes the files and prints the scores.
 """
 
-import json
 import os
 import pathlib
 import sys
@@ -33,7 +32,7 @@ import jax
 from absl import flags
 
 from seq2seq.errors import ConfigError, DataError
-from seq2seq import data, files, metrics
+from seq2seq import data, metrics
 from seq2seq.commands import decoding
 from seq2seq.inference import compare, evaluate, load
 
@@ -114,15 +113,12 @@ def compared_systems(todo) -> list[tuple[str, list[str]]]:
   return out
 
 
-def compare_with(result: dict, references: list[str], others) -> dict:
-  """The paired comparison of this run's hypotheses (the baseline) with the others, also kept
-  in the run's JSON result (written again)."""
-  baseline = (f"{result['name']}.{result['checkpoint']} (this run)", evaluate.read_text(result["hypotheses"]))
-  result["compare"] = compare.compare(baseline, others, references, test=_PAIRED.value, samples=_PAIRED_SAMPLES.value,
-                                      tokenize=_TOKENIZE.value, lowercase=_LOWERCASE.value)
-  path = pathlib.Path(result["hypotheses"]).with_suffix(".json")
-  files.write_atomic(path, (json.dumps(result, indent=1) + "\n").encode("utf-8"))
-  return result["compare"]
+def comparison(name: str, label: str, references: list[str], others):
+  """The paired comparison of this run's hypotheses (the baseline) with the others, as a
+  function of the hypotheses (evaluate.evaluate's `compare`)."""
+  return lambda hypotheses: compare.compare((f"{name}.{label} (this run)", hypotheses), others, references,
+                                            test=_PAIRED.value, samples=_PAIRED_SAMPLES.value,
+                                            tokenize=_TOKENIZE.value, lowercase=_LOWERCASE.value)
 
 
 def main(argv) -> None:
@@ -153,12 +149,11 @@ def main(argv) -> None:
   outdir = pathlib.Path(workdir) / "eval"
   results = [evaluate.evaluate(translator, params, src, ref, name=name, label=label, outdir=outdir,
                                output=_OUTPUT.value, tokenize=_TOKENIZE.value, lowercase=_LOWERCASE.value, extra=extra,
-                               progress=not decoding.QUIET.value)
+                               progress=not decoding.QUIET.value,
+                               compare=comparison(name, label, ref, others) if others else None)
              for name, src, ref in todo]
   if jax.process_index() != 0:
     return
-  if others:
-    compare_with(results[0], todo[0][2], others)
   if results and not members:
     metrics.write_scalars(workdir, loaded.checkpoint.step, {
         f"eval/{r['name']}/{key}": r[key] for r in results for key in ("bleu", "chrf")})

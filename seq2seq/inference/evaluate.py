@@ -83,9 +83,10 @@ def saved_results(outdir: pathlib.Path, name: str, label: str) -> list[dict]:
 
 def evaluate(translator: Translator, params, sources: list[str], references: list[str], *, name: str, label: str,
              outdir: pathlib.Path, output: str = "", tokenize: str = "13a", lowercase: bool = False,
-             extra: dict | None = None, progress: bool = True) -> dict:
+             extra: dict | None = None, progress: bool = True, compare=None) -> dict:
   """Translates, scores and writes DIR/eval/NAME.CHECKPOINT.SEARCH.{hyp,json} (SEARCH ends
-  with the scoring options when they are not the default: `scoring_name`); returns the result."""
+  with the scoring options when they are not the default: `scoring_name`); returns the result.
+  `compare(hypotheses) -> dict`, if given, goes into the result as "compare" (process 0)."""
   start = time.perf_counter()
   hypotheses = translator(params, sources, progress=progress)
   seconds = time.perf_counter() - start
@@ -97,6 +98,8 @@ def evaluate(translator: Translator, params, sources: list[str], references: lis
       "compile_seconds": translator.compile_seconds,
       "truncated_sources": translator.truncated, "hardware": hardware()} | (extra or {})
   if jax.process_index() == 0:
+    if compare is not None:
+      result["compare"] = compare(hypotheses)
     outdir.mkdir(parents=True, exist_ok=True)
     stem = f"{name}.{label}.{translator.settings.name()}{scoring_name(tokenize, lowercase)}"  # per checkpoint,
     # search and scoring: a lowercased score does not replace the cased one
