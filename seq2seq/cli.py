@@ -28,7 +28,7 @@ import sys
 
 from absl import app, flags
 
-from seq2seq import compilation, errors
+from seq2seq import compilation, errors, interrupts
 from seq2seq.errors import ConfigError
 
 USAGE_ERROR = 2
@@ -305,8 +305,11 @@ def run(main, module: str | None = None, argv=None, *, also: tuple[str, ...] = (
 
   def guarded(args):
     try:
+      interrupts.install()
       compilation.enable(flags.FLAGS.compilation_cache)
-      return main(args)
+      status = main(args)
+      interrupts.check()
+      return status
     except KeyboardInterrupt:  # Ctrl-C: what was written stays (outputs are written whole, at the end)
       print("interrupted (Ctrl-C)", file=sys.stderr, flush=True)
       sys.exit(INTERRUPTED)

@@ -26,6 +26,8 @@ import stat
 import sys
 import tempfile
 
+from seq2seq import interrupts
+
 OWNER_SUFFIX = ".owner"
 BACKUP_SUFFIX = ".old"  # PARENT/.NAME.XXXX.old: the target moved aside by swap_in's two-rename fallback
 _log = logging.getLogger(__name__)
@@ -62,6 +64,7 @@ def atomic_open(path: str | os.PathLike, suffix: str = ".tmp"):
       os.fchmod(fd, file_mode())  # mkstemp's 0600 would stay with the file once renamed
       with os.fdopen(fd, "wb") as f:
         yield f
+      interrupts.check()  # a Ctrl-C that Python lost (seq2seq/interrupts.py) keeps the old file
       os.replace(tmp, path)
     except OSError as err:  # a failed write names no file: name the one being written
       if err.filename is None and err.errno:
@@ -182,6 +185,7 @@ def swap_in(staging: pathlib.Path, target: pathlib.Path) -> None:
   exchange. Elsewhere: target -> the backup STAGING.old, staging -> target, backup ->
   staging; a process killed between the first two renames leaves target missing and the old
   folder in the backup, which `remove_stale` puts back."""
+  interrupts.check()
   step("swap")
   if not os.path.lexists(target):
     os.rename(staging, target)

@@ -84,3 +84,45 @@ def test_a_config_file_that_does_not_load_is_one_error_line_naming_it(text, erro
   out = command("seq2seq.commands.train", f"--config={tmp_path / 'config.txt'}", f"--workdir={tmp_path / 'run'}")
   one_error_line(out, rf"^error: --config={tmp_path}/config\.txt: the config file does not load: {error}")
   assert not (tmp_path / "run").exists()
+
+
+LOST_CTRL_C = """
+import sys
+from seq2seq import cli, files
+
+class Collected:
+  def __del__(self):  # as JAX's gc callback: Python prints what it raises and goes on
+    raise KeyboardInterrupt
+
+def main(argv):
+  Collected()
+  files.write_output(sys.argv[1], b"new\\n")
+
+cli.run(main, argv=["prog"])
+"""
+
+
+def test_a_ctrl_c_python_loses_in_a_gc_callback_still_ends_the_command_and_keeps_the_old_output(tmp_path):
+  """A Ctrl-C that landed in JAX's `_xla_gc_callback` was printed as 'Exception ignored' and
+  lost: the translation went on and replaced its output (CI, stop 67)."""
+  (tmp_path / "out").write_text("older\n")
+  proc = subprocess.run([sys.executable, "-c", LOST_CTRL_C, str(tmp_path / "out")], capture_output=True, text=True,
+                        cwd=REPO)
+  assert (proc.returncode, proc.stderr) == (130, "interrupted (Ctrl-C)\n")
+  assert (tmp_path / "out").read_text() == "older\n"
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temporary file left
+
+
+def test_a_lost_ctrl_c_stops_a_translation_at_its_next_batch(monkeypatch):
+  from seq2seq import interrupts
+  from seq2seq.inference.progress import Progress
+
+  monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)
+  interrupts.install()
+  bar = Progress(10, enabled=False)
+  bar.update(4)
+  sys.unraisablehook(type("Unraisable", (), {"exc_value": KeyboardInterrupt()})())
+  with pytest.raises(KeyboardInterrupt):
+    bar.update(4)
+  bar.update(2)  # raised once: an interactive session goes on after it
+  assert bar.done == 6

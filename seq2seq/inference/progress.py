@@ -13,6 +13,8 @@ from __future__ import annotations
 import sys
 import time
 
+from seq2seq import interrupts
+
 
 class Progress:
 
@@ -39,6 +41,7 @@ class Progress:
       self._line(f"compiling {programs} search program{'s' * (programs != 1)}")
 
   def update(self, sentences: int) -> None:
+    interrupts.check()  # after each batch: a Ctrl-C that Python lost stops here
     self.done += sentences
     if not self.enabled:
       return
