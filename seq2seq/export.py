@@ -46,10 +46,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.util
 import json
 import os
 import pathlib
-import re
 import sys
 
 from seq2seq import cli
@@ -60,7 +60,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from seq2seq import data, errors, files, metrics, sharding
+from seq2seq import cards, ct2, data, errors, files, sharding
 from seq2seq.data.tokenizer import Tokenizer
 from seq2seq.errors import ConfigError, ModelFileError
 from seq2seq.model import transformer, upgrade
@@ -71,8 +71,9 @@ CONFIG_FILE = "config.json"
 CARD_FILE = "README.md"
 MANIFEST_FILE = "export.json"
 VERIFIED = (PARAMS_FILE, CONFIG_FILE, data.SPM_FILE)  # the files export.json records
-WRITTEN = (*VERIFIED, MANIFEST_FILE, CARD_FILE)  # all an export writes: what --overwrite may replace
 FORMAT = "seq2seq-model-1"
+LISTED = {FORMAT: VERIFIED, ct2.FORMAT: (*ct2.FILES, data.SPM_FILE)}  # each format's files that export.json records
+WRITTEN = {*VERIFIED, *ct2.FILES, MANIFEST_FILE, CARD_FILE}  # all an export writes: what --overwrite may replace
 
 
 def _name(path) -> str:
@@ -88,15 +89,19 @@ def flatten(params) -> dict[str, np.ndarray]:
 
 
 def export(workdir: str | os.PathLike, out: str | os.PathLike, checkpoint: None | str | int = None, *,
-           average_last: int = 0, overwrite: bool = False) -> pathlib.Path:
+           average_last: int = 0, overwrite: bool = False, format: str = "seq2seq",
+           quantization: str | None = None) -> pathlib.Path:
   """Writes MODEL_DIR from a run's checkpoint (None: the newest intact one; "best"; a step),
-  or with `average_last` K the mean of the K checkpoints ending there."""
+  or with `average_last` K the mean of the K checkpoints ending there. `format`
+  "ctranslate2": a CTranslate2 model folder instead (seq2seq/ct2.py), its weights quantized
+  as `quantization` says (None: float32)."""
   from safetensors.numpy import save
 
   from seq2seq.inference import load
   from seq2seq.training.checkpoint import NOT_IDENTITY
 
   workdir, out = pathlib.Path(workdir), pathlib.Path(out)
+  _check_format(format, quantization)
   target = _target(workdir, out)
   if jax.process_index() == 0:
     files.remove_stale(target.parent)  # what killed exports left: staging folders, a backup to put back
@@ -105,17 +110,25 @@ def export(workdir: str | os.PathLike, out: str | os.PathLike, checkpoint: None 
   mesh = sharding.make_mesh(config.mesh)
   loaded = load.load_params(workdir, config, mesh, checkpoint=checkpoint, average_last=average_last)
   model_cfg, tok, label = loaded.model_cfg, loaded.tokenizer, loaded.checkpoint.label
+  if format == "ctranslate2" and ct2.refusal(model_cfg):
+    raise ConfigError(ct2.refusal(model_cfg))
   tensors = flatten(loaded.params)
   if jax.process_index() != 0:
     return out
-  contents = {PARAMS_FILE: save(tensors, metadata={"format": FORMAT, "checkpoint": label}),
-              CONFIG_FILE: (workdir / CONFIG_FILE).read_bytes(), data.SPM_FILE: tok.model_bytes,
-              CARD_FILE: model_card(workdir, config, model_cfg, label).encode("utf-8")}
-  del tensors
+  if format == "seq2seq":
+    contents = {PARAMS_FILE: save(tensors, metadata={"format": FORMAT, "checkpoint": label}),
+                CONFIG_FILE: (workdir / CONFIG_FILE).read_bytes(), data.SPM_FILE: tok.model_bytes,
+                CARD_FILE: cards.model_card(workdir, config, model_cfg, label).encode("utf-8")}
+    del tensors
   model = {k: v for k, v in dataclasses.asdict(model_cfg).items() if k not in NOT_IDENTITY}
   try:  # built beside, then swapped into place: an interrupted export leaves the old one or the new
     with files.staging_dir(target.parent, target.name) as staging:
-      _write(staging, contents, model)
+      if format == "ctranslate2":
+        record = ct2.build(staging, loaded, config, mesh, tensors, quantization)
+        card = cards.ctranslate2_card(label, workdir.resolve(), quantization, record).encode("utf-8")
+        _write(staging, {data.SPM_FILE: tok.model_bytes, CARD_FILE: card}, model, ct2.FORMAT, {"ctranslate2": record})
+      else:
+        _write(staging, contents, model)
       _check_replaceable(target, out, overwrite)  # again: files may have come while the checkpoint loaded
       files.swap_in(staging, target)
   except OSError as err:  # disk full, a file-size limit, no permission: the staging folder is gone
@@ -124,6 +137,19 @@ def export(workdir: str | os.PathLike, out: str | os.PathLike, checkpoint: None 
       raise
     raise refused from err
   return out
+
+
+def _check_format(format: str, quantization: str | None) -> None:
+  """A ConfigError for a format or quantization that cannot be written here."""
+  if format not in ("seq2seq", "ctranslate2"):
+    raise ConfigError(f"--format={format}: must be seq2seq or ctranslate2")
+  if quantization is not None and (format != "ctranslate2" or quantization not in ct2.QUANTIZATIONS):
+    raise ConfigError(f"--quantization={quantization}: one of {', '.join(ct2.QUANTIZATIONS)}, with "
+                      "--format=ctranslate2")
+  if format == "ctranslate2" and importlib.util.find_spec("ctranslate2") is None:
+    raise ConfigError("--format=ctranslate2 needs the ctranslate2 package: pip install 'seq2seq[ctranslate2]'")
+  if format == "ctranslate2" and jax.process_count() > 1:
+    raise ConfigError("--format=ctranslate2 runs in one process: export with --num_processes=1")
 
 
 def _target(workdir: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
@@ -187,13 +213,14 @@ def _not_an_export(folder: pathlib.Path, entries: list[os.DirEntry]) -> str | No
     return (f"it has no {MANIFEST_FILE} (an export made before there were manifests, or not an export); delete "
             "the folder yourself or choose a new --out")
   try:
-    _parse_manifest(folder / MANIFEST_FILE)
+    _parse_manifest(folder / MANIFEST_FILE, tuple(LISTED))
   except (ModelFileError, OSError) as err:
     return f"{err}; delete the folder yourself or choose a new --out"
   return None
 
 
-def _write(folder: pathlib.Path, contents: dict[str, bytes], model: dict) -> None:
+def _write(folder: pathlib.Path, contents: dict[str, bytes], model: dict, format: str = FORMAT,
+           extra: dict | None = None) -> None:
   """The files of an export, and export.json recording the model settings and the verified files."""
   for name, content in contents.items():
     try:
@@ -204,8 +231,8 @@ def _write(folder: pathlib.Path, contents: dict[str, bytes], model: dict) -> Non
       raise
     files.step(f"wrote {name}")
   listed = {name: {"bytes": (folder / name).stat().st_size, "sha256": files.file_sha256(folder / name)}
-            for name in VERIFIED}
-  manifest = {"format": FORMAT, "model": model, "files": listed}
+            for name in LISTED[format]}
+  manifest = {"format": format, "model": model, "files": listed, **(extra or {})}
   (folder / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
   files.step(f"wrote {MANIFEST_FILE}")
 
@@ -230,6 +257,9 @@ def read_model_dir(model_dir: str | os.PathLike):
   from safetensors import safe_open
 
   model_dir = pathlib.Path(model_dir)
+  if (model_dir / ct2.FILES[0]).is_file() and not (model_dir / PARAMS_FILE).exists():
+    raise ModelFileError(f"{model_dir}: a CTranslate2 model (python -m seq2seq.export --format=ctranslate2); "
+                         "translate with ctranslate2.Translator, as its README.md shows")
   for name in VERIFIED:
     if not (model_dir / name).is_file():
       raise ModelFileError(f"{model_dir / name} not found: is {model_dir} a folder written by python -m "
@@ -259,16 +289,16 @@ def _manifest(model_dir: pathlib.Path) -> dict | None:
   return _parse_manifest(path)
 
 
-def _parse_manifest(path: pathlib.Path) -> dict:
-  """The manifest at `path`, else a ModelFileError saying why it is not one."""
+def _parse_manifest(path: pathlib.Path, formats: tuple[str, ...] = (FORMAT,)) -> dict:
+  """The manifest at `path` of one of `formats`, else a ModelFileError saying why it is not one."""
   try:
     manifest = json.loads(path.read_text(encoding="utf-8"))
   except (json.JSONDecodeError, UnicodeDecodeError) as err:
     raise ModelFileError(f"{path}: not JSON ({err})") from None
   manifest = manifest if isinstance(manifest, dict) else {}
-  listed = manifest.get("files")
-  if (manifest.get("format") != FORMAT or not isinstance(manifest.get("model"), dict) or not isinstance(listed, dict)
-      or not all(isinstance(listed.get(name), dict) for name in VERIFIED)):
+  listed, format = manifest.get("files"), manifest.get("format")
+  if (format not in formats or not isinstance(manifest.get("model"), dict) or not isinstance(listed, dict)
+      or not all(isinstance(listed.get(name), dict) for name in LISTED[format])):
     raise ModelFileError(f"{path}: not a {FORMAT} manifest listing {', '.join(VERIFIED)} (written by another "
                          "version of seq2seq, or altered)")
   return manifest
@@ -330,56 +360,6 @@ def load_params(model_dir: str | os.PathLike, model_cfg: ModelConfig, mesh):
   return transformer.graphdef(model_cfg), jax.tree_util.tree_unflatten(treedef, leaves)
 
 
-def _eval_flags(label: str) -> str:
-  """seq2seq-eval's flags that evaluate the checkpoint a label names: best40 -> --checkpoint=best,
-  step60 -> --checkpoint=60, average5-20000 -> --checkpoint=20000 --average_last=5."""
-  m = re.fullmatch(r"(step|best|average)(\d+)(?:-(\d+))?", label)
-  if not m:
-    return ""
-  kind, number, step = m.groups()
-  return {"step": f" --checkpoint={number}", "best": " --checkpoint=best",
-          "average": f" --checkpoint={step} --average_last={number}"}[kind]
-
-
-def model_card(workdir: pathlib.Path, config, model_cfg: ModelConfig, label: str) -> str:
-  """A README for the model folder: what it translates, its size, how it was trained and scored."""
-  d = config.data
-  summary = metrics.training_summary(workdir)
-  results = []
-  for path in sorted((workdir / "eval").glob("*.json")):
-    try:
-      r = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-      continue
-    if r.get("checkpoint") == label and "bleu" in r:
-      results.append(r)
-  lines = [f"# seq2seq translation model: {d.get('src_lang', '?')} → {d.get('tgt_lang', '?')}", "",
-           f"An encoder-decoder Transformer trained with seq2seq on `{d.get('source', '?')}`, "
-           f"exported from checkpoint `{label}` of `{workdir.resolve()}`.", "",
-           "```python", "from seq2seq import Translator", "",
-           'translator = Translator.from_pretrained("path/to/this/folder")',
-           'print(translator.translate(["A man rides a bike."]))', "```", "",
-           "or from the shell: `seq2seq-translate --model=path/to/this/folder < input.txt`", "",
-           "## Model", "",
-           f"{transformer.count_params(model_cfg) / 1e6:.1f}M parameters: d_model {model_cfg.d_model}, "
-           f"{model_cfg.num_encoder_layers}+{model_cfg.num_decoder_layers} layers, {model_cfg.num_heads} heads, "
-           f"d_ff {model_cfg.d_ff}, {model_cfg.norm_position}-{model_cfg.norm}, {model_cfg.activation}, "
-           f"{model_cfg.positions} positions, sentencepiece vocabulary of {model_cfg.vocab_size}.", "",
-           "## Training", "",
-           f"{summary['steps']} steps in {summary['minutes']:.1f} minutes ({summary['tokens_per_s']:.0f} target "
-           f"tokens/s): `{summary['command']}`", "", "## Evaluation", ""]
-  if results:
-    lines += ["| test set | BLEU | chrF | search | sentences |", "|---|---|---|---|---|"]
-    lines += [f"| {r['name']} | {r['bleu']:.1f} | {r['chrf']:.1f} | beam {r['decode']['beam_size']}, alpha "
-              f"{r['decode']['alpha']:g} | {r['sentences']} |" for r in results]
-    lines += ["", "sacreBLEU signatures:", ""]
-    lines += [f"- {r['name']}: `{r['bleu_signature']}`, `{r['chrf_signature']}`" for r in results]
-  else:
-    lines += [f"No evaluation of checkpoint `{label}` was found in {workdir / 'eval'}: run "
-              f"`seq2seq-eval --workdir={workdir}{_eval_flags(label)}` before exporting to include its scores."]
-  return "\n".join(lines) + "\n"
-
-
 def main(argv=None) -> None:
   from absl import flags
 
@@ -388,12 +368,16 @@ def main(argv=None) -> None:
   checkpoint = flags.DEFINE_string("checkpoint", None, cli.CHECKPOINT_HELP)
   average_last = flags.DEFINE_integer("average_last", 0, cli.AVERAGE_LAST_HELP)
   overwrite = flags.DEFINE_bool("overwrite", False, "Replace an earlier export in --out.")
+  format = flags.DEFINE_enum("format", "seq2seq", ["seq2seq", "ctranslate2"], "seq2seq: safetensors that "
+                             "Translator.from_pretrained loads; ctranslate2: a CTranslate2 model folder, verified.")
+  quantization = flags.DEFINE_enum("quantization", None, list(ct2.QUANTIZATIONS), "CTranslate2 weights (default "
+                                   "float32).")
 
   def run(_):
     if average_last.value < 0:
       raise ConfigError(f"--average_last={average_last.value}: the number of checkpoints to average must be >= 0")
     path = export(workdir.value, out.value, cli.checkpoint_choice(checkpoint.value), average_last=average_last.value,
-                  overwrite=overwrite.value)
+                  overwrite=overwrite.value, format=format.value, quantization=quantization.value)
     if jax.process_index() == 0:
       print(f"exported {workdir.value} to {path}: {', '.join(sorted(p.name for p in path.iterdir()))}")
 

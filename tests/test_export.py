@@ -12,7 +12,7 @@ import sys
 import pytest
 from conftest import REPO
 
-from seq2seq import Translator, export, files
+from seq2seq import Translator, cards, export, files
 from seq2seq.data.tokenizer import Tokenizer
 from seq2seq.errors import ModelFileError
 from seq2seq.inference import load
@@ -136,9 +136,9 @@ def test_a_file_size_limit_during_export_is_one_error_line_and_leaves_nothing(ti
 
 
 def test_the_model_card_of_an_unevaluated_checkpoint_names_the_eval_flags_that_score_it(tiny_run):
-  assert [export._eval_flags(label) for label in ("step60", "best40", "average5-20000", "step40+ensemble2-1a2b")] == [
+  assert [cards.eval_flags(label) for label in ("step60", "best40", "average5-20000", "step40+ensemble2-1a2b")] == [
       " --checkpoint=60", " --checkpoint=best", " --checkpoint=20000 --average_last=5", ""]
   config = load.run_config(tiny_run)
   model_cfg = ModelConfig.from_config(config.model, vocab_size=Tokenizer.load(tiny_run / "spm.model").vocab_size)
-  card = export.model_card(tiny_run, config, model_cfg, "average3-60")
+  card = cards.model_card(tiny_run, config, model_cfg, "average3-60")
   assert f"`seq2seq-eval --workdir={tiny_run} --checkpoint=60 --average_last=3`" in card
