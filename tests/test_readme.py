@@ -56,7 +56,7 @@ def test_readme_python_block_translates_with_a_trained_model(tiny_run, tiny_mode
 
 
 def test_evaluation_doc_python_block_runs(tiny_run, tiny_model):
-  (block,) = code_blocks(DOCS / "evaluation.md", "python")
+  block, _ = code_blocks(DOCS / "evaluation.md", "python")
   names = run_block(replace_paths(block, {"/tmp/m30k": tiny_run, "/tmp/m30k-model": tiny_model}),
                     DOCS / "evaluation.md")
   assert len(names["hypotheses"]) == len(names["sentences"]) == len(names["scores"]) == 2
@@ -65,6 +65,18 @@ def test_evaluation_doc_python_block_runs(tiny_run, tiny_model):
   assert isinstance(names["one"], str) and names["one"].strip()
   assert names["greedy"].settings.beam_size == 1 and names["greedy"].checkpoint.startswith("best")
   assert names["exported"].translate(names["sentences"]) == names["hypotheses"]
+
+
+def test_evaluation_doc_ctranslate2_block_runs(tiny_run, tmp_path):
+  """The Deploy section's five lines, on the tiny run exported with --format=ctranslate2."""
+  pytest.importorskip("ctranslate2")
+  from seq2seq import export
+
+  folder = export.export(tiny_run, tmp_path / "ct2", format="ctranslate2")
+  _, block = code_blocks(DOCS / "evaluation.md", "python")
+  names = run_block(replace_paths(block, {"/tmp/m30k-ct2": folder}), DOCS / "evaluation.md")
+  pieces = names["result"][0].hypotheses[0]
+  assert pieces and all(names["sp"].piece_to_id(p) != names["sp"].unk_id() for p in pieces)
 
 
 @pytest.mark.slow
