@@ -121,10 +121,13 @@ def _run_benchmark(script: str, args: list, data_dir, tmp_path) -> str:
 @pytest.mark.slow
 @pytest.mark.parametrize("script", [
     "train_throughput", "wmt_like", "loss_bytes", "host_overhead", "dry_run_table", "decode_programs",
+    "ctranslate2_speed",
     # an 8000-piece vocabulary (decode's model) and WMT-like text for 1000 pieces need the real corpora
     pytest.param("decode", marks=pytest.mark.data), pytest.param("data_pipeline", marks=pytest.mark.data)])
 def test_every_benchmark_script_runs_at_a_tiny_size(script, data_dir, tmp_path, request):
   result = tmp_path / "result.json"
+  if script == "ctranslate2_speed":  # on the trained tiny run, whose config names data_dir
+    tiny_run = request.getfixturevalue("tiny_run")
   if request.node.get_closest_marker("data"):
     data_dir = request.getfixturevalue("real_data_dir")
   if script == "train_throughput":
@@ -162,6 +165,14 @@ def test_every_benchmark_script_runs_at_a_tiny_size(script, data_dir, tmp_path, 
     _run_benchmark(script, ["--config=configs/tiny.py", "--sentences=64", f"--out={result}"], data_dir, tmp_path)
     row = json.loads(result.read_text())
     assert row["identical_hypotheses"] and row["modes"]["planned"]["programs"] <= 3, row["modes"]
+  elif script == "ctranslate2_speed":
+    _run_benchmark(script, [f"--workdir={tiny_run}", "--sentences=20", "--rounds=1", f"--out={result}"], data_dir,
+                   tmp_path)
+    row = json.loads(result.read_text())
+    assert set(row["speed"]) == {"seq2seq", "ctranslate2 float32", "ctranslate2 int8"}, row["speed"]
+    assert all(r["sentences_per_s"] > 0 and 0 <= r["bleu"] <= 100 for r in row["speed"].values()), row["speed"]
+    assert row["parity"]["float32"]["identical_below_limit"] == 20 - row["parity"]["float32"]["reached_limit"]
+    assert row["export_checks"]["int8"]["compute_type"].startswith("int8"), row["export_checks"]
   elif script == "dry_run_table":
     _run_benchmark(script, ["--configs=tiny", "--dtypes=float32", "--meshes=2,2,2", f"--out={result}"], data_dir,
                    tmp_path)
