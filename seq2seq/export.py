@@ -147,7 +147,8 @@ def _check_format(format: str, quantization: str | None) -> None:
     raise ConfigError(f"--quantization={quantization}: one of {', '.join(ct2.QUANTIZATIONS)}, with "
                       "--format=ctranslate2")
   if format == "ctranslate2" and importlib.util.find_spec("ctranslate2") is None:
-    raise ConfigError("--format=ctranslate2 needs the ctranslate2 package: pip install 'seq2seq[ctranslate2]'")
+    raise ConfigError("--format=ctranslate2 needs the ctranslate2 package: pip install 'ctranslate2>=4.5,<5' (in the "
+                      "clone: pip install '.[ctranslate2]')")
   if format == "ctranslate2" and jax.process_count() > 1:
     raise ConfigError("--format=ctranslate2 runs in one process: export with --num_processes=1")
 

@@ -166,3 +166,10 @@ def test_bad_export_flags_are_one_error_line(args, error, tiny_run, tmp_path):
   assert proc.returncode == 2 and len(error_lines(proc.stderr)) == 1, proc.stderr
   assert re.search(error, error_lines(proc.stderr)[0]), proc.stderr
   assert not (tmp_path / "model").exists()
+
+
+def test_without_the_package_the_export_is_one_error_naming_the_extra(tiny_run, tmp_path, monkeypatch):
+  monkeypatch.setattr(export.importlib.util, "find_spec", lambda name, *a: None if name == "ctranslate2" else ...)
+  with pytest.raises(ConfigError, match=r"needs the ctranslate2 package: pip install 'ctranslate2>=4.5,<5'"):
+    export.export(tiny_run, tmp_path / "model", format="ctranslate2")
+  assert not (tmp_path / "model").exists()
