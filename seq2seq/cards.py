@@ -79,6 +79,11 @@ def ctranslate2_card(label: str, workdir, quantization: str | None, record: dict
            "end a hypothesis with eos, CTranslate2 cuts it.", "",
            f"Checked at export on {record['verified_on']} sentences with greedy search: float32 outputs differing "
            f"from the checkpoint's: {len(f32['differing'])}; largest score gap per token: {f32['largest_gap']:.2e}."]
+  if record.get("learned_positions"):
+    n = record["learned_positions"]
+    lines += ["", f"Learned positions: the model has {n} (CTranslate2 refuses a longer input or output with "
+              f"'No position encodings are defined for positions >= {n}'): translate with "
+              f"`max_input_length={n - 1}, max_decoding_length={n - 1}`, as seq2seq cuts its inputs."]
   if quantization:
     q = record[quantization]
     lines.append(f"With {quantization} weights: {len(q['differing'])} of {q['sentences']} outputs differ; largest "

@@ -239,6 +239,7 @@ def build(folder: os.PathLike, loaded, config, mesh, tensors: dict[str, np.ndarr
   translator = Translator(exact, transformer.graphdef(exact), tok, mesh, params=loaded.params, **settings)
   written = write(folder, cfg, tensors, pieces)
   record = {"quantization": quantization or "float32", "verified_on": len(SENTENCES),
+            "learned_positions": cfg.max_len if cfg.positions == "learned" else None,
             "float32": dataclasses.asdict(verify(folder, translator, SENTENCES))}
   if quantization:
     for name in written:

@@ -173,3 +173,14 @@ def test_without_the_package_the_export_is_one_error_naming_the_extra(tiny_run, 
   with pytest.raises(ConfigError, match=r"needs the ctranslate2 package: pip install 'ctranslate2>=4.5,<5'"):
     export.export(tiny_run, tmp_path / "model", format="ctranslate2")
   assert not (tmp_path / "model").exists()
+
+
+def test_the_card_of_learned_positions_gives_the_limits_that_keep_within_the_table():
+  from seq2seq import cards
+
+  check = {"sentences": 8, "differing": [], "largest_gap": 1e-7}
+  card = cards.ctranslate2_card("step60", "/runs/x", None, {"verified_on": 8, "float32": check,
+                                                            "learned_positions": 64})
+  assert "`max_input_length=63, max_decoding_length=63`" in card
+  assert "max_input_length" not in cards.ctranslate2_card("step60", "/runs/x", None, {"verified_on": 8,
+                                                                                     "float32": check})
