@@ -41,8 +41,8 @@ VARIANTS = {
   "swiglu, pre-rmsnorm, output projection of its own": dict(activation="swiglu", norm="rmsnorm",
                                                             norm_position="pre", tie_output=False),
 }
-SENTENCES = ["A man rides a bike.", "Two dogs play in the snow near a red house.", "x",
-             " ".join(["A man in a blue shirt rides a bike near the old house while two dogs play."] * 4)]
+SENTENCES = ["A man rides a bike.", "Two dogs play in the snow near a red house.", "x"]
+LONG = [" ".join(["A man in a blue shirt rides a bike near the old house while two dogs play."] * 4)]  # ~100 tokens
 
 
 @pytest.fixture(scope="module")
@@ -68,9 +68,10 @@ def test_every_variant_translates_greedily_and_scores_as_ours(name, tok, tmp_pat
   mesh = make_mesh(ml_collections.ConfigDict(dict(data=1, fsdp=1, tensor=1)))
   ours = Translator(cfg, nnx.graphdef(model), tok, mesh, beam_size=1, alpha=0.0, max_len_a=1.0, max_len_b=5,
                     params=params)
-  check = ct2.verify(tmp_path, ours, SENTENCES)  # strict: raises on any difference
+  sentences = SENTENCES + (LONG if VARIANTS[name] else [])  # positions past 16 (the base, in the fast suite: not)
+  check = ct2.verify(tmp_path, ours, sentences)  # strict: raises on any difference
   assert check.differing == [] and check.largest_gap <= ct2.SCORE_TOLERANCE
-  src_ids = tok.encode(SENTENCES)
+  src_ids = tok.encode(sentences)
   outputs = ours.translate_ids(params, src_ids)
   assert any(len(out) + 1 == ours._max_output(len(ids)) for out, ids in zip(outputs, src_ids))  # the limit case
 
