@@ -66,9 +66,9 @@ def main() -> None:
     models[name] = ctranslate2.Translator(str(path), device="cpu", compute_type=compute_type, intra_threads=args.threads)
     checks[name]["compute_type"] = models[name].compute_type
 
-  def ct2_translate(model, **options):
+  def ct2_translate(model):
     results = model.translate_batch(pieces, max_batch_size=64, beam_size=4, max_decoding_length=max(limits) - 1,
-                                    max_input_length=0, **options)
+                                    max_input_length=0)
     return [sp.decode(r.hypotheses[0]) for r in results]
 
   engines = {"seq2seq": lambda: ours.translate(sources)}
@@ -97,16 +97,15 @@ def main() -> None:
   our_ids = exact.translate_ids(exact.params, src_ids)
   parity = {"seq2seq": {"bleu": score.score([sp.decode(o) for o in our_ids], references)["bleu"]}}
   for name, model in models.items():
-    theirs = [[sp.piece_to_id(p) for p in model.translate_batch([src], **ct2.search_options(4, limit))[0].hypotheses[0]]
-              for src, limit in zip(pieces, limits)]
+    theirs = [ids for ids, _ in ct2.search(model, sp, src_ids, limits, 4)]
     same = sum(a == b for a, b in zip(our_ids, theirs))
-    limited = [i for i, (a, b, n) in enumerate(zip(our_ids, theirs, limits)) if len(a) + 1 >= n or len(b) + 1 >= n]
-    parity[name] = {"identical": same, "identical_share": same / len(sources), "reached_limit": len(limited),
-                    "identical_below_limit": sum(our_ids[i] == theirs[i] for i in range(len(sources))
-                                                 if i not in set(limited)),
+    below = [a == b for a, b, n in zip(our_ids, theirs, limits) if len(a) + 1 < n and len(b) + 1 < n]
+    limited = len(sources) - len(below)
+    parity[name] = {"identical": same, "identical_share": same / len(sources), "reached_limit": limited,
+                    "identical_below_limit": sum(below),
                     "bleu": score.score([sp.decode(t) for t in theirs], references)["bleu"]}
     print(f"parity (beam 4, alpha 0): ctranslate2 {name}: {same}/{len(sources)} hypotheses identical to ours "
-          f"({parity[name]['identical_below_limit']}/{len(sources) - len(limited)} of those below the length limit), "
+          f"({parity[name]['identical_below_limit']}/{len(below)} of those below the length limit), "
           f"BLEU {parity[name]['bleu']:.2f} (ours {parity['seq2seq']['bleu']:.2f})", flush=True)
 
   results = {"workdir": str(args.workdir), "checkpoint": ours.checkpoint, "split": args.split,

@@ -74,9 +74,9 @@ def ctranslate2_card(label: str, workdir, quantization: str | None, record: dict
            'result = translator.translate_batch([sp.encode("A man rides a bike.", out_type=str)], beam_size=4)',
            "print(sp.decode(result[0].hypotheses[0]))", "```", "",
            "To reproduce `seq2seq-translate` exactly: `length_penalty=0` with our `--alpha=0` (CTranslate2 divides "
-           "by length**penalty, we by GNMT's ((5 + length) / 6)**alpha), `suppress_sequences=[['<pad>']]`, and "
-           "`max_decoding_length` one less than our limit (a * source length + b, eos included): at the limit we "
-           "end a hypothesis with eos, CTranslate2 cuts it.", "",
+           "by length**penalty, we by GNMT's ((5 + length) / 6)**alpha) and `max_decoding_length` one less than our "
+           "limit (a * source length + b, eos included): at the limit we end a hypothesis with eos, CTranslate2 "
+           "cuts it (`seq2seq.ct2.search_options`).", "",
            f"Checked at export on {record['verified_on']} sentences with greedy search: float32 outputs differing "
            f"from the checkpoint's: {len(f32['differing'])}; largest score gap per token: {f32['largest_gap']:.2e}."]
   if record.get("learned_positions"):

@@ -176,6 +176,17 @@ def search_options(beam_size: int, limit: int) -> dict:
               max_input_length=0, return_scores=True)
 
 
+def search(ct, sp, src_ids: list[list[int]], limits: list[int], beam_size: int) -> list[tuple[list[int], float]]:
+  """The best output (ids, without eos) and its score of CTranslate2 translator `ct` for each
+  source (ids, eos appended), searched as ours does with alpha 0 and output limits `limits`
+  (`search_options`): one sentence at a time, since each has its own limit."""
+  out = []
+  for ids, limit in zip(src_ids, limits):
+    result = ct.translate_batch([[sp.id_to_piece(i) for i in ids[:-1]]], **search_options(beam_size, limit))[0]
+    out.append(([sp.piece_to_id(piece) for piece in result.hypotheses[0]], result.scores[0]))
+  return out
+
+
 @dataclasses.dataclass(frozen=True)
 class Check:
   """What `verify` found: sentences whose greedy output differed, and the largest score gap per token."""
@@ -198,11 +209,8 @@ def verify(folder: os.PathLike, translator, sentences: list[str], *, strict: boo
   src_ids = translator.tok.encode(sentences)  # eos appended
   ours = translator.translate_ids(translator.params, src_ids)
   ct = ctranslate2.Translator(str(folder), device="cpu", compute_type=compute_type)
+  theirs = [ids for ids, _ in search(ct, sp, src_ids, [translator._max_output(len(ids)) for ids in src_ids], 1)]
   src = [[sp.id_to_piece(i) for i in ids[:-1]] for ids in src_ids]
-  theirs = []
-  for pieces, ids in zip(src, src_ids):  # one at a time: each sentence has its own length limit
-    result = ct.translate_batch([pieces], **search_options(1, translator._max_output(len(ids))))[0]
-    theirs.append([sp.piece_to_id(piece) for piece in result.hypotheses[0]])
   targets = [[sp.id_to_piece(i) for i in ids] for ids in ours]
   their_scores = [sum(r.log_probs) for r in ct.score_batch(src, targets, max_input_length=0)]
   our_scores = translator.score_ids(translator.params, src_ids, [ids + [eos] for ids in ours], normalize=False)

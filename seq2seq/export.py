@@ -110,8 +110,8 @@ def export(workdir: str | os.PathLike, out: str | os.PathLike, checkpoint: None 
   mesh = sharding.make_mesh(config.mesh)
   loaded = load.load_params(workdir, config, mesh, checkpoint=checkpoint, average_last=average_last)
   model_cfg, tok, label = loaded.model_cfg, loaded.tokenizer, loaded.checkpoint.label
-  if format == "ctranslate2" and ct2.refusal(model_cfg):
-    raise ConfigError(ct2.refusal(model_cfg))
+  if format == "ctranslate2" and (problem := ct2.refusal(model_cfg)):
+    raise ConfigError(problem)
   tensors = flatten(loaded.params)
   if jax.process_index() != 0:
     return out

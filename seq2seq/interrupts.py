@@ -13,21 +13,22 @@ from __future__ import annotations
 import sys
 
 _pending = False
+_previous = sys.unraisablehook  # what reports every other unraisable exception
 
 
-def _hook(unraisable, previous=sys.unraisablehook) -> None:
+def _hook(unraisable) -> None:
   global _pending
   if isinstance(unraisable.exc_value, KeyboardInterrupt):
     _pending = True
   else:
-    previous(unraisable)
+    _previous(unraisable)
 
 
 def install() -> None:
   """Records the KeyboardInterrupts Python would only print (sys.unraisablehook)."""
+  global _previous
   if sys.unraisablehook is not _hook:
-    _hook.__defaults__ = (sys.unraisablehook,)
-    sys.unraisablehook = _hook
+    _previous, sys.unraisablehook = sys.unraisablehook, _hook
 
 
 def check() -> None:

@@ -117,14 +117,13 @@ def test_beam_search_of_a_trained_model_equals_ours(tiny_run, data_dir, tmp_path
     ours = Translator.from_workdir(tiny_run, beam_size=beam, alpha=0.0)
     src_ids = ours.tok.encode(sentences)
     out, scores = ours._translate_ids(ours.params, src_ids, progress=False)
+    limits = [ours._max_output(len(ids)) for ids in src_ids]
     compared = 0
-    for ids, best, score in zip(src_ids, out, scores):
-      limit = ours._max_output(len(ids))
-      result = ct.translate_batch([[ours.tok.sp.id_to_piece(i) for i in ids[:-1]]], **ct2.search_options(beam, limit))[0]
-      theirs = [ours.tok.sp.piece_to_id(p) for p in result.hypotheses[0]]
+    for ids, limit, best, score, (theirs, their_score) in zip(src_ids, limits, out, scores,
+                                                              ct2.search(ct, ours.tok.sp, src_ids, limits, beam)):
       if len(theirs) == limit - 1:
         continue
-      assert theirs == best[0] and abs(result.scores[0] - score[0]) <= 1e-4, (beam, ids)
+      assert theirs == best[0] and abs(their_score - score[0]) <= 1e-4, (beam, ids)
       compared += 1
     assert compared >= (10 if beam == 1 else 90), compared  # its greedy outputs run to the limit most often
 

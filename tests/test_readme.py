@@ -223,9 +223,9 @@ def test_readme_quick_start_commands_run(data_dir, session_cache, tmp_path):
   workdir, model_dir, cwd = tmp_path / "tiny", tmp_path / "tiny-model", tmp_path / "elsewhere"
   cwd.mkdir()  # not the repository: the commands and --config=NAME work from anywhere
   env = os.environ | {"SEQ2SEQ_DATA_DIR": str(data_dir), "SEQ2SEQ_CACHE": str(session_cache)}
-  lines = [line for line in replace_paths(block, {"/tmp/tiny": workdir, "/tmp/tiny-model": model_dir}).splitlines()
-           if line.strip()]
-  assert len(lines) == 5
+  paths = {"/tmp/tiny": workdir, "/tmp/tiny-model": model_dir, "/tmp/tiny-ct2": tmp_path / "tiny-ct2"}
+  lines = [line for line in replace_paths(block, paths).splitlines() if line.strip()]
+  assert len(lines) == 7
   for line in lines:
     out = subprocess.run(["bash", "-c", line], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, f"{line}\n{out.stderr[-3000:]}"
@@ -237,3 +237,4 @@ def test_readme_quick_start_commands_run(data_dir, session_cache, tmp_path):
     elif command == "seq2seq-eval":
       assert "BLEU = " in out.stdout and "chrF2 = " in out.stdout, out.stdout
   assert (workdir / "checkpoints").is_dir() and (model_dir / "model.safetensors").is_file()
+  assert (tmp_path / "tiny-ct2" / "model.bin").is_file()
