@@ -12,7 +12,5 @@ from seq2seq.configs import multi30k
 
 def get_config():
   config = multi30k.get_config()
-  config.model.update(d_model=128, d_ff=256, num_encoder_layers=4, num_decoder_layers=4, dropout_rate=0.3)
-  config.train.update(learning_rate=0.005, warmup_steps=800, steps=7000, checkpoint_every=500,
-                      keep_checkpoints=10, eval_every=1000)
+  config.model.update(dropout_rate=0.3)
   return config
