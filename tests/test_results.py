@@ -144,3 +144,40 @@ def test_plots_have_one_png_per_panel_with_data(tmp_path):
       "learning_rate.png", "loss.png", "throughput.png"]
   with pytest.raises(ValueError, match="metrics.jsonl"):
     plot.plot(tmp_path / "empty")
+
+
+# --- the main-job recipe search (docs/results.md#choosing-the-main-job-recipe) -----------------
+
+
+def test_the_recipe_search_tables_are_generated_from_the_committed_run_records():
+  """docs/results.md's search tables are what seq2seq.research.recipe_search makes of
+  docs/runs/main_job_search.jsonl: regenerating them changes nothing."""
+  from seq2seq.research import recipe_search
+
+  text = (REPO / "docs" / "results.md").read_text()
+  committed = text.split(recipe_search.START, 1)[1].split(recipe_search.END, 1)[0]
+  assert committed == "\n" + recipe_search.report(recipe_search.load(REPO / "docs" / "runs" / "main_job_search.jsonl"))
+
+
+def test_the_recipe_search_read_validation_only_and_its_welch_tests_are_scipys():
+  """No record holds a test-set figure (every evaluation is of val), and the comparison's
+  p-values are scipy's Welch t-test (ttest_ind, equal_var=False) on the records' values."""
+  from scipy import stats
+
+  from seq2seq.research import recipe_search
+
+  records = recipe_search.load(REPO / "docs" / "runs" / "main_job_search.jsonl")
+  results = [json.dumps({k: v for k, v in vars(r).items() if k != "settings"}) for r in records]
+  assert not [r for r in results if "test_201" in r]  # the settings name the test sets; nothing else does
+  assert all(e["sentences"] == 1014 for r in records for e in r.val_eval.values())
+  assert all("--split=val" not in r.command for r in records)  # the records' commands are the trainings
+  rows, adjusted = recipe_search.comparison(records)
+  assert [len(a) for _, a, _, _ in rows] == [3, 3, 3] and [len(b) for _, _, b, _ in rows] == [3, 3, 3]
+  for _, chosen, base, welch in rows:
+    assert welch.p == pytest.approx(stats.ttest_ind(chosen, base, equal_var=False).pvalue, rel=1e-9)
+  order = sorted(range(3), key=lambda i: rows[i][3].p)  # Holm by hand: 3 p(1), 2 p(2), p(3), kept monotone
+  expected, running = {}, 0.0
+  for rank, i in enumerate(order):
+    running = max(running, min(1.0, (3 - rank) * rows[i][3].p))
+    expected[i] = running
+  assert adjusted == pytest.approx([expected[i] for i in range(3)], rel=1e-12)

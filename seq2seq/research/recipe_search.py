@@ -1,0 +1,136 @@
+"""The main-job recipe search (docs/results.md#choosing-the-main-job-recipe), generated from
+its committed run records, docs/runs/main_job_search.jsonl: one JSON line a run, with its
+command, the commit that trained it, the validation curve (NLL on all of val, BLEU on its
+first 500 sentences, every eval_every steps) and `eval.py --split=val` on all 1014 sentences
+(latest checkpoint and the average of the last 5). No record holds a test-set figure.
+
+  python -m seq2seq.research.recipe_search docs/runs/main_job_search.jsonl [--update=docs/results.md]
+
+prints (or writes between the search markers) two tables: every run, and the confirmatory
+seeds of the chosen recipe against the former default, with Welch's t-test and Holm's
+correction over that table's three metrics (seq2seq/research/significance.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import pathlib
+import re
+
+from seq2seq.research import significance
+
+START, END = "<!-- search:start -->", "<!-- search:end -->"
+BASELINE, CHOSEN = "default_s", "d128_drop02_s"  # run-name prefixes of the confirmatory seeds
+
+
+@dataclasses.dataclass(frozen=True)
+class Record:
+  run: str
+  call: str  # which device call trained it
+  commit: str
+  config: str  # the config's name at `commit`
+  seed: int
+  overrides: list[str]
+  steps: int  # planned
+  reached: int  # the last validated step
+  status: str
+  val_curve: list[dict]  # {"step", "nll", "bleu500"}
+  val_eval: dict  # "latest" / "average5": {"bleu", "chrf", "checkpoint", "sentences", "hardware"}
+  command: str
+  settings: dict  # the run's config.json, less data.dir and data.cache_dir
+
+  @property
+  def nll(self) -> float:
+    return self.val_curve[-1]["nll"] if self.val_curve else math.nan
+
+  def full(self, metric: str, checkpoint: str = "latest") -> float:
+    return self.val_eval.get(checkpoint, {}).get(metric, math.nan)
+
+
+def load(path: str | pathlib.Path) -> list[Record]:
+  return [Record(**json.loads(line)) for line in pathlib.Path(path).read_text().splitlines() if line.strip()]
+
+
+def _num(value: float, digits: int) -> str:
+  return "-" if math.isnan(value) else f"{value:.{digits}f}"
+
+
+def runs_table(records: list[Record]) -> str:
+  lines = ["| run | trained on | config, seed | change | steps | validated to | val NLL | val BLEU (500) | "
+           "val BLEU (all) | average of last 5 |", "|---|---|---|---|---|---|---|---|---|---|"]
+  for r in records:
+    change = ", ".join(o.removeprefix("--config.") for o in r.overrides) or "none"
+    last = r.val_curve[-1] if r.val_curve else {"bleu500": math.nan}
+    other_vocabulary = "*" if any(o.startswith("--config.data.vocab_size=") for o in r.overrides) else ""
+    lines.append(f"| `{r.run}` | {r.call} (`{r.commit}`) | `{r.config}`, {r.seed} | {change} | {r.steps} | "
+                 f"{r.reached} | {_num(r.nll, 3)}{other_vocabulary} | {_num(last['bleu500'], 2)} | {_num(r.full('bleu'), 2)} | "
+                 f"{_num(r.full('bleu', 'average5'), 2)} |")
+  return "\n".join(lines) + "\n\n\\* NLL a token of another vocabulary: not comparable with the other rows.\n"
+
+
+METRICS = [  # label, value of a record, digits; the first is the primary metric
+    ("validation NLL (primary)", lambda r: r.nll, 3),
+    ("validation BLEU, 1014 sentences", lambda r: r.full("bleu"), 2),
+    ("validation chrF, 1014 sentences", lambda r: r.full("chrf"), 2),
+]
+
+
+def comparison(records: list[Record]) -> tuple[list[tuple[str, list[float], list[float], significance.Welch]], list[float]]:
+  """Each metric's (label, chosen values, baseline values, Welch test), and Holm's adjusted p-values."""
+  chosen = [r for r in records if r.run.startswith(CHOSEN)]
+  base = [r for r in records if r.run.startswith(BASELINE)]
+  rows = []
+  for label, value, _ in METRICS:
+    a, b = [value(r) for r in chosen], [value(r) for r in base]
+    rows.append((label, a, b, significance.welch(a, b)))
+  return rows, significance.holm([w.p for *_, w in rows])
+
+
+def comparison_table(records: list[Record]) -> str:
+  rows, adjusted = comparison(records)
+  seeds = lambda prefix: sorted(r.seed for r in records if r.run.startswith(prefix))
+  lines = [f"| metric | chosen (seeds {', '.join(map(str, seeds(CHOSEN)))}) | former default (seeds "
+           f"{', '.join(map(str, seeds(BASELINE)))}) | difference [95% interval] | Welch p | Holm p |",
+           "|---|---|---|---|---|---|"]
+  for (label, a, b, w), p_holm, (_, _, digits) in zip(rows, adjusted, METRICS):
+    side = lambda v: "{0:.{2}f} ± {1:.{2}f}".format(*significance.summary(v)[:2], digits)
+    lines.append(f"| {label} | {side(a)} | {side(b)} | {w.difference:+.{digits}f} "
+                 f"[{w.low:+.{digits}f}, {w.high:+.{digits}f}] | {w.p:.2g} | {p_holm:.2g} |")
+  return "\n".join(lines) + "\n"
+
+
+def report(records: list[Record]) -> str:
+  return runs_table(records) + "\n" + comparison_table(records)
+
+
+def update_file(path: str | pathlib.Path, text: str) -> None:
+  path = pathlib.Path(path)
+  content = path.read_text()
+  if START not in content or END not in content:
+    raise ValueError(f"{path} has no {START} ... {END} markers")
+  path.write_text(re.sub(re.escape(START) + ".*?" + re.escape(END), lambda _: f"{START}\n{text}{END}", content,
+                         flags=re.S))
+
+
+def main(argv: list[str] | None = None) -> None:
+  from absl import app, flags
+
+  from seq2seq import cli
+
+  update = flags.DEFINE_string("update", "", "Write the tables between the search markers of this file.")
+
+  def run(args):
+    if len(args) != 2:
+      raise app.UsageError("python -m seq2seq.research.recipe_search RECORDS.jsonl [--update=FILE]")
+    text = report(load(args[1]))
+    if update.value:
+      update_file(update.value, text)
+    print(text, end="")
+
+  cli.run(run, __name__, argv)
+
+
+if __name__ == "__main__":
+  main()
