@@ -28,7 +28,7 @@ def test_the_top_level_names_are_the_library_objects():
 
   assert Translator is library_translator and seq2seq.train_and_evaluate is train_and_evaluate
   assert all(getattr(seq2seq, name) is not None for name in seq2seq.__all__)
-  assert seq2seq.get_config("multi30k").model.d_model == 256
+  assert seq2seq.get_config("multi30k").model.d_model == 128
   with pytest.raises(AttributeError):
     seq2seq.no_such_name  # noqa: B018
 

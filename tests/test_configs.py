@@ -10,6 +10,8 @@ import re
 
 import pytest
 
+from conftest import REPO
+
 from seq2seq.model.config import ModelConfig
 from seq2seq.model.transformer import count_params
 
@@ -79,23 +81,18 @@ def test_wmt14_configs_are_vaswani_base_and_big():
   assert abs(count_params(base_cfg) / 65e6 - 1) < 0.05
 
 
-def test_multi30k_6k_is_multi30k_long_with_the_m30k_d02_overrides():
-  """The m30k_d02 run (docs/results.md) used these overrides of multi30k_long.py when multi30k.py had
-  sinusoidal positions; the config is the same overrides of today's multi30k_long.py (RoPE), run as
-  m30k_6k_rope."""
-  reported = load("multi30k_long")
-  assert reported.model.positions == "rope"
-  reported.model.dropout_rate = 0.2
-  reported.train.update(steps=6000, checkpoint_every=500, eval_every=1000)
-  assert load("multi30k_6k").to_dict() == reported.to_dict()
+def test_multi30k_is_the_recipe_the_search_confirmed():
+  """configs/multi30k.py is, setting for setting, what the confirmatory seeds of the main-job
+  recipe search trained (docs/runs/main_job_search.jsonl, docs/results.md#choosing-the-main-job-recipe)."""
+  import json
 
+  from seq2seq.research import recipe_search
 
-def test_multi30k_d128_is_multi30k_with_the_m30k_tiny_overrides():
-  """The m30k_tiny runs (docs/results.md) used these overrides of multi30k.py when it had sinusoidal
-  positions; the config is the same overrides of today's multi30k.py (RoPE), run as m30k_d128_rope."""
-  reported = load("multi30k")
-  assert reported.model.positions == "rope"
-  reported.model.update(d_model=128, d_ff=256, num_encoder_layers=4, num_decoder_layers=4, dropout_rate=0.3)
-  reported.train.update(learning_rate=0.005, warmup_steps=800, steps=7000, checkpoint_every=500,
-                        keep_checkpoints=10, eval_every=1000)
-  assert load("multi30k_d128").to_dict() == reported.to_dict()
+  today = json.loads(json.dumps(load("multi30k").to_dict()))
+  for key in ("dir", "cache_dir"):
+    today["data"].pop(key, None)
+  chosen = [r for r in recipe_search.load(REPO / "docs" / "runs" / "main_job_search.jsonl")
+            if r.run.startswith(recipe_search.CHOSEN)]
+  assert len(chosen) == 3
+  for record in chosen:
+    assert record.settings | {"seed": today["seed"]} == today, record.run

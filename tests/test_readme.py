@@ -167,7 +167,6 @@ def test_figures_quoted_in_prose_agree_with_the_results_table():
   assert about == (str(round(float(bleu))), minutes)
   notebook = json.loads((REPO / "notebooks" / "quickstart.ipynb").read_text(encoding="utf-8"))
   prose = " ".join("".join(c["source"]) for c in notebook["cells"] if c["cell_type"] == "markdown")
-  bleu, minutes = figures["multi30k_d128"]["test_2016_flickr"]
   quoted = re.findall(r"reaches ([\d.]+) BLEU on test_2016_flickr after \d+ steps \((\d+) minutes\)", prose) + [
       (b, m) for m, b in re.findall(r"full (\d+)-minute run scores ([\d.]+) BLEU on test_2016_flickr", prose)]
   assert quoted and set(quoted) == {(bleu, minutes)}, quoted

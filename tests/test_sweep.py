@@ -24,7 +24,7 @@ from seq2seq.model.transformer import abstract, count_params
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
-def model_of(name: str, size: str = "base", config_name: str = "multi30k_d128"):
+def model_of(name: str, size: str = "base", config_name: str = "multi30k"):
   config = configs.get(config_name)
   model = config.model.to_dict()
   changes = variants.overrides(name, model, config.data.vocab_size, size)
@@ -41,7 +41,8 @@ def test_vanilla_is_vaswani_whatever_the_base_config():
   cfg = model_of("vanilla", config_name="multi30k")  # multi30k.py itself is pre-norm
   assert (cfg.norm_position, cfg.norm, cfg.activation, cfg.positions, cfg.use_bias, cfg.tie_output) == (
       "post", "layernorm", "relu", "sinusoidal", True, True)
-  assert cfg.d_model == 256 and cfg.d_ff == 1024  # sizes stay the config's
+  base = configs.get("multi30k").model
+  assert (cfg.d_model, cfg.d_ff) == (base.d_model, base.d_ff) == (128, 256)  # sizes stay the config's
 
 
 @pytest.mark.parametrize("name, settings", [
