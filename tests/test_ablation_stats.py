@@ -100,7 +100,8 @@ def test_rows_with_fewer_than_two_seeds_get_no_p_value_and_no_mark():
   final = rows_of(ablations.modifications_table(results))["`rope`"][5]
   assert final == "1.500 (−1.005)"  # no mark
   tests = [c.strip() for c in ablations.tests_table(results).splitlines()[2].split("|")[1:-1]]
-  assert tests == ["`rope`", "Final loss", "1 / 2", "1.500", "−1.005", "n/a", "n/a", "n/a", "n/a"]
+  assert tests == ["`rope`", "Final loss", "1 / 2", "1.500", "−1.005", "n/a", "n/a", "n/a", "n/a", "n/a (±0.02)",
+                   "inconclusive"]
   report = ablations.markdown(results, [], {}, "cmd", [])
   assert "the table's tests: none here." in report and "Welch's t-tests against" not in report
   # No spread on either side (se = 0): no test either.
@@ -129,8 +130,11 @@ def test_marks_mean_significant_after_holms_correction():
   assert rows["`rope`"][4] == "2.540 ± 0.032 (−0.500)"  # early loss: shown untested, never marked
   gelu_row, _, rope_row, _ = ablations.tests_table(results).splitlines()[2:]
   assert gelu_row.startswith("| `gelu` | Final loss | 5 / 5 | 1.990 ± 0.032 | −0.050 | [−0.0")
-  assert gelu_row.endswith(f"| {raw['gelu']:.3f} | {3 * raw['gelu']:.3f} |")
-  assert rope_row.startswith("| `rope` | Final loss |") and rope_row.endswith("| < 0.001 | < 0.001* |")
+  # gelu: not significant after the correction, and -0.050 is far outside ±0.02: inconclusive, not level.
+  tost = max(stats.ttest_ind([g + 0.02 for g in gelu], base, equal_var=False, alternative="greater").pvalue,
+             stats.ttest_ind([g - 0.02 for g in gelu], base, equal_var=False, alternative="less").pvalue)
+  assert gelu_row.endswith(f"| {raw['gelu']:.3f} | {3 * raw['gelu']:.3f} | {tost:.3f} (±0.02) | inconclusive |")
+  assert rope_row.startswith("| `rope` | Final loss |") and rope_row.endswith("| < 0.001 | < 0.001* | 1.000 (±0.02) | differs |")
   report = ablations.markdown(results, [], {}, "cmd", [])
   assert "then Holm's correction over all 4 tests of the table" in report
   assert "* marks a difference significant at 0.05 after the correction" in report and "twice its standard" not in report
@@ -202,3 +206,34 @@ def test_the_report_from_run_files_carries_the_tests_and_the_intervals(tmp_path)
   assert "| `transformer++` | Final loss | 1 / 2 | 2.200 | −0.310 | n/a | n/a | n/a | n/a |" in report
   assert "Holm's correction over all 2 tests of the table" in report
   assert "| seeds (Transformer++ / vanilla) | 95% interval |" in report and "no interval: 1 seed of Transformer++" in report
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_tost_is_scipys_two_one_sided_welch_tests_and_reads_off_the_90_percent_interval(seed):
+  """TOST's p is the larger p of scipy's one-sided Welch tests of the shifted samples, and it is
+  below 0.05 exactly when the 90% interval of the difference lies within ±margin."""
+  import numpy as np
+
+  rng = np.random.default_rng(seed)
+  a, b = list(rng.normal(0.01 * rng.normal(), 0.01, 3 + seed % 3)), list(rng.normal(0, 0.015, 3))
+  margin = 0.02
+  test = significance.tost(a, b, margin)
+  lower = stats.ttest_ind([x + margin for x in a], b, equal_var=False, alternative="greater").pvalue
+  upper = stats.ttest_ind([x - margin for x in a], b, equal_var=False, alternative="less").pvalue
+  assert math.isclose(test.p, max(lower, upper), rel_tol=1e-9)
+  interval = stats.ttest_ind(a, b, equal_var=False).confidence_interval(0.90)
+  assert math.isclose(test.low, interval.low, rel_tol=1e-9) and math.isclose(test.high, interval.high, rel_tol=1e-9)
+  assert test.equivalent == (-margin < test.low and test.high < margin)
+
+
+def test_a_difference_is_read_as_none_only_from_the_equivalence_test():
+  """Three readings: significant after the correction, equivalent within the margin, else
+  inconclusive (a large p alone is not "level")."""
+  tight, base = [2.000, 2.001, 2.002, 2.001], [2.001, 2.002, 2.000, 2.002]
+  loose = [1.95, 2.05, 1.99, 2.03]
+  assert significance.reading(0.5, significance.tost(tight, base, 0.02)) == "equivalent"
+  assert significance.tost(loose, base, 0.02).p > 0.05 and significance.welch(loose, base).p > 0.3
+  assert significance.reading(0.5, significance.tost(loose, base, 0.02)) == "inconclusive"
+  assert significance.reading(0.01, significance.tost(tight, base, 0.02)) == "differs"
+  assert significance.reading(0.5, None) == "inconclusive"
+  assert math.isnan(significance.tost([1.0], base, 0.02).p)  # one seed: no test

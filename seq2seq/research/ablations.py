@@ -39,6 +39,9 @@ EXACT = ("params", "flops")
 # depends on what else the machine ran, and early loss is a point of the final loss's curve,
 # so theirs are shown untested rather than added to the family the correction divides by.
 TESTED = ("final_nll",)
+# The margins within which a difference counts as none (TOST, significance.tost): 0.02 nats of
+# validation NLL and 0.5 BLEU, below what any change in these tables is worth adopting for.
+MARGINS = {"Final loss": 0.02, "BLEU": 0.5}
 # The sweep command. Manifests written before the research tools had their own package name
 # it `python -m seq2seq.sweep`, which still runs (seq2seq/sweep.py forwards); they read as this.
 SWEEP, OLD_SWEEP = "python -m seq2seq.research.sweep", "python -m seq2seq.sweep"
@@ -157,8 +160,11 @@ def comparisons(results: list[Result], size: str = "base", baseline: str = "vani
       if tested:
         values = [value(r) * scale for r in runs]
         mean, std, _ = summary(values)
+        base_values = [value(r) * scale for r in base]
+        margin = MARGINS[head.split()[0] if head.startswith("BLEU") else head]
         out.append({"variant": v, "column": head, "format": fmt, "mean": mean, "std": std,
-                    "welch": significance.welch(values, [value(r) * scale for r in base])})
+                    "welch": significance.welch(values, base_values),
+                    "tost": significance.tost(values, base_values, margin)})
   for c, adjusted in zip(out, significance.holm([c["welch"].p for c in out])):
     c["adjusted"] = adjusted
   return out
@@ -215,20 +221,26 @@ def tests_table(results: list[Result], size: str = "base", baseline: str = "vani
 
 def format_tests(found: list[dict], head: tuple[str, ...], baseline: str) -> str:
   """Markdown of Welch's tests, one row per {row (the cells under `head`), format, mean, std,
-  welch, adjusted}: n on each side, the mean ± std, the difference, its 95% interval, Welch's
-  degrees of freedom, p and Holm's adjusted p (* below 0.05). Empty without tests."""
+  welch, adjusted[, tost]}: n on each side, the mean ± std, the difference, its 95% interval,
+  Welch's degrees of freedom, p and Holm's adjusted p (* below 0.05); with `tost`, the
+  equivalence test's p against its margin and the reading (differs / equivalent /
+  inconclusive). Empty without tests."""
   if not found:
     return ""
   p = lambda x: "n/a" if math.isnan(x) else ("< 0.001" if x < 0.001 else f"{x:.3f}")
+  equivalence = all("tost" in c for c in found)
   lines = [f"| {' | '.join(head)} | n ({head[0].lower()} / `{baseline}`) | mean ± std | difference | 95% interval "
-           "| Welch df | p | p, Holm |", "|---" * (len(head) + 7) + "|"]
+           f"| Welch df | p | p, Holm |{' TOST p (margin) | reading |' if equivalence else ''}",
+           "|---" * (len(head) + 7 + 2 * equivalence) + "|"]
   for c in found:
     w, fmt = c["welch"], c["format"]
     spread = f" ± {fmt.format(c['std'])}" if math.isfinite(c["std"]) else ""
     interval = f"[{_signed(w.low, fmt)}, {_signed(w.high, fmt)}]" if w.tested else "n/a"
     lines.append(f"| {' | '.join(c['row'])} | {w.n} / {w.base_n} | {fmt.format(c['mean'])}{spread} | "
                  f"{_signed(w.difference, fmt)} | {interval} | {f'{w.df:.2f}' if w.tested else 'n/a'} | {p(w.p)} | "
-                 f"{p(c['adjusted'])}{'*' if significance.significant(c['adjusted']) else ''} |")
+                 f"{p(c['adjusted'])}{'*' if significance.significant(c['adjusted']) else ''} |"
+                 + (f" {p(c['tost'].p)} (±{c['tost'].margin:g}) | {significance.reading(c['adjusted'], c['tost'])} |"
+                    if equivalence else ""))
   return "\n".join(lines) + "\n"
 
 
@@ -357,7 +369,10 @@ def markdown(results: list[Result], missing: list[str], plots: dict[str, str], c
           + (f"all {tested} tests of the table (every variant x final loss and each BLEU column); * marks a "
              "difference significant at 0.05 after the correction." if tested else "the table's tests: none here.")
           + " A variant or baseline with fewer than 2 seeds gets no test (n/a) and no mark. The tests follow the "
-          "table: n, the 95% interval of the difference, p and Holm's adjusted p. "
+          "table: n, the 95% interval of the difference, p and Holm's adjusted p, then the equivalence test "
+          f"(TOST: two one-sided Welch tests against ±{MARGINS['Final loss']:g} NLL or ±{MARGINS['BLEU']:g} BLEU) "
+          "and the reading: differs (significant after the correction), equivalent (TOST p below 0.05), or "
+          "inconclusive; a difference that is not significant is never read as none. "
           + significance.seeds_note([c["welch"] for c in tests])
           + " Steps/s and early loss show the difference untested, params and FLOPs (exact) in percent. "
           "Early loss: validation NLL at 25% of the steps. FLOPs: matmul FLOPs of a training step (forward and "

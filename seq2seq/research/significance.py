@@ -11,6 +11,11 @@ variant against the baseline with its 95% interval, and Holm's correction across
   t_ν(0.975) is 12.7 to 4.3: only a gap of many standard errors reaches p < 0.05.
 - **No test** (p, interval: nan, shown "n/a") where either side has fewer than 2 values, or
   where neither side varies at all (se = 0: nothing to measure the difference against).
+- **Equivalence (TOST**, Schuirmann 1987): "no difference" is a claim of its own, tested
+  against a stated margin m. Two one-sided Welch tests, of d <= -m and of d >= +m; the
+  larger of their p-values is the test's. Below 0.05 the difference lies within ±m
+  (equivalently, its 90% interval does); else the comparison is inconclusive, however large
+  the Welch p-value. A non-significant Welch test alone never says "level".
 - **Holm's correction** (Holm 1979) over a family of m tests: the p-values sorted,
   p_(i) becomes max over j <= i of min(1, (m − j + 1)·p_(j)). Rejecting where the adjusted p is
   below 0.05 keeps the chance of any false claim in the family at 5% whatever the tests'
@@ -74,6 +79,38 @@ def welch_summary(mean: float, std: float, n: int, base_mean: float, base_std: f
 def welch(values: list[float], baseline: list[float], level: float = LEVEL) -> Welch:
   """Welch's t-test of `values` (one per seed) against `baseline`'s; nan values left out."""
   return welch_summary(*summary(values), *summary(baseline), level=level)
+
+
+@dataclasses.dataclass(frozen=True)
+class Equivalence:
+  """TOST of a difference against ±margin: its 90% interval and the larger one-sided p."""
+  margin: float
+  low: float
+  high: float
+  p: float
+
+  @property
+  def equivalent(self) -> bool:
+    return self.p < ALPHA
+
+
+def tost(values: list[float], baseline: list[float], margin: float) -> Equivalence:
+  """Two one-sided Welch tests of `values` against `baseline`: is the difference within ±margin?
+  nan where Welch's test has none (fewer than 2 values a side, or no spread)."""
+  w = welch(values, baseline, level=1 - 2 * ALPHA)
+  if not w.tested:
+    return Equivalence(margin, math.nan, math.nan, math.nan)
+  above = float(stats.t.sf((w.difference + margin) / w.se, w.df))  # H0: difference <= -margin
+  below = float(stats.t.cdf((w.difference - margin) / w.se, w.df))  # H0: difference >= +margin
+  return Equivalence(margin, w.low, w.high, max(above, below))
+
+
+def reading(adjusted: float, equivalence: Equivalence | None) -> str:
+  """What a comparison may be called: "differs" (significant after the correction),
+  "equivalent" (TOST within the margin), else "inconclusive"."""
+  if significant(adjusted):
+    return "differs"
+  return "equivalent" if equivalence is not None and equivalence.equivalent else "inconclusive"
 
 
 def df_range(tests: list[Welch]) -> tuple[int, int] | None:
