@@ -168,7 +168,7 @@ def write(folder: os.PathLike, cfg: ModelConfig, tensors: dict[str, np.ndarray],
 
 def search_options(beam_size: int, limit: int) -> dict:
   """`ctranslate2.Translator.translate_batch` options that search as ours does with alpha 0
-  and an output limit of `limit` tokens (eos included; `Translator._max_output`). What
+  and an output limit of `limit` tokens (eos included; `Translator.max_output`). What
   differs: at the limit we end a hypothesis with eos, CTranslate2 cuts it (its score then
   lacks eos), and we never emit padding, which CTranslate2 could (a trained model never
   does; `suppress_sequences=[["<pad>"]]` would ban it but renormalize every score)."""
@@ -209,7 +209,7 @@ def verify(folder: os.PathLike, translator, sentences: list[str], *, strict: boo
   src_ids = translator.tok.encode(sentences)  # eos appended
   ours = translator.translate_ids(translator.params, src_ids)
   ct = ctranslate2.Translator(str(folder), device="cpu", compute_type=compute_type)
-  theirs = [ids for ids, _ in search(ct, sp, src_ids, [translator._max_output(len(ids)) for ids in src_ids], 1)]
+  theirs = [ids for ids, _ in search(ct, sp, src_ids, [translator.max_output(len(ids)) for ids in src_ids], 1)]
   src = [[sp.id_to_piece(i) for i in ids[:-1]] for ids in src_ids]
   targets = [[sp.id_to_piece(i) for i in ids] for ids in ours]
   their_scores = [sum(r.log_probs) for r in ct.score_batch(src, targets, max_input_length=0)]

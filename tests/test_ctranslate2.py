@@ -73,7 +73,7 @@ def test_every_variant_translates_greedily_and_scores_as_ours(name, tok, tmp_pat
   assert check.differing == [] and check.largest_gap <= ct2.SCORE_TOLERANCE
   src_ids = tok.encode(sentences)
   outputs = ours.translate_ids(params, src_ids)
-  assert any(len(out) + 1 == ours._max_output(len(ids)) for out, ids in zip(outputs, src_ids))  # the limit case
+  assert any(len(out) + 1 == ours.max_output(len(ids)) for out, ids in zip(outputs, src_ids))  # the limit case
 
 
 def test_a_wrong_mapping_is_caught(tok, tmp_path, monkeypatch):
@@ -117,7 +117,7 @@ def test_beam_search_of_a_trained_model_equals_ours(tiny_run, data_dir, tmp_path
     ours = Translator.from_workdir(tiny_run, beam_size=beam, alpha=0.0)
     src_ids = ours.tok.encode(sentences)
     out, scores = ours._translate_ids(ours.params, src_ids, progress=False)
-    limits = [ours._max_output(len(ids)) for ids in src_ids]
+    limits = [ours.max_output(len(ids)) for ids in src_ids]
     compared = 0
     for ids, limit, best, score, (theirs, their_score) in zip(src_ids, limits, out, scores,
                                                               ct2.search(ct, ours.tok.sp, src_ids, limits, beam)):

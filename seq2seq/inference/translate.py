@@ -107,7 +107,7 @@ class Translator:
                          min_len=s.min_len, use_cache=self.use_cache, compact=self.compact, nbest=nbest,
                          sampling=sampling, ids_b=ids_b, seed=seed, tokens=self.tok.special)
 
-  def _max_output(self, src_len: int, fit: bool = True) -> int:
+  def max_output(self, src_len: int, fit: bool = True) -> int:
     out = int(self.settings.max_len_a * src_len) + self.settings.max_len_b
     return self._fit(out) if fit else out
 
@@ -122,7 +122,7 @@ class Translator:
     spec = lambda *shape: jax.ShapeDtypeStruct(shape, np.int32, sharding=self._batch_sharding)
     seed = jax.ShapeDtypeStruct((), np.int32, sharding=NamedSharding(self.mesh, PartitionSpec()))
     self.programs.prepare(key, (params, spec(batch, width), spec(batch), spec(batch), seed),
-                          max_len=self._max_output(width), nbest=nbest, sampling=sampling)
+                          max_len=self.max_output(width), nbest=nbest, sampling=sampling)
     return key
 
   def _search(self, params, src_bs, limits_b, ids_b, want: Want):
@@ -281,8 +281,8 @@ class Translator:
     consecutive positions, as many as `rows_for` the width of the first, the smallest of
     `plan_widths` that holds it."""
     a, b = self.settings.max_len_a, self.settings.max_len_b
-    widths = plan_widths(lengths, self.max_programs, lambda w: step_cost(w, self._max_output(w)),
-                         weight=lambda n: max(1, min(int(a * n) + b, self._max_output(source_bucket(n)))))
+    widths = plan_widths(lengths, self.max_programs, lambda w: step_cost(w, self.max_output(w)),
+                         weight=lambda n: max(1, min(int(a * n) + b, self.max_output(source_bucket(n)))))
     batches, start = [], 0
     while start < len(lengths):
       width = self._fit(width_for(lengths[start], widths))  # sources fit the table: source_limit
@@ -295,7 +295,7 @@ class Translator:
                       doing: str = "translating") -> None:
     """A warning naming each truncated source, and each of `sources` whose output limit the learned position
     table cuts (by line number and token count), at most MAX_WARNINGS of each."""
-    capped = [(line, n) for line, n in sources if self._max_output(n) < self._max_output(n, False)]
+    capped = [(line, n) for line, n in sources if self.max_output(n) < self.max_output(n, False)]
     table = "config.model.max_len, the learned position table"
     limit = ", ".join(name for name, value in (("eval.max_source_len", self.max_source_len),
                                                (table, self.position_limit)) if value == self.source_limit)
@@ -327,7 +327,7 @@ class Translator:
     for r, i in enumerate(rows):
       src_bs[r, :len(sources[i])] = sources[i]
       lengths[r], ids_b[r] = len(sources[i]), ids[i]
-    max_len = self._max_output(width)
+    max_len = self.max_output(width)
     limits = np.array(decode.output_limits(lengths, self.settings.max_len_a, self.settings.max_len_b, max_len))
     limits[len(rows):] = 1
     try:
@@ -339,7 +339,7 @@ class Translator:
         raise
       if half < 1:  # one sentence does not fit: its output limit (or the model) is too large for the device
         raise ResourceError(errno.ENOMEM, f"out of device memory decoding one sentence of up to {width} tokens "
-                            f"with outputs of up to {self._max_output(width)} tokens (beam {self.settings.beam_size}): "
+                            f"with outputs of up to {self.max_output(width)} tokens (beam {self.settings.beam_size}): "
                             "lower max_len_a / max_len_b or the beam size") from None
       if jax.process_index() == 0:
         print(f"warning: out of memory decoding {len(rows)} sentences of up to {width} tokens in batches of {batch}; "
