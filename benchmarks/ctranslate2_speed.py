@@ -55,7 +55,7 @@ def main() -> None:
   sources, references = [s for s, _ in pairs], [r for _, r in pairs]
   sp, src_ids = ours.tok.sp, ours.tok.encode(sources)
   pieces = [[sp.id_to_piece(i) for i in ids[:-1]] for ids in src_ids]
-  limits = [ours._max_output(len(ids)) for ids in src_ids]
+  limits = [ours.max_output(len(ids)) for ids in src_ids]
   folder = pathlib.Path(tempfile.mkdtemp(prefix="ct2_speed_"))
   models, checks = {}, {}
   for quantization in (None, "int8"):

@@ -108,6 +108,7 @@ class Translator:
                          sampling=sampling, ids_b=ids_b, seed=seed, tokens=self.tok.special)
 
   def max_output(self, src_len: int, fit: bool = True) -> int:
+    """Output tokens (eos included) allowed for a source of `src_len`; cut to the position table if `fit`."""
     out = int(self.settings.max_len_a * src_len) + self.settings.max_len_b
     return self._fit(out) if fit else out
 
