@@ -83,7 +83,8 @@ def test_wmt14_configs_are_vaswani_base_and_big():
 
 def test_multi30k_is_the_recipe_the_search_confirmed():
   """configs/multi30k.py is, setting for setting, what the confirmatory seeds of the main-job
-  recipe search trained (docs/runs/main_job_search.jsonl, docs/results.md#choosing-the-main-job-recipe)."""
+  recipe search trained (docs/runs/main_job_search.jsonl, docs/results.md#choosing-the-main-job-recipe),
+  but for the beam's alpha, chosen afterwards on validation (1.5; the search decoded with 1.2)."""
   import json
 
   from seq2seq.research import recipe_search
@@ -94,5 +95,8 @@ def test_multi30k_is_the_recipe_the_search_confirmed():
   chosen = [r for r in recipe_search.load(REPO / "docs" / "runs" / "main_job_search.jsonl")
             if r.run.startswith(recipe_search.CHOSEN)]
   assert len(chosen) == 3
+  assert today["eval"]["alpha"] == 1.5
   for record in chosen:
-    assert record.settings | {"seed": today["seed"]} == today, record.run
+    assert record.settings["eval"]["alpha"] == 1.2
+    settings = record.settings | {"seed": today["seed"], "eval": record.settings["eval"] | {"alpha": 1.5}}
+    assert settings == today, record.run
