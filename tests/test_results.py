@@ -181,3 +181,14 @@ def test_the_recipe_search_read_validation_only_and_its_welch_tests_are_scipys()
     running = max(running, min(1.0, (3 - rank) * rows[i][3].p))
     expected[i] = running
   assert adjusted == pytest.approx([expected[i] for i in range(3)], rel=1e-12)
+
+
+def test_the_recipe_search_refuses_a_file_without_its_markers_in_one_line(tmp_path):
+  target = tmp_path / "notes.md"
+  target.write_text("# notes\n")
+  out = subprocess.run([sys.executable, "-m", "seq2seq.research.recipe_search",
+                        str(REPO / "docs" / "runs" / "main_job_search.jsonl"), f"--update={target}"],
+                       capture_output=True, text=True, cwd=tmp_path)
+  assert out.returncode == 2 and out.stderr.strip().splitlines() == [
+      f"error: {target} has no <!-- search:start --> ... <!-- search:end --> markers"]
+  assert target.read_text() == "# notes\n"  # nothing written

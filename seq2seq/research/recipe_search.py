@@ -19,6 +19,7 @@ import math
 import pathlib
 import re
 
+from seq2seq.errors import DataError
 from seq2seq.research import significance
 
 START, END = "<!-- search:start -->", "<!-- search:end -->"
@@ -109,7 +110,7 @@ def update_file(path: str | pathlib.Path, text: str) -> None:
   path = pathlib.Path(path)
   content = path.read_text()
   if START not in content or END not in content:
-    raise ValueError(f"{path} has no {START} ... {END} markers")
+    raise DataError(f"{path} has no {START} ... {END} markers")
   path.write_text(re.sub(re.escape(START) + ".*?" + re.escape(END), lambda _: f"{START}\n{text}{END}", content,
                          flags=re.S))
 
