@@ -161,7 +161,7 @@ def comparisons(results: list[Result], size: str = "base", baseline: str = "vani
         values = [value(r) * scale for r in runs]
         mean, std, _ = summary(values)
         base_values = [value(r) * scale for r in base]
-        margin = MARGINS[head.split()[0] if head.startswith("BLEU") else head]
+        margin = MARGINS["BLEU" if head.startswith("BLEU") else head]
         out.append({"variant": v, "column": head, "format": fmt, "mean": mean, "std": std,
                     "welch": significance.welch(values, base_values),
                     "tost": significance.tost(values, base_values, margin)})

@@ -17,10 +17,8 @@ import dataclasses
 import json
 import math
 import pathlib
-import re
 
-from seq2seq.errors import DataError
-from seq2seq.research import significance
+from seq2seq.research import results, significance
 
 START, END = "<!-- search:start -->", "<!-- search:end -->"
 BASELINE, CHOSEN = "default_s", "d128_drop02_s"  # run-name prefixes of the confirmatory seeds
@@ -106,15 +104,6 @@ def report(records: list[Record]) -> str:
   return runs_table(records) + "\n" + comparison_table(records)
 
 
-def update_file(path: str | pathlib.Path, text: str) -> None:
-  path = pathlib.Path(path)
-  content = path.read_text()
-  if START not in content or END not in content:
-    raise DataError(f"{path} has no {START} ... {END} markers")
-  path.write_text(re.sub(re.escape(START) + ".*?" + re.escape(END), lambda _: f"{START}\n{text}{END}", content,
-                         flags=re.S))
-
-
 def main(argv: list[str] | None = None) -> None:
   from absl import app, flags
 
@@ -127,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
       raise app.UsageError("python -m seq2seq.research.recipe_search RECORDS.jsonl [--update=FILE]")
     text = report(load(args[1]))
     if update.value:
-      update_file(update.value, text)
+      results.write_marked(update.value, text, START, END)
     print(text, end="")
 
   cli.run(run, __name__, argv)

@@ -90,15 +90,26 @@ def merge(old: str, new: str) -> str:
   return _format([line for run in runs for line in new_rows.get(run, old_rows.get(run))])
 
 
+def marked(path: str | pathlib.Path, start: str = START, end: str = END) -> str:
+  """The text between the markers of file `path` (DataError naming the file without them)."""
+  content = pathlib.Path(path).read_text()
+  if start not in content or end not in content:
+    raise DataError(f"{path} has no {start} ... {end} markers")
+  return content.split(start, 1)[1].split(end, 1)[0]
+
+
+def write_marked(path: str | pathlib.Path, text: str, start: str = START, end: str = END) -> None:
+  """Replaces the text between the markers of file `path` with `text`."""
+  marked(path, start, end)
+  path = pathlib.Path(path)
+  path.write_text(re.sub(re.escape(start) + ".*?" + re.escape(end), lambda _: f"{start}\n{text}{end}",
+                         path.read_text(), flags=re.S))
+
+
 def update_file(path: str | pathlib.Path, text: str) -> str:
   """Merges table `text` into the table between the markers of file `path`; returns the result."""
-  path = pathlib.Path(path)
-  content = path.read_text()
-  if START not in content or END not in content:
-    raise DataError(f"{path} has no {START} ... {END} markers")
-  text = merge(content.split(START, 1)[1].split(END, 1)[0], text)
-  new = re.sub(re.escape(START) + ".*?" + re.escape(END), lambda _: f"{START}\n{text}{END}", content, flags=re.S)
-  path.write_text(new)
+  text = merge(marked(path), text)
+  write_marked(path, text)
   return text
 
 
