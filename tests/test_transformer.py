@@ -2,9 +2,10 @@
 positions' shift invariance, learned positions' limits, gradients, sizes.
 
 Combinations of positions x norm x placement x activation: the fast suite runs a set in which
-every pair of settings occurs, the slow suite adds what it takes for every triple to occur
-(85 models of the 168; a fault that needs all four settings at once is left to the studies'
-runs).
+every pair of positions, norm and placement occurs (12 models), the slow suite adds what it
+takes for every pair of the four settings to occur (30 of the 168), and `pytest -m long` what
+it takes for every triple (86; not in CI, for its 2 minutes). A fault
+that needs all four at once is left to the studies' runs.
 """
 
 import itertools
@@ -69,7 +70,9 @@ def variants():
   fast = fast_settings()
   grid = list(itertools.product(CHOICES["positions"], CHOICES["norm"], CHOICES["norm_position"],
                                 CHOICES["activation"]))
-  return fast + [pytest.param(*c, marks=pytest.mark.slow) for c in covering(grid, 3, fast)[len(fast):]]
+  pairs = covering(grid, 2, fast)
+  return (fast + [pytest.param(*c, marks=pytest.mark.slow) for c in pairs[len(fast):]]
+          + [pytest.param(*c, marks=pytest.mark.long) for c in covering(grid, 3, pairs)[len(pairs):]])
 
 
 @pytest.mark.parametrize("positions, norm, norm_position, activation", variants())
@@ -141,6 +144,20 @@ def test_the_fast_grid_covers_every_pair_of_settings():
     assert {(c[i], c[j]) for c in fast} == {(c[i], c[j]) for c in grid}
   assert {c[3] for c in fast} == set(CHOICES["activation"])  # every activation
   assert len(fast) < len(grid) * len(CHOICES["activation"]) / 10
+
+
+def test_the_slow_grid_covers_every_pair_and_the_long_every_triple_of_the_four_settings():
+  marks = {}
+  for param in variants():
+    values = tuple(param.values) if hasattr(param, "values") else param
+    marks[values] = param.marks[0].name if hasattr(param, "marks") else "fast"
+  grid = list(itertools.product(CHOICES["positions"], CHOICES["norm"], CHOICES["norm_position"],
+                                CHOICES["activation"]))
+  for strength, suites in ((2, {"fast", "slow"}), (3, {"fast", "slow", "long"})):
+    chosen = [c for c, mark in marks.items() if mark in suites]
+    for axes in itertools.combinations(range(4), strength):
+      assert {tuple(c[i] for i in axes) for c in chosen} == {tuple(c[i] for i in axes) for c in grid}, axes
+  assert sum(mark == "slow" for mark in marks.values()) == 18 and len(marks) == 86
 
 
 def test_dropout_depends_only_on_the_key():
