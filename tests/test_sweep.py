@@ -17,7 +17,8 @@ import pytest
 from flax import nnx
 
 from seq2seq import configs, metrics
-from seq2seq.research import ablations, multiplier, runs as sweep_runs, significance, sweep, variants
+from seq2seq.errors import DataError
+from seq2seq.research import ablations, multiplier, records, runs as sweep_runs, significance, sweep, variants
 from seq2seq.model.config import ModelConfig
 from seq2seq.model.transformer import abstract, count_params
 
@@ -318,6 +319,35 @@ def test_the_report_sums_the_time_the_runs_took():
   assert "Time: 15.0 min of training and 0.8 min of test-set translation for 2 runs. Wall time" in ablations.markdown(
       results[:2], [], {}, "cmd", [])
   assert "Time:" not in ablations.markdown([synthetic("vanilla", 0, 2.0)], [], {}, "cmd", [])  # not recorded
+
+
+def test_the_records_of_a_sweep_remake_its_report_without_the_runs(tmp_path, monkeypatch):
+  timed = lambda r: dataclasses.replace(r, train_seconds=60.0, eval_seconds=3.0, hardware="cpu", command="train")
+  results = [timed(synthetic(v, s, final, bleu, size)) for v, s, final, bleu, size in (
+      ("vanilla", 0, 2.00, 30.0, "base"), ("vanilla", 1, 2.02, 31.0, "base"), ("swiglu", 0, 1.90, 30.4, "base"),
+      ("swiglu", 1, 1.91, 30.6, "base"), ("vanilla", 0, 2.3, 25.0, "small"))]
+  results[2].bleu["test"] = math.nan  # NaN survives the JSON round trip
+  monkeypatch.setattr(ablations, "collect", lambda root: (results, ["gelu-s0"], ["sweep one", "sweep two"]))
+  docs = tmp_path / "docs"
+  told = ablations.write(tmp_path / "sweep", docs / "study.md")
+  assert told.endswith(f"(records: {docs / 'runs' / 'study.jsonl'})")
+  head, *lines = [json.loads(line) for line in (docs / "runs" / "study.jsonl").read_text().splitlines()]
+  assert head == {"sweeps": ["sweep one", "sweep two"], "missing": ["gelu-s0"], "baseline": "vanilla",
+                  "command": f"python -m seq2seq.research.sweep --workdir={tmp_path / 'sweep'} --table "
+                             f"--output={docs / 'study.md'}"}
+  assert [(r["variant"], r["size"], r["seed"], r["final_nll"]) for r in lines] == [
+      (r.variant, r.size, r.seed, r.final_nll) for r in results]
+  report = (docs / "study.md").read_text()
+  monkeypatch.undo()  # no runs from here on: the records alone
+  again = tmp_path / "again" / "study.md"
+  ablations.write(None, again, records_path=docs / "runs" / "study.jsonl")
+  assert again.read_text() == report and "gelu-s0" in report and "swiglu" in report
+  as_json = lambda rs: [json.dumps(dataclasses.asdict(r)) for r in rs]  # NaN != NaN, its JSON is equal
+  assert as_json(records.read(docs / "runs" / "study.jsonl").results) == as_json(results)
+  (tmp_path / "bad.jsonl").write_text('{"sweeps": []}\n{"name": "x"}\n')
+  for path, message in ((tmp_path / "bad.jsonl", "not a sweep's records file"), (tmp_path / "none.jsonl", "does not exist")):
+    with pytest.raises(DataError, match=message):
+      records.read(path)
 
 
 def test_runs_commands_carry_user_then_variant_overrides(tmp_path):

@@ -27,7 +27,7 @@ import statistics
 
 from seq2seq.errors import ConfigError, DataError
 from seq2seq import metrics
-from seq2seq.research import multiplier, significance
+from seq2seq.research import multiplier, records, significance
 from seq2seq.research.significance import summary
 
 # (Result field, heading, format, scale); params and FLOPs are exact, so differences carry no mark.
@@ -391,22 +391,28 @@ def markdown(results: list[Result], missing: list[str], plots: dict[str, str], c
   return "\n".join(out)
 
 
-def write(root: str | pathlib.Path, output: str | pathlib.Path, command: str = "", baseline: str = "vanilla") -> str:
-  """Writes the report to `output` and its PNGs beside it (NAME_scaling.png, ...); returns a
-  one-line account."""
-  root, output = pathlib.Path(root), pathlib.Path(output)
-  results, missing, sweeps = collect(root)
+def write(root: str | pathlib.Path | None, output: str | pathlib.Path, command: str = "", baseline: str = "vanilla",
+          records_path: str | pathlib.Path | None = None) -> str:
+  """Writes the report to `output`, its PNGs beside it (NAME_scaling.png, ...) and, read from the
+  runs in `root`, their records (docs/runs/NAME.jsonl, seq2seq/research/records.py); or, given
+  `records_path`, the report of those records alone. Returns a one-line account."""
+  output = pathlib.Path(output)
+  if records_path:
+    sweep = records.read(records_path)  # not dataclasses.astuple: it would turn each Result into a tuple
+    results, missing, sweeps, command, baseline = sweep.results, sweep.missing, sweep.sweeps, sweep.command, sweep.baseline
+  else:
+    root = pathlib.Path(root)
+    results, missing, sweeps = collect(root)
+    command = command or (f"{SWEEP} --workdir={root} --table --output={output}"
+                          + (f" --baseline={baseline}" if baseline != "vanilla" else ""))
+    records_path = records.path_for(output)
+    records.write(records_path, records.Sweep(results, missing, sweeps, command, baseline))
   output.parent.mkdir(parents=True, exist_ok=True)
-  plots = {}
   draws = {"modifications": lambda path: plot_modifications(results, path, baseline=baseline),
            "scaling": lambda path: plot_scaling(results, path)}
-  for kind, draw in draws.items():
-    path = output.with_name(f"{output.stem}_{kind}.png")
-    if draw(path):
-      plots[kind] = path.name
-  command = command or (f"{SWEEP} --workdir={root} --table --output={output}"
-                        + (f" --baseline={baseline}" if baseline != "vanilla" else ""))
+  plots = {kind: path.name for kind, draw in draws.items()
+           if draw(path := output.with_name(f"{output.stem}_{kind}.png"))}
   tmp = output.with_suffix(".tmp")
   tmp.write_text(markdown(results, missing, plots, command, sweeps, baseline))
   tmp.replace(output)
-  return f"{output}: {len(results)} finished runs, {len(missing)} unfinished"
+  return f"{output}: {len(results)} finished runs, {len(missing)} unfinished (records: {records_path})"

@@ -1,0 +1,61 @@
+"""A sweep's per-run records: what its report is made of, small enough to commit.
+
+`python -m seq2seq.research.sweep --workdir=DIR --table --output=docs/NAME.md` reads the runs in
+DIR and also writes docs/runs/NAME.jsonl (`path_for`): a first line with the sweep (its
+commands, the runs not finished, the command that made the report, the baseline), then one
+line per finished run, every figure of ablations.Result (variant, size, seed, rate, FLOPs,
+the validation curve, final NLL, test BLEU, time, hardware, command). From that file alone
+
+  python -m seq2seq.research.sweep --records=docs/runs/NAME.jsonl --table --output=docs/NAME.md
+
+makes the same report, tables, tests and plots, with no workdir (tests/test_sweep.py checks
+that the two agree).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+
+from seq2seq.errors import DataError
+
+
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+  results: list  # ablations.Result, one per finished run
+  missing: list[str]  # runs named but not finished
+  sweeps: list[str]  # the commands that made the runs
+  command: str  # the command that made the report
+  baseline: str
+
+
+def path_for(output: str | pathlib.Path) -> pathlib.Path:
+  """docs/NAME.md -> docs/runs/NAME.jsonl."""
+  output = pathlib.Path(output)
+  return output.parent / "runs" / f"{output.stem}.jsonl"
+
+
+def write(path: str | pathlib.Path, sweep: Sweep) -> None:
+  path = pathlib.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  head = {"sweeps": sweep.sweeps, "missing": sweep.missing, "command": sweep.command, "baseline": sweep.baseline}
+  lines = [json.dumps(head)] + [json.dumps(dataclasses.asdict(r)) for r in sweep.results]
+  tmp = path.with_suffix(".tmp")
+  tmp.write_text("".join(line + "\n" for line in lines))
+  tmp.replace(path)
+
+
+def read(path: str | pathlib.Path) -> Sweep:
+  """The sweep a records file holds; a missing or damaged file is a DataError naming it."""
+  from seq2seq.research.ablations import Result
+
+  path = pathlib.Path(path)
+  try:
+    head, *runs = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    results = [Result(**{**run, "curve": [tuple(point) for point in run["curve"]]}) for run in runs]
+    return Sweep(results, head["missing"], head["sweeps"], head["command"], head["baseline"])
+  except FileNotFoundError:
+    raise DataError(f"{path} does not exist: `--table --output=...` on the sweep's workdir writes it") from None
+  except (ValueError, KeyError, TypeError) as e:
+    raise DataError(f"{path}: not a sweep's records file ({type(e).__name__}: {e})") from None
