@@ -6,6 +6,7 @@ run files on disk carrying the new columns."""
 
 import json
 import math
+import pathlib
 
 import pytest
 from scipy import stats
@@ -237,3 +238,26 @@ def test_a_difference_is_read_as_none_only_from_the_equivalence_test():
   assert significance.reading(0.01, significance.tost(tight, base, 0.02)) == "differs"
   assert significance.reading(0.5, None) == "inconclusive"
   assert math.isnan(significance.tost([1.0], base, 0.02).p)  # one seed: no test
+
+
+def test_the_readmes_claims_are_one_family_generated_from_the_committed_reports():
+  """docs/sweeps.md's family table is what seq2seq.research.family makes of the committed
+  reports and run records; each recomputed test agrees with the p its report printed."""
+  from seq2seq.research import family
+
+  repo = pathlib.Path(__file__).resolve().parents[1]
+  found = family.claims(repo)
+  text = (repo / "docs" / "sweeps.md").read_text(encoding="utf-8")
+  assert text.split(family.START, 1)[1].split(family.END, 1)[0] == "\n" + family.table(found)
+  by_name = {c.comparison: c for c in found}
+  assert len(found) == 21 and len(by_name) == 21
+  # As the reports printed them (raw p, 3 decimals; "< 0.001" there).
+  assert round(by_name["`swish` − `vanilla`"].p, 3) == 0.001
+  # The report printed 0.281 from the runs; from its rounded mean ± std it is 0.289, which is why
+  # the table says what each p was computed from.
+  assert round(by_name["`rmsnorm` − `vanilla`"].p, 3) == 0.289
+  assert by_name["`prenorm` − `prenorm+rope`"].p < 0.001
+  adjusted = dict(zip(by_name, significance.holm([c.p for c in found])))
+  assert sum(significance.significant(p) for p in adjusted.values()) == 13
+  assert 0.045 < adjusted["`prenorm+rope+gelu` − `prenorm+rope`"] < 0.055  # flagged at the edge
+  assert "inconclusive (at the edge" in family.table(found)

@@ -1,0 +1,108 @@
+"""The README's research claims as one family: every final-NLL comparison of the committed
+reports, with Holm's correction over all of them together (docs/sweeps.md#one-family).
+
+Final validation NLL is the primary metric; BLEU and chrF are secondary and stay in their
+reports. The family holds each report's every tested variant (not only those the README
+names), the main job's recipe against the former default, and Transformer++ small against
+vanilla's best size. Where a report keeps no per-run records, each test is recomputed from its
+table's printed mean ± std (3 decimals), so its p is flagged as from rounded figures.
+
+  python -m seq2seq.research.family [--update=docs/sweeps.md]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import re
+
+from seq2seq.research import recipe_search, results, significance
+
+START, END = "<!-- family:start -->", "<!-- family:end -->"
+REPORTS = ("docs/ablations.md", "docs/ablations_prenorm.md", "docs/ablations_prenorm_norms.md",
+           "docs/ablations_scaling.md")
+MAIN_JOB = "docs/runs/main_job_search.jsonl"
+# docs/sweeps.md's test of the runs' final NLLs (their records are not kept): as printed there.
+SCALING = ("docs/sweeps.md", "Transformer++ small − vanilla xlarge (each at its best rate)", -0.115, 0.0003)
+EDGE = 0.005  # a corrected p this close to 0.05 is flagged: rounding could move it across
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+  source: str
+  comparison: str
+  difference: float
+  p: float  # two-sided, before the correction
+  inputs: str  # what p was computed from
+
+
+def _mean_std(cell: str) -> tuple[float, float] | None:
+  found = re.match(r"([\d.]+) ± ([\d.]+)", cell.strip())
+  return (float(found[1]), float(found[2])) if found else None
+
+
+def report_claims(path: pathlib.Path, name: str) -> list[Claim]:
+  """Each variant's final NLL against the report's baseline, from its first table's mean ± std."""
+  text = path.read_text(encoding="utf-8")
+  baseline = re.search(r"in brackets the difference to `([^`]+)`", text)[1]
+  rows = {}
+  for line in text.split("| Variant | Seeds |", 1)[1].splitlines()[2:]:
+    if not line.startswith("| `"):
+      break
+    cells = [c.strip() for c in line.split("|")[1:-1]]
+    rows[cells[0].strip("`")] = (int(cells[1]), _mean_std(cells[6]))
+  base_n, base = rows.pop(baseline)
+  claims = []
+  for variant, (n, stats) in rows.items():
+    if n >= 2 and base_n >= 2 and stats and base:
+      w = significance.welch_summary(*stats, n, *base, base_n)
+      claims.append(Claim(name, f"`{variant}` − `{baseline}`", w.difference, w.p, "table's mean ± std"))
+  return claims
+
+
+def claims(root: str | pathlib.Path = ".") -> list[Claim]:
+  root = pathlib.Path(root)
+  found = [c for name in REPORTS for c in report_claims(root / name, name)]
+  rows, _ = recipe_search.comparison(recipe_search.load(root / MAIN_JOB))
+  label, _, _, w = rows[0]  # validation NLL, the search's primary metric
+  found.append(Claim(MAIN_JOB, "main job: chosen recipe − former default (GPU seeds 1-3)", w.difference, w.p,
+                     "run records"))
+  found.append(Claim(*SCALING, "p as printed"))
+  return found
+
+
+def table(found: list[Claim]) -> str:
+  adjusted = significance.holm([c.p for c in found])
+  lines = [f"| comparison | report | final NLL difference | p | Holm p (all {len(found)}) | reading | p from |",
+           "|---|---|---|---|---|---|---|"]
+  order = sorted(range(len(found)), key=lambda i: found[i].p)
+  for i in order:
+    c, p_holm = found[i], adjusted[i]
+    edge = " (at the edge: within rounding of 0.05)" if abs(p_holm - significance.ALPHA) < EDGE else ""
+    reading = ("differs" if significance.significant(p_holm) else "inconclusive") + edge
+    difference = f"{c.difference:+.3f}".replace("-", "−")
+    lines.append(f"| {c.comparison} | [{pathlib.Path(c.source).name}]({pathlib.Path(c.source).relative_to('docs')}) "
+                 f"| {difference} | {c.p:.2g} | {p_holm:.2g} | {reading} | {c.inputs} |")
+  return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+  from absl import app, flags
+
+  from seq2seq import cli
+
+  update = flags.DEFINE_string("update", "", "Write the table between the family markers of this file.")
+
+  def run(args):
+    if len(args) != 1:
+      raise app.UsageError("python -m seq2seq.research.family [--update=docs/sweeps.md]")
+    text = table(claims())
+    if update.value:
+      results.write_marked(update.value, text, START, END)
+    print(text, end="")
+
+  cli.run(run, __name__, argv)
+
+
+if __name__ == "__main__":
+  main()
