@@ -87,21 +87,8 @@ def table(found: list[Claim]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-  from absl import app, flags
-
-  from seq2seq import cli
-
-  update = flags.DEFINE_string("update", "", "Write the table between the family markers of this file.")
-
-  def run(args):
-    if len(args) != 1:
-      raise app.UsageError("python -m seq2seq.research.family [--update=docs/sweeps.md]")
-    text = table(claims())
-    if update.value:
-      results.write_marked(update.value, text, START, END)
-    print(text, end="")
-
-  cli.run(run, __name__, argv)
+  results.marked_command(__name__, "python -m seq2seq.research.family [--update=docs/sweeps.md]",
+                         lambda _: table(claims()), 0, START, END, argv)
 
 
 if __name__ == "__main__":

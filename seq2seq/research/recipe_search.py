@@ -105,21 +105,8 @@ def report(records: list[Record]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-  from absl import app, flags
-
-  from seq2seq import cli
-
-  update = flags.DEFINE_string("update", "", "Write the tables between the search markers of this file.")
-
-  def run(args):
-    if len(args) != 2:
-      raise app.UsageError("python -m seq2seq.research.recipe_search RECORDS.jsonl [--update=FILE]")
-    text = report(load(args[1]))
-    if update.value:
-      results.write_marked(update.value, text, START, END)
-    print(text, end="")
-
-  cli.run(run, __name__, argv)
+  results.marked_command(__name__, "python -m seq2seq.research.recipe_search RECORDS.jsonl [--update=FILE]",
+                         lambda args: report(load(args[0])), 1, START, END, argv)
 
 
 if __name__ == "__main__":

@@ -113,6 +113,27 @@ def update_file(path: str | pathlib.Path, text: str) -> str:
   return text
 
 
+def marked_command(module: str, usage: str, make, nargs: int, start: str, end: str, argv: list[str] | None) -> None:
+  """The command of a generated section (recipe_search, family): prints `make(args)` and, with
+  --update=FILE, writes it between the `start` and `end` markers of FILE. `nargs`: how many
+  positional arguments it takes."""
+  from absl import app, flags
+
+  from seq2seq import cli
+
+  update = flags.DEFINE_string("update", "", "Write the text between the markers of this file.")
+
+  def run(args):
+    if len(args) != 1 + nargs:
+      raise app.UsageError(usage)
+    text = make(args[1:])
+    if update.value:
+      write_marked(update.value, text, start, end)
+    print(text, end="")
+
+  cli.run(run, module, argv)
+
+
 def main(argv: list[str] | None = None) -> None:
   from absl import app, flags
 
