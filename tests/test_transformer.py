@@ -114,11 +114,12 @@ def test_variant_causal_padding_invariant_and_trainable(positions, norm, norm_po
 
 
 def cache_grid():
-  """positions x norm x norm_position, each with one activation in turn (fast: fast_settings)."""
+  """positions x norm x norm_position, each with one activation in turn: the fast suite's
+  pairwise set, and the rest of the product under `pytest -m long` (not in CI, for its time)."""
   fast = fast_settings()
   grid = list(itertools.product(CHOICES["positions"], CHOICES["norm"], CHOICES["norm_position"]))
   rest = with_activations([c for c in grid if c not in {f[:3] for f in fast}])
-  return fast + [pytest.param(*c, marks=pytest.mark.slow) for c in rest]
+  return fast + [pytest.param(*c, marks=pytest.mark.long) for c in rest]
 
 
 @pytest.mark.parametrize("positions, norm, norm_position, activation", cache_grid())
