@@ -19,6 +19,7 @@ import json
 import pathlib
 
 from seq2seq.errors import DataError
+from seq2seq.files import write_atomic
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,13 +38,9 @@ def path_for(output: str | pathlib.Path) -> pathlib.Path:
 
 
 def write(path: str | pathlib.Path, sweep: Sweep) -> None:
-  path = pathlib.Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
   head = {"sweeps": sweep.sweeps, "missing": sweep.missing, "command": sweep.command, "baseline": sweep.baseline}
   lines = [json.dumps(head)] + [json.dumps(dataclasses.asdict(r)) for r in sweep.results]
-  tmp = path.with_suffix(".tmp")
-  tmp.write_text("".join(line + "\n" for line in lines))
-  tmp.replace(path)
+  write_atomic(path, "".join(line + "\n" for line in lines))
 
 
 def read(path: str | pathlib.Path) -> Sweep:

@@ -90,20 +90,24 @@ def merge(old: str, new: str) -> str:
   return _format([line for run in runs for line in new_rows.get(run, old_rows.get(run))])
 
 
-def marked(path: str | pathlib.Path, start: str = START, end: str = END) -> str:
-  """The text between the markers of file `path` (DataError naming the file without them)."""
+def _with_markers(path: str | pathlib.Path, start: str, end: str) -> str:
+  """The text of file `path` (DataError naming the file without the markers)."""
   content = pathlib.Path(path).read_text()
   if start not in content or end not in content:
     raise DataError(f"{path} has no {start} ... {end} markers")
-  return content.split(start, 1)[1].split(end, 1)[0]
+  return content
+
+
+def marked(path: str | pathlib.Path, start: str = START, end: str = END) -> str:
+  """The text between the markers of file `path`."""
+  return _with_markers(path, start, end).split(start, 1)[1].split(end, 1)[0]
 
 
 def write_marked(path: str | pathlib.Path, text: str, start: str = START, end: str = END) -> None:
   """Replaces the text between the markers of file `path` with `text`."""
-  marked(path, start, end)
-  path = pathlib.Path(path)
-  path.write_text(re.sub(re.escape(start) + ".*?" + re.escape(end), lambda _: f"{start}\n{text}{end}",
-                         path.read_text(), flags=re.S))
+  content = _with_markers(path, start, end)
+  pathlib.Path(path).write_text(re.sub(re.escape(start) + ".*?" + re.escape(end), lambda _: f"{start}\n{text}{end}",
+                                       content, flags=re.S))
 
 
 def update_file(path: str | pathlib.Path, text: str) -> str:
