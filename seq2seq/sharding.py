@@ -10,6 +10,7 @@ devices, a GPU box or a TPU slice).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import contextvars
 import functools
 import math
@@ -19,7 +20,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from seq2seq.errors import ConfigError
+from seq2seq.errors import ConfigError, DataError
 
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
@@ -82,6 +83,23 @@ def initialize_distributed(coordinator_address: str, num_processes: int = 0, pro
     jax.distributed.initialize(coordinator_address, num_processes=num_processes, process_id=process_id)
   else:
     jax.distributed.initialize()
+
+
+def check_same_on_every_process(values: dict[str, bytes], fix: str) -> None:
+  """Raises DataError naming the first of `values` (what it is -> its bytes) that is not the
+  same on every process. Hosts that each train a sentencepiece model and tokenize the corpus
+  (no shared cache) would otherwise train one model on different token ids, silently."""
+  if jax.process_count() == 1:
+    return
+  from jax.experimental import multihost_utils
+
+  words = [np.frombuffer(hashlib.sha256(v).digest(), np.int32) for v in values.values()]
+  every = np.asarray(multihost_utils.process_allgather(np.stack(words)))  # [processes, values, 8]
+  for i, what in enumerate(values):
+    if other := next((p for p in range(len(every)) if not np.array_equal(every[p, i], every[0, i])), None):
+      digest = lambda p: every[p, i].tobytes().hex()[:12]  # noqa: E731
+      raise DataError(f"the processes have different {what}: sha256 {digest(0)}... on process 0, {digest(other)}... "
+                      f"on process {other}; {fix}")
 
 
 def make_mesh(mesh_cfg, devices=None) -> Mesh:

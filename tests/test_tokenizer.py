@@ -1,7 +1,11 @@
 """Sentencepiece: reserved ids, seeded sampling, identical models for identical inputs,
 reuse from the workdir, an existing model path."""
 
+import json
+import os
+
 import pytest
+import sentencepiece
 from conftest import make_config
 
 from seq2seq import data
@@ -35,10 +39,25 @@ def test_same_data_and_seed_give_the_same_model_with_reserved_ids(val_pairs):
   assert tok.decode(ids + [0, 0]) == val_pairs[0][0]
 
 
+def test_the_model_does_not_depend_on_the_machines_core_count(val_pairs, monkeypatch):
+  """sentencepiece sums its trainer's work in `num_threads` parts: with the machine's core
+  count as that number, 16 cores gave other piece ids than 2 (and other NLLs per token)."""
+  sample = tk.sample_sentences(val_pairs, 10**6, seed=0)
+  models = []
+  for cores in (1, 2, 16):
+    monkeypatch.setattr(os, "cpu_count", lambda: cores)
+    models.append(tk.train(sample, vocab_size=500, seed=0))
+  assert models[0] == models[1] == models[2]
+
+
 def test_unigram_model_is_trained_once_and_reused_from_the_workdir(data_dir, tmp_path, monkeypatch):
   config = make_config("tiny", data_dir, tmp_path / "cache", train_split="val", vocab_size=300)
   first = data.load_tokenizer(config, workdir=str(tmp_path / "run"))
   assert (tmp_path / "run" / data.SPM_FILE).read_bytes() == first.model_bytes
+  recorded = json.loads((tmp_path / "run" / data.SPM_SETTINGS_FILE).read_text())
+  assert recorded == {"train_split": "val", "vocab_size": 300, "spm_model_type": "unigram",
+                      "spm_character_coverage": 1.0, "spm_sample_size": recorded["spm_sample_size"],
+                      "sentencepiece": sentencepiece.__version__, "threads": tk.TRAIN_THREADS}
   monkeypatch.setattr(tk, "train", lambda *a, **k: pytest.fail("retrained although a model exists"))
   assert data.load_tokenizer(config, workdir=str(tmp_path / "run")).model_bytes == first.model_bytes
   # A restart reuses the workdir's model even when the cache is gone...

@@ -2,6 +2,7 @@
 sharded meshes equal to one device, end-to-end runs (the synthetic corpus; bf16 against f32 on
 the real Multi30k)."""
 
+import hashlib
 import json
 import math
 import os
@@ -273,6 +274,36 @@ def test_two_processes_train_like_one():
   single = json.loads(one.stdout.strip().splitlines()[-1])
   assert (two["processes"], two["devices"], single["processes"]) == (2, 2, 1)
   np.testing.assert_allclose(two["losses"], single["losses"], atol=1e-5)
+
+
+def test_processes_that_made_other_tokenizers_are_stopped(monkeypatch):
+  """Each host trains its own sentencepiece model where they share no cache: the run goes on
+  only if every process got the same bytes, else names the first thing that differs."""
+  from jax.experimental import multihost_utils
+
+  from seq2seq.errors import DataError
+  monkeypatch.setattr(jax, "process_count", lambda: 3)
+  own = {"corpora": b"c", "models": b"m"}
+  others = [own, own, {"corpora": b"c", "models": b"other"}]
+  monkeypatch.setattr(multihost_utils, "process_allgather", lambda words: np.stack(
+      [np.stack([np.frombuffer(hashlib.sha256(v).digest(), np.int32) for v in p.values()]) for p in others]))
+  with pytest.raises(DataError, match=rf"^the processes have different models: sha256 "
+                     rf"{hashlib.sha256(b'm').hexdigest()[:12]}\.\.\. on process 0, "
+                     rf"{hashlib.sha256(b'other').hexdigest()[:12]}\.\.\. on process 2; share them$"):
+    sharding.check_same_on_every_process(own, "share them")
+  others[2] = own
+  sharding.check_same_on_every_process(own, "share them")
+
+
+@pytest.mark.slow  # two processes start JAX and join: ~6 s
+def test_two_processes_with_other_tokenizers_both_stop():
+  port = free_port()
+  script = str(REPO / "tests" / "agreement_run.py")
+  procs = [subprocess.Popen([sys.executable, script, str(i), str(port)], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True) for i in range(2)]
+  for p, (out, err) in zip(procs, communicate_all(procs, timeout=300)):
+    assert p.returncode != 0 and "the same" not in out
+    assert "DataError: the processes have different models: sha256" in err and "on process 1; make them one" in err
 
 
 @pytest.mark.slow  # 2 fake devices in a subprocess, 11 s per case

@@ -64,7 +64,8 @@ def source(config, split: str) -> Source:
 def load_tokenizer(config, workdir: str | None = None, *, write: bool = True) -> tokenizer_lib.Tokenizer:
   """The run's sentencepiece model: the workdir's, else `data.spm_model`, else trained.
 
-  A trained model is cached by (training data, settings, seed) and copied into the workdir
+  A trained model is cached by (training data, settings, seed, sentencepiece's version: other
+  versions train other models) and copied into the workdir
   (unless `write` is False: then `save_tokenizer` does it), so a restart reuses it even if
   the cache is gone.
   """
@@ -87,7 +88,7 @@ def load_tokenizer(config, workdir: str | None = None, *, write: bool = True) ->
   else:
     train = source(config, data.train_split)
     settings = [train.fingerprint(), data.vocab_size, data.spm_model_type, data.spm_character_coverage,
-                data.spm_sample_size, config.seed]
+                data.spm_sample_size, config.seed, tokenizer_lib.trained_by()]
     key = hashlib.sha256(repr(settings).encode()).hexdigest()[:20]
     cached = cache_dir(config) / "spm" / f"{key}.model"
     if cached.is_file():
@@ -111,7 +112,9 @@ def save_tokenizer(config, workdir: str, tok: tokenizer_lib.Tokenizer) -> None:
   path = pathlib.Path(workdir) / SPM_FILE
   if path.is_file() and path.read_bytes() == tok.model_bytes:
     return
-  write_atomic(path.with_name(SPM_SETTINGS_FILE), json.dumps(tokenizer_settings(config), indent=1).encode())
+  # What a model trained here was trained by is recorded too, not checked on a restart.
+  made_with = tokenizer_settings(config) | ({} if config.data.get("spm_model") else tokenizer_lib.trained_by())
+  write_atomic(path.with_name(SPM_SETTINGS_FILE), json.dumps(made_with, indent=1).encode())
   write_atomic(path, tok.model_bytes)
 
 

@@ -16,6 +16,12 @@ from seq2seq.errors import ConfigError, DataError
 from seq2seq.special_tokens import SPECIAL, SpecialTokens
 
 PAD_ID, EOS_ID, UNK_ID = SPECIAL.pad, SPECIAL.eos, 2
+# sentencepiece's trainer splits its work into `num_threads` parts and adds them up in that
+# order, so the pieces' scores, and with them their ids, depend on the count. A fixed count
+# makes the model the same on every machine for one sentencepiece version (os.cpu_count()
+# gave other ids on 16 cores than on 2). Two threads train wmt14_base's 1M-sentence sample in
+# 43 s (docs/data.md#tokenizing).
+TRAIN_THREADS = 2
 
 
 def sample_sentences(pairs: Iterable[tuple[str, str]], size: int, seed: int) -> list[str]:
@@ -44,6 +50,11 @@ def sample_sentences(pairs: Iterable[tuple[str, str]], size: int, seed: int) -> 
   return reservoir
 
 
+def trained_by() -> dict:
+  """What a trained model depends on besides its sample and settings."""
+  return {"sentencepiece": spm.__version__, "threads": TRAIN_THREADS}
+
+
 def train(sentences: list[str], *, vocab_size: int, model_type: str = "unigram", character_coverage: float = 1.0,
           seed: int = 0) -> bytes:
   """Trains a sentencepiece model on `sentences`; returns the serialized model."""
@@ -59,7 +70,7 @@ def train(sentences: list[str], *, vocab_size: int, model_type: str = "unigram",
         sentence_iterator=(sentences[i] for i in order), model_writer=model, vocab_size=vocab_size,
         model_type=model_type, character_coverage=character_coverage, pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID,
         bos_id=-1, input_sentence_size=0, shuffle_input_sentence=False, hard_vocab_limit=False,
-        max_sentence_length=1 << 14, num_threads=os.cpu_count() or 1, minloglevel=2)
+        max_sentence_length=1 << 14, num_threads=TRAIN_THREADS, minloglevel=2)
   except RuntimeError as err:  # sentencepiece refuses settings it cannot train with, e.g. too few pieces
     detail = str(err).splitlines()[0].split("] ")[-1]
     raise ConfigError(f"sentencepiece cannot train with config.data.vocab_size={vocab_size}, spm_model_type="

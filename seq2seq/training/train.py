@@ -170,6 +170,9 @@ def _train(config, workdir: str, command: str, mesh, held: lock.WorkdirLock) -> 
   model_cfg = ModelConfig.from_config(config.model, vocab_size=tok.vocab_size)
   tx, schedule = optimizer.make(t, d_model=model_cfg.d_model)
   train_iter = data.train_iterator(config, tok, process_index=jax.process_index(), process_count=jax.process_count())
+  sharding.check_same_on_every_process(  # hosts that each made their own must have made the same
+      {"sentencepiece models": tok.model_bytes, "tokenized training corpora": train_iter.corpus.fingerprint.encode()},
+      "each host made its own: give them one config.data.cache_dir, or config.data.spm_model, and one sentencepiece")
   _still_ours(held, None)  # loading the data took a while: the workdir may have been moved meanwhile
   if jax.process_index() == 0:  # the data loaded: the run's vocabulary goes into the workdir
     data.save_tokenizer(config, workdir, tok)
