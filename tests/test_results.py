@@ -183,6 +183,22 @@ def test_the_recipe_search_read_validation_only_and_its_welch_tests_are_scipys()
   assert adjusted == pytest.approx([expected[i] for i in range(3)], rel=1e-12)
 
 
+def test_the_recipe_search_compares_nlls_of_one_tokenization_only():
+  """An NLL is a mean over the validation set's tokens: runs whose tokenizers cut it into
+  other counts (another vocabulary, another sentencepiece version) are starred, and a Welch
+  test between them is refused."""
+  import dataclasses
+
+  from seq2seq.research import recipe_search
+
+  records = recipe_search.load(REPO / "docs" / "runs" / "main_job_search.jsonl")
+  starred = {line.split("`")[1] for line in recipe_search.runs_table(records).splitlines() if "* |" in line}
+  assert starred == {r.run for r in records if r.val_tokens != 16345} == {"d128_v6k", "d128_drop02_v6k"}
+  other = [dataclasses.replace(r, val_tokens=17177) if r.run == "default_s2" else r for r in records]
+  with pytest.raises(ValueError, match=r"\[16345, 17177\] validation tokens: other tokenizers"):
+    recipe_search.comparison(other)
+
+
 def test_the_recipe_search_refuses_a_file_without_its_markers_in_one_line(tmp_path):
   target = tmp_path / "notes.md"
   target.write_text("# notes\n")

@@ -6,9 +6,11 @@ first 500 sentences, every eval_every steps) and `eval.py --split=val` on all 10
 
   python -m seq2seq.research.recipe_search docs/runs/main_job_search.jsonl [--update=docs/results.md]
 
-prints (or writes between the search markers) two tables: every run, and the confirmatory
-seeds of the chosen recipe against the former default, with Welch's t-test and Holm's
-correction over that table's three metrics (seq2seq/research/significance.py).
+prints (or writes between the search markers) every run, then the confirmatory seeds of the
+chosen recipe, and of the main job as shipped (3600 steps), against the former default, with
+Welch's t-test and Holm's correction over each table's three metrics
+(seq2seq/research/significance.py). NLLs compare only between runs of one tokenization (one
+count of validation tokens, recorded as `val_tokens`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ import pathlib
 from seq2seq.research import results, significance
 
 START, END = "<!-- search:start -->", "<!-- search:end -->"
-BASELINE, CHOSEN = "default_s", "d128_drop02_s"  # run-name prefixes of the confirmatory seeds
+# Run-name prefixes of the confirmatory seeds: the former default, the chosen recipe (7000
+# steps) and the main job as shipped (the chosen recipe in 3600 steps).
+BASELINE, CHOSEN, SHIPPED = "default_s", "d128_drop02_s", "m30k_3600_s"
+LABELS = {CHOSEN: "chosen", SHIPPED: "main job, 3600 steps"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +41,7 @@ class Record:
   reached: int  # the last validated step
   status: str
   val_curve: list[dict]  # {"step", "nll", "bleu500"}
+  val_tokens: int  # validation target tokens: the NLL is a mean over them, so runs compare only at one count
   val_eval: dict  # "latest" / "average5": {"bleu", "chrf", "checkpoint", "sentences", "hardware"}
   command: str
   settings: dict  # the run's config.json, less data.dir and data.cache_dir
@@ -62,11 +68,21 @@ def runs_table(records: list[Record]) -> str:
   for r in records:
     change = ", ".join(o.removeprefix("--config.") for o in r.overrides) or "none"
     last = r.val_curve[-1] if r.val_curve else {"bleu500": math.nan}
-    other_vocabulary = "*" if any(o.startswith("--config.data.vocab_size=") for o in r.overrides) else ""
+    other_vocabulary = "*" if r.val_tokens != _tokens([b for b in records if b.run.startswith(BASELINE)]) else ""
     lines.append(f"| `{r.run}` | {r.call} (`{r.commit}`) | `{r.config}`, {r.seed} | {change} | {r.steps} | "
                  f"{r.reached} | {_num(r.nll, 3)}{other_vocabulary} | {_num(last['bleu500'], 2)} | {_num(r.full('bleu'), 2)} | "
                  f"{_num(r.full('bleu', 'average5'), 2)} |")
-  return "\n".join(lines) + "\n\n\\* NLL a token of another vocabulary: not comparable with the other rows.\n"
+  return ("\n".join(lines) + "\n\n\\* NLL a token of another tokenization (its validation set has other tokens): not "
+          "comparable with the other rows.\n")
+
+
+def _tokens(records: list[Record]) -> int:
+  """The one validation token count of `records` (a ValueError if they differ: their NLLs do not compare)."""
+  counts = {r.val_tokens for r in records}
+  if len(counts) != 1:
+    raise ValueError(f"runs {', '.join(r.run for r in records)} have {sorted(counts)} validation tokens: other "
+                     "tokenizers, whose NLLs a token do not compare")
+  return counts.pop()
 
 
 METRICS = [  # label, value of a record, digits; the first is the primary metric
@@ -76,10 +92,13 @@ METRICS = [  # label, value of a record, digits; the first is the primary metric
 ]
 
 
-def comparison(records: list[Record]) -> tuple[list[tuple[str, list[float], list[float], significance.Welch]], list[float]]:
-  """Each metric's (label, chosen values, baseline values, Welch test), and Holm's adjusted p-values."""
-  chosen = [r for r in records if r.run.startswith(CHOSEN)]
+def comparison(records: list[Record], against: str = CHOSEN
+               ) -> tuple[list[tuple[str, list[float], list[float], significance.Welch]], list[float]]:
+  """Each metric's (label, values of the runs named `against`*, baseline values, Welch test),
+  and Holm's adjusted p-values."""
+  chosen = [r for r in records if r.run.startswith(against)]
   base = [r for r in records if r.run.startswith(BASELINE)]
+  _tokens(chosen + base)
   rows = []
   for label, value, _ in METRICS:
     a, b = [value(r) for r in chosen], [value(r) for r in base]
@@ -87,10 +106,10 @@ def comparison(records: list[Record]) -> tuple[list[tuple[str, list[float], list
   return rows, significance.holm([w.p for *_, w in rows])
 
 
-def comparison_table(records: list[Record]) -> str:
-  rows, adjusted = comparison(records)
+def comparison_table(records: list[Record], against: str = CHOSEN) -> str:
+  rows, adjusted = comparison(records, against)
   seeds = lambda prefix: sorted(r.seed for r in records if r.run.startswith(prefix))
-  lines = [f"| metric | chosen (seeds {', '.join(map(str, seeds(CHOSEN)))}) | former default (seeds "
+  lines = [f"| metric | {LABELS[against]} (seeds {', '.join(map(str, seeds(against)))}) | former default (seeds "
            f"{', '.join(map(str, seeds(BASELINE)))}) | difference [95% interval] | Welch p | Holm p |",
            "|---|---|---|---|---|---|"]
   for (label, a, b, w), p_holm, (_, _, digits) in zip(rows, adjusted, METRICS):
@@ -101,7 +120,9 @@ def comparison_table(records: list[Record]) -> str:
 
 
 def report(records: list[Record]) -> str:
-  return runs_table(records) + "\n" + comparison_table(records)
+  shipped = any(r.run.startswith(SHIPPED) for r in records)
+  return (runs_table(records) + "\n" + comparison_table(records)
+          + ("\n" + comparison_table(records, SHIPPED) if shipped else ""))
 
 
 def main(argv: list[str] | None = None) -> None:
