@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from conftest import REPO, communicate_all, free_port, make_config
 
-from seq2seq import metrics
+from seq2seq import metrics, provenance
 from seq2seq.training import checkpoint
 from seq2seq.training.train import train_and_evaluate
 
@@ -42,6 +42,29 @@ def uninterrupted(data_dir, session_cache, tmp_path_factory):
   return workdir
 
 
+def test_provenance_names_the_commit_and_whether_the_source_had_changes(tmp_path):
+  git = lambda *args: subprocess.run(["git", "-C", str(tmp_path / "src"), *args], check=True, capture_output=True,
+                                     text=True).stdout.strip()
+  assert provenance.source_commit(tmp_path) == (None, None)  # an installed copy: no checkout
+  (tmp_path / "src").mkdir()
+  git("init", "-q")
+  (tmp_path / "src" / "code.py").write_text("x = 1\n")
+  git("add", "code.py")
+  git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+  head = git("rev-parse", "HEAD")
+  assert provenance.source_commit(tmp_path / "src") == (head, False)
+  (tmp_path / "src" / "notes.txt").write_text("untracked files are not the code\n")
+  assert provenance.source_commit(tmp_path / "src") == (head, False)
+  (tmp_path / "src" / "code.py").write_text("x = 2\n")
+  assert provenance.source_commit(tmp_path / "src") == (head, True)
+  run = tmp_path / "run"
+  run.mkdir()
+  assert provenance.commit_of(run) == ""  # a run from before provenance was recorded
+  starts = [{"commit": head, "changes": False}, {"commit": head, "changes": False}, {"commit": "f" * 40, "changes": True}]
+  (run / provenance.FILE).write_text("".join(json.dumps(s) + "\n" for s in starts))
+  assert provenance.commit_of(run) == f"{head[:7]},fffffff+changes"
+
+
 def test_rerun_resumes_exactly_where_the_run_stopped(uninterrupted, data_dir, session_cache, tmp_path, monkeypatch):
   from seq2seq.model import flops
 
@@ -58,6 +81,10 @@ def test_rerun_resumes_exactly_where_the_run_stopped(uninterrupted, data_dir, se
   train_and_evaluate(tiny(data_dir, session_cache, steps=30), str(tmp_path), command="second")  # the same, longer
   took = time.perf_counter() - before
   assert (tmp_path / "commands.txt").read_text() == "first\nsecond\n"
+  starts = [json.loads(line) for line in (tmp_path / provenance.FILE).read_text().splitlines()]
+  commit, changes = provenance.source_commit()  # this checkout's (CI tests a clone)
+  assert [(s["command"], s["commit"], s["changes"], s["libraries"]["jax"], s["devices"]) for s in starts] == [
+      (c, commit, changes, jax.__version__, f"{jax.device_count()} x cpu") for c in ("first", "second")]
   want = {r["step"]: r["loss"] for r in metrics.read(uninterrupted)}
   got = {r["step"]: r["loss"] for r in metrics.read(tmp_path)}
   assert sorted(got) == [5, 10, 15, 20, 25, 30]

@@ -16,7 +16,7 @@ import jax
 import pytest
 from flax import nnx
 
-from seq2seq import configs, metrics
+from seq2seq import configs, metrics, provenance
 from seq2seq.errors import DataError
 from seq2seq.research import ablations, multiplier, records, runs as sweep_runs, significance, sweep, variants
 from seq2seq.model.config import ModelConfig
@@ -322,7 +322,8 @@ def test_the_report_sums_the_time_the_runs_took():
 
 
 def test_the_records_of_a_sweep_remake_its_report_without_the_runs(tmp_path, monkeypatch):
-  timed = lambda r: dataclasses.replace(r, train_seconds=60.0, eval_seconds=3.0, hardware="cpu", command="train")
+  timed = lambda r: dataclasses.replace(r, train_seconds=60.0, eval_seconds=3.0, hardware="cpu", command="train",
+                                       commit="89c0969", val_tokens=17177)
   results = [timed(synthetic(v, s, final, bleu, size)) for v, s, final, bleu, size in (
       ("vanilla", 0, 2.00, 30.0, "base"), ("vanilla", 1, 2.02, 31.0, "base"), ("swiglu", 0, 1.90, 30.4, "base"),
       ("swiglu", 1, 1.91, 30.6, "base"), ("vanilla", 0, 2.3, 25.0, "small"))]
@@ -344,6 +345,15 @@ def test_the_records_of_a_sweep_remake_its_report_without_the_runs(tmp_path, mon
   assert again.read_text() == report and "gelu-s0" in report and "swiglu" in report
   as_json = lambda rs: [json.dumps(dataclasses.asdict(r)) for r in rs]  # NaN != NaN, its JSON is equal
   assert as_json(records.read(docs / "runs" / "study.jsonl").results) == as_json(results)
+  # Runs that cut the validation set into other token counts (other tokenizers) do not compare.
+  results[1] = dataclasses.replace(results[1], val_tokens=16345)
+  for write in (lambda: ablations.write(tmp_path / "sweep", docs / "mixed.md"),
+                lambda: records.write(tmp_path / "mixed.jsonl", records.Sweep(results, [], [], "c", "vanilla"))):
+    monkeypatch.setattr(ablations, "collect", lambda root: (results, [], []))
+    with pytest.raises(DataError, match=r"other validation token counts, so their NLLs do not compare: "
+                                        r"16345 in vanilla-s1; 17177 in vanilla-s0, swiglu-s0, swiglu-s1, \.\.\.$"):
+      write()
+  assert not (docs / "mixed.md").exists() and not (tmp_path / "mixed.jsonl").exists()
   (tmp_path / "bad.jsonl").write_text('{"sweeps": []}\n{"name": "x"}\n')
   for path, message in ((tmp_path / "bad.jsonl", "not a sweep's records file"), (tmp_path / "none.jsonl", "does not exist")):
     with pytest.raises(DataError, match=message):
@@ -442,6 +452,10 @@ def test_a_killed_sweep_reruns_only_what_is_missing(tmp_path, data_dir, session_
   last_wall = [r["wall_time_s"] for r in metrics.read(tmp_path / "rmsnorm-s0") if "wall_time_s" in r][-1]
   assert {r.name: r.train_seconds for r in results}["rmsnorm-s0"] == last_wall > 0  # summed over its restart
   assert all(r.eval_seconds > 0 for r in results)
+  assert {r.val_tokens for r in results} == {next(r["val_tokens"] for r in metrics.read(tmp_path / "vanilla-s0")
+                                                  if "val_tokens" in r)}
+  commit = provenance.source_commit()[0]
+  assert all(r.commit.split("+")[0] == (commit or "")[:7] for r in results)
   listed = subprocess.run(sweep_command(tmp_path, "--list"), env=env, cwd=REPO, capture_output=True, text=True)
   assert listed.stdout.splitlines() == json_commands(tmp_path)
 

@@ -26,7 +26,8 @@ import pathlib
 import statistics
 
 from seq2seq.errors import ConfigError, DataError
-from seq2seq import metrics
+from seq2seq.files import write_atomic
+from seq2seq import metrics, provenance
 from seq2seq.research import multiplier, records, significance
 from seq2seq.research.significance import summary
 
@@ -70,6 +71,8 @@ class Result:
   learning_rate: float = math.nan  # the peak of the schedule
   train_seconds: float = math.nan  # training wall time, summed over restarts
   eval_seconds: float = math.nan  # test-set translation, summed over the test sets
+  commit: str = ""  # the code it trained from (seq2seq.provenance.commit_of); "" before runs recorded it
+  val_tokens: int = 0  # the validation set's target tokens, NLL's denominator: one tokenization's runs compare
 
 
 def read_run(workdir: pathlib.Path, entry: dict) -> Result | None:
@@ -115,7 +118,8 @@ def read_run(workdir: pathlib.Path, entry: dict) -> Result | None:
   return Result(entry["name"], entry["variant"], entry["size"], entry["seed"], float(transformer.count_params(cfg)),
                 per_token, statistics.median(rates) if rates else math.nan, early["val_nll"],
                 max(val, key=lambda r: r["step"])["val_nll"], bleu, curve, entry.get("command", ""), hardware,
-                config["train"]["learning_rate"], train_seconds, eval_seconds)
+                config["train"]["learning_rate"], train_seconds, eval_seconds, provenance.commit_of(workdir),
+                int(max(val, key=lambda r: r["step"]).get("val_tokens", 0)))
 
 
 def collect(root: pathlib.Path, reader=None, command: str = SWEEP) -> tuple[list, list[str], list[str]]:
@@ -412,7 +416,5 @@ def write(root: str | pathlib.Path | None, output: str | pathlib.Path, command: 
            "scaling": lambda path: plot_scaling(results, path)}
   plots = {kind: path.name for kind, draw in draws.items()
            if draw(path := output.with_name(f"{output.stem}_{kind}.png"))}
-  tmp = output.with_suffix(".tmp")
-  tmp.write_text(markdown(results, missing, plots, command, sweeps, baseline))
-  tmp.replace(output)
+  write_atomic(output, markdown(results, missing, plots, command, sweeps, baseline))
   return f"{output}: {len(results)} finished runs, {len(missing)} unfinished (records: {records_path})"

@@ -4,7 +4,8 @@
 DIR and also writes docs/runs/NAME.jsonl (`path_for`): a first line with the sweep (its
 commands, the runs not finished, the command that made the report, the baseline), then one
 line per finished run, every figure of ablations.Result (variant, size, seed, rate, FLOPs,
-the validation curve, final NLL, test BLEU, time, hardware, command). From that file alone
+the validation curve, final NLL and its count of validation tokens, test BLEU, time,
+hardware, command, the commit it trained from). From that file alone
 
   python -m seq2seq.research.sweep --records=docs/runs/NAME.jsonl --table --output=docs/NAME.md
 
@@ -37,7 +38,21 @@ def path_for(output: str | pathlib.Path) -> pathlib.Path:
   return output.parent / "runs" / f"{output.stem}.jsonl"
 
 
+def one_tokenization(results: list, where: str | pathlib.Path) -> None:
+  """A DataError unless the runs cut the validation set into one count of tokens (0: not
+  recorded): each NLL is a mean over them, so runs of other tokenizers (another vocabulary,
+  another sentencepiece version on another machine) do not compare."""
+  counts = {}
+  for r in (r for r in results if r.val_tokens):
+    counts.setdefault(r.val_tokens, []).append(r.name)
+  if len(counts) > 1:
+    raise DataError(f"{where}: the runs have other validation token counts, so their NLLs do not compare: "
+                    + "; ".join(f"{n} in {', '.join(names[:3])}{', ...' if len(names) > 3 else ''}"
+                                for n, names in sorted(counts.items())))
+
+
 def write(path: str | pathlib.Path, sweep: Sweep) -> None:
+  one_tokenization(sweep.results, path)
   head = {"sweeps": sweep.sweeps, "missing": sweep.missing, "command": sweep.command, "baseline": sweep.baseline}
   lines = [json.dumps(head)] + [json.dumps(dataclasses.asdict(r)) for r in sweep.results]
   write_atomic(path, "".join(line + "\n" for line in lines))
@@ -51,8 +66,10 @@ def read(path: str | pathlib.Path) -> Sweep:
   try:
     head, *runs = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     results = [Result(**{**run, "curve": [tuple(point) for point in run["curve"]]}) for run in runs]
-    return Sweep(results, head["missing"], head["sweeps"], head["command"], head["baseline"])
+    sweep = Sweep(results, head["missing"], head["sweeps"], head["command"], head["baseline"])
   except FileNotFoundError:
     raise DataError(f"{path} does not exist: `--table --output=...` on the sweep's workdir writes it") from None
   except (ValueError, KeyError, TypeError) as e:
     raise DataError(f"{path}: not a sweep's records file ({type(e).__name__}: {e})") from None
+  one_tokenization(sweep.results, path)
+  return sweep

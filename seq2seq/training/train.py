@@ -24,7 +24,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from seq2seq import data, errors, metrics, sharding
+from seq2seq import data, errors, metrics, provenance, sharding
 from seq2seq.data.batching import BatchIterator
 from seq2seq.data.prefetch import Prefetch
 from seq2seq.files import write_atomic
@@ -312,7 +312,8 @@ def _resume(ckpts: checkpoint.Checkpoints, state: TrainState, run_identity: dict
 
 
 def _announce(config, t: TrainConfig, model_cfg: ModelConfig, mesh, workdir: str, schedule, command: str) -> None:
-  """Prints the run's summary; writes its config.json and adds `command` to commands.txt."""
+  """Prints the run's summary; writes its config.json, and `command` to commands.txt with its
+  provenance (seq2seq/provenance.py)."""
   peak_lr = report.peak_learning_rate(schedule, t.warmup_steps, t.steps)
   print(report.summary(config, model_cfg, mesh, workdir, peak_lr=peak_lr), flush=True)
   for warning in report.short_run_warnings(t, schedule, config.eval.val_bleu_sentences):
@@ -321,9 +322,8 @@ def _announce(config, t: TrainConfig, model_cfg: ModelConfig, mesh, workdir: str
   if report.unused_gpu(jax.default_backend()):
     print(report.unused_gpu(jax.default_backend()), file=sys.stderr, flush=True)
   write_atomic(pathlib.Path(workdir) / "config.json", config.to_json_best_effort(indent=1, sort_keys=True).encode())
-  if command:
-    with open(pathlib.Path(workdir) / "commands.txt", "a", encoding="utf-8") as f:  # every start and restart
-      f.write(command + "\n")
+  if command:  # every start and restart: its command, and the code and libraries it runs
+    provenance.append(workdir, command, f"{jax.device_count()} x {jax.devices()[0].device_kind}")
 
 
 def _peak(model_cfg: ModelConfig, t: TrainConfig) -> tuple[float, str]:
