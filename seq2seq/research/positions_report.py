@@ -19,6 +19,7 @@ import pathlib
 
 from seq2seq import metrics
 from seq2seq.errors import ConfigError
+from seq2seq.files import write_atomic
 from seq2seq.research import ablations, lengths, significance
 from seq2seq.research.significance import summary
 
@@ -253,7 +254,5 @@ def write(root: str | pathlib.Path, output: str | pathlib.Path, command: str = "
   generated = markdown(runs, missing, commands, command, upper, picture.name if drawn else "", baseline)
   text = splice(output.read_text(), generated) if output.is_file() else (
       "# Length extrapolation of position encodings\n\n## Results\n\n" + START + "\n" + generated + END + "\n")
-  tmp = output.with_suffix(".tmp")
-  tmp.write_text(text)
-  tmp.replace(output)
+  write_atomic(output, text)
   return f"{output}: {len(runs)} finished runs, {len(missing)} unfinished"

@@ -16,6 +16,7 @@ import subprocess
 import sys
 
 from seq2seq.errors import ConfigError
+from seq2seq.files import write_atomic
 from seq2seq.research import ablations, variants
 from seq2seq.inference import evaluate
 
@@ -100,10 +101,7 @@ def write_manifest(root: pathlib.Path, runs: list[Run], command: str) -> None:
   for run in runs:
     known[run.name] = {"name": run.name, "variant": run.variant, "size": run.size, "seed": run.seed,
                        "command": run.shell(root)}
-  root.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_suffix(".tmp")
-  tmp.write_text(json.dumps({"runs": list(known.values()), "sweeps": sweeps}, indent=1) + "\n")
-  tmp.replace(path)
+  write_atomic(path, json.dumps({"runs": list(known.values()), "sweeps": sweeps}, indent=1) + "\n")
 
 
 def _die_with_parent() -> None:
