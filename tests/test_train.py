@@ -295,15 +295,24 @@ def test_processes_that_made_other_tokenizers_are_stopped(monkeypatch):
   sharding.check_same_on_every_process(own, "share them")
 
 
-@pytest.mark.slow  # two processes start JAX and join: ~6 s
-def test_two_processes_with_other_tokenizers_both_stop():
+@pytest.mark.slow  # two processes start JAX, join and tokenize: ~15 s
+def test_two_hosts_that_trained_other_tokenizers_stop_with_one_error_line(data_dir, tmp_path):
+  """seq2seq-train on 2 processes (gloo on 127.0.0.1), each with its own cache, so each trains
+  its own sentencepiece model, here from samples of other seeds: both stop before training,
+  exit 2."""
   port = free_port()
-  script = str(REPO / "tests" / "agreement_run.py")
-  procs = [subprocess.Popen([sys.executable, script, str(i), str(port)], cwd=REPO, stdout=subprocess.PIPE,
+  procs = [subprocess.Popen([sys.executable, "train.py", "--config=tiny", f"--workdir={tmp_path / 'run'}",
+                             f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}",
+                             f"--config.seed={i}", f"--config.data.cache_dir={tmp_path / f'cache{i}'}",
+                             "--config.data.spm_sample_size=4000", "--config.train.steps=2"],
+                            cwd=REPO, env=dict(os.environ, SEQ2SEQ_DATA_DIR=str(data_dir)), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True) for i in range(2)]
-  for p, (out, err) in zip(procs, communicate_all(procs, timeout=300)):
-    assert p.returncode != 0 and "the same" not in out
-    assert "DataError: the processes have different models: sha256" in err and "on process 1; make them one" in err
+  for p, (_, err) in zip(procs, communicate_all(procs, timeout=300)):
+    assert p.returncode == 2, err[-3000:]
+    assert err.strip().splitlines()[-1].startswith("error: the processes have different sentencepiece models: sha256 ")
+    assert err.strip().endswith("on process 1; each host made its own: give them one config.data.cache_dir, or "
+                                "config.data.spm_model, and one sentencepiece")
+  assert not (tmp_path / "run" / "checkpoints").exists()
 
 
 @pytest.mark.slow  # 2 fake devices in a subprocess, 11 s per case
