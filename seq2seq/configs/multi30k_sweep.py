@@ -9,7 +9,7 @@ post-norm LayerNorm, ReLU, sinusoidal positions, biases; d_model 192, d_ff 768, 
 a 4000-piece vocabulary; 720 steps (warmup 180, peak 0.002); validation loss every 90 steps
 (an 8-point curve, the early loss at 25% is step 180) and no validation BLEU (the sweep
 evaluates the test sets at the end); outputs up to source + 23 tokens. How the size and
-schedule were chosen: docs/results.md#history-of-the-configs.
+schedule were chosen: docs/history.md#history-of-the-configs.
 """
 
 from seq2seq.configs import multi30k
