@@ -165,8 +165,23 @@ def test_the_multiplier_takes_means_on_both_sides_with_an_interval_from_the_seed
   assert math.isnan(large["low"]) and large["seeds"] == 1
   report = ablations.markdown(results, [], {}, "cmd", [])
   assert f"| **3.16x** | 2 / 2 | [{base['low']:.2f}x, > 10.00x] |" in report
-  assert "| not reached | **> 10.00x** | 1 / 2 | no interval: 1 seed of Transformer++ |" in report
+  assert ("| not reached | none measured (vanilla's largest run: 10.00x these FLOPs) | 1 / 2 | no interval: 1 seed "
+          "of Transformer++ |") in report
   assert "Both sides are means over seeds" in report
+
+
+def test_where_vanilla_never_reached_no_multiplier_and_no_interval_are_claimed():
+  """Vanilla's frontier ends above Transformer++'s NLL: the ratio of vanilla's largest run's
+  FLOPs says which runs were made, so it is given as that, not as a bound of a multiplier,
+  and the seeds give no interval of it."""
+  results = [result("vanilla", s, 2.0 + 0.01 * s, curve=[(1e12, 3.0 + 0.01 * s), (1e14, 2.0 + 0.01 * s)]) for s in (0, 1)]
+  results += [result("transformer++", s, 0.5 + 0.01 * s, size="large", curve=[(1e13, 0.5 + 0.01 * s)]) for s in (0, 1)]
+  row, = multiplier.multipliers(results)
+  assert math.isinf(row["multiplier"]) and math.isinf(row["low"]) and row["weak_max"] == pytest.approx(10.0)
+  report = ablations.markdown(results, [], {}, "cmd", [])
+  assert ("| not reached | none measured (vanilla's largest run: 10.00x these FLOPs) | 2 / 2 | none: not reached |"
+          in report)
+  assert "> 10.00x" not in report
 
 
 def write_run(root, name, variant, seed, final, bleu, config, size="base"):

@@ -13,8 +13,9 @@ how many times the training FLOPs vanilla needs to reach Transformer++'s final v
   point to the frontier.
 - **The multiplier**: the FLOPs at which that frontier reaches Transformer++'s NLL,
   interpolated linearly in (log FLOPs, NLL) (`flops_to_reach`), over Transformer++'s FLOPs;
-  infinite when vanilla never got there (the report then gives the lower bound: vanilla's
-  largest run over Transformer++'s FLOPs).
+  infinite when vanilla never got there. Then no multiplier is measured: the report gives
+  vanilla's largest run's FLOPs over Transformer++'s, which says which runs were made (a
+  longer vanilla run may get there with fewer FLOPs than a wider one), and no interval.
 - **Its interval**, from the seeds' spread, by taking the multiplier at the ends of an
   interval of NLL. The NLL gap between Transformer++'s final NLL and vanilla's frontier is
   uncertain by sqrt(s²/n + s_vanilla²/n_vanilla): s and n of Transformer++'s final NLL, and
@@ -144,8 +145,10 @@ def section(results: list, plot: str | None = None) -> list[str]:
          "Validation NLL against training FLOPs. Both sides are means over seeds: Transformer++'s final NLL "
          "and FLOPs, and vanilla's curves averaged point by point at each size. The multiplier is the FLOPs "
          "vanilla needs to reach Transformer++'s final NLL (interpolated on the best-so-far frontier of "
-         "vanilla's mean curves over all its sizes) divided by the FLOPs Transformer++ spent; `> N` when "
-         "vanilla never got there, N being the FLOPs of vanilla's largest run over Transformer++'s. The 95% "
+         "vanilla's mean curves over all its sizes) divided by the FLOPs Transformer++ spent. Where no vanilla "
+         "run got there, no multiplier is measured: the row gives the FLOPs of vanilla's largest run over "
+         "Transformer++'s, a figure of which runs were made (a longer vanilla run might get there with fewer "
+         "FLOPs than a wider one), not of what vanilla needs. The 95% "
          "interval is the multiplier at the ends of Welch's 95% interval of the NLL gap, sqrt(s²/n + "
          "s_vanilla²/n_vanilla), with s_vanilla from vanilla's seeds where its frontier crosses that NLL; with "
          "one seed on either side there is none. The table gives each side's peak learning rate at each size. "
@@ -165,13 +168,13 @@ def section(results: list, plot: str | None = None) -> list[str]:
     out.append(f"| {m['size']} | {m['params'] / 1e6:.2f}M | {rate(m['learning_rate'], m['rates'])} | {m['nll']:.3f} "
                f"| {rate(m['weak_learning_rate'], m['weak_rates'])} | {weak_nll} | {m['flops']:.3g} | "
                + (f"{m['weak_flops']:.3g} | **{m['multiplier']:.2f}x** |" if reached
-                  else f"not reached | **> {m['weak_max']:.2f}x** |")
+                  else f"not reached | none measured (vanilla's largest run: {m['weak_max']:.2f}x these FLOPs) |")
                + f" {m['seeds']} / {m['weak_seeds']} | {_interval(m)} |")
   out.append("")
   beyond = beyond_sizes(results)
   if beyond:
     out += ["Vanilla at sizes where Transformer++ did not run: they extend vanilla's frontier, so they "
-            "raise the `> N` bounds above.", "",
+            "raise the FLOPs ratios of vanilla's largest run above.", "",
             "| size | vanilla params | its peak rate | its final NLL | seeds | its FLOPs | hardware |", "|---|---|---|---|---|---|---|"]
     out += [f"| {b['size']} | {b['params'] / 1e6:.2f}M | {rate(b['learning_rate'], b['rates'])} | {b['nll']:.3f} ± "
             f"{b['std']:.3f} | {b['seeds']} | {b['flops']:.3g} | {b['hardware']} |" for b in beyond]
@@ -200,7 +203,7 @@ def _interval(m: dict) -> str:
   """A multiplier's interval as the report shows it, or why it has none."""
   times = lambda x: f"{x:.2f}x" if math.isfinite(x) else f"> {m['weak_max']:.2f}x"
   if not math.isnan(m["low"]):
-    return f"> {m['weak_max']:.2f}x at both ends" if math.isinf(m["low"]) else f"[{times(m['low'])}, {times(m['high'])}]"
+    return "none: not reached" if math.isinf(m["low"]) else f"[{times(m['low'])}, {times(m['high'])}]"
   few = [f"{m[k]} seed{'' if m[k] == 1 else 's'} of {name}" for name, k in (("Transformer++", "seeds"),
                                                                           ("vanilla", "weak_seeds")) if m[k] < 2]
   return "no interval: " + (" and ".join(few) if few else "no spread between the seeds")
