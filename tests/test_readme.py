@@ -114,6 +114,26 @@ def section(text: str, heading: str) -> str:
   return text.split(heading + "\n", 1)[1]
 
 
+def recipe_claim(comparison_rows) -> str:
+  """How the README words a recipe comparison: BLEU and NLL gains with their Welch p-values."""
+  nll, bleu = comparison_rows[0][3], comparison_rows[1][3]
+  return (f"it gains {bleu.difference:.1f} validation BLEU (Welch p = {bleu.p:.1g}) and {-nll.difference:.2f} "
+          f"NLL (p = {nll.p:.1g})")
+
+
+def test_the_readmes_recipe_gains_are_the_run_records():
+  """The README's figures for the main job's recipe against the former default are what
+  seq2seq.research.recipe_search computes from docs/runs/main_job_search.jsonl."""
+  from seq2seq.research import recipe_search
+
+  records = recipe_search.load(DOCS / "runs" / "main_job_search.jsonl")
+  prose = " ".join(README.read_text(encoding="utf-8").split())
+  for against in (recipe_search.CHOSEN, recipe_search.SHIPPED):
+    if any(r.run.startswith(against) for r in records):
+      rows, _ = recipe_search.comparison(records, against)
+      assert recipe_claim(rows) in prose, against
+
+
 def test_readme_results_table_matches_docs_results_and_configs():
   results_md = (DOCS / "results.md").read_text(encoding="utf-8")
   compact = table_rows(section(README.read_text(encoding="utf-8"), "## Results"))
