@@ -118,7 +118,7 @@ def recipe_claim(comparison_rows) -> str:
   """How the README words a recipe comparison: BLEU and NLL gains with their Welch p-values."""
   nll, bleu = comparison_rows[0][3], comparison_rows[1][3]
   return (f"it gains {bleu.difference:.1f} validation BLEU (Welch p = {bleu.p:.1g}) and {-nll.difference:.2f} "
-          f"NLL (p = {nll.p:.1g})")
+          f"NLL (p = {nll.p:.1g}")
 
 
 def test_the_readmes_recipe_gains_are_the_run_records():
