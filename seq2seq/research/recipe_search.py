@@ -20,6 +20,7 @@ import json
 import math
 import pathlib
 
+from seq2seq.research import records as records_lib
 from seq2seq.research import results, significance
 
 START, END = "<!-- search:start -->", "<!-- search:end -->"
@@ -65,10 +66,11 @@ def _num(value: float, digits: int) -> str:
 def runs_table(records: list[Record]) -> str:
   lines = ["| run | trained on | config, seed | change | steps | validated to | val NLL | val BLEU (500) | "
            "val BLEU (all) | average of last 5 |", "|---|---|---|---|---|---|---|---|---|---|"]
+  baseline_tokens = _tokens([b for b in records if b.run.startswith(BASELINE)])
   for r in records:
     change = ", ".join(o.removeprefix("--config.") for o in r.overrides) or "none"
     last = r.val_curve[-1] if r.val_curve else {"bleu500": math.nan}
-    other_vocabulary = "*" if r.val_tokens != _tokens([b for b in records if b.run.startswith(BASELINE)]) else ""
+    other_vocabulary = "*" if r.val_tokens != baseline_tokens else ""
     lines.append(f"| `{r.run}` | {r.call} (`{r.commit}`) | `{r.config}`, {r.seed} | {change} | {r.steps} | "
                  f"{r.reached} | {_num(r.nll, 3)}{other_vocabulary} | {_num(last['bleu500'], 2)} | {_num(r.full('bleu'), 2)} | "
                  f"{_num(r.full('bleu', 'average5'), 2)} |")
@@ -77,12 +79,8 @@ def runs_table(records: list[Record]) -> str:
 
 
 def _tokens(records: list[Record]) -> int:
-  """The one validation token count of `records` (a ValueError if they differ: their NLLs do not compare)."""
-  counts = {r.val_tokens for r in records}
-  if len(counts) != 1:
-    raise ValueError(f"runs {', '.join(r.run for r in records)} have {sorted(counts)} validation tokens: other "
-                     "tokenizers, whose NLLs a token do not compare")
-  return counts.pop()
+  """The one validation token count of `records` (a DataError if they differ)."""
+  return records_lib.one_tokenization(((r.run, r.val_tokens) for r in records), "docs/runs/main_job_search.jsonl")
 
 
 METRICS = [  # label, value of a record, digits; the first is the primary metric

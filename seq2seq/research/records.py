@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
+from collections.abc import Iterable
 
 from seq2seq.errors import DataError
 from seq2seq.files import write_atomic
@@ -38,21 +39,24 @@ def path_for(output: str | pathlib.Path) -> pathlib.Path:
   return output.parent / "runs" / f"{output.stem}.jsonl"
 
 
-def one_tokenization(results: list, where: str | pathlib.Path) -> None:
-  """A DataError unless the runs cut the validation set into one count of tokens (0: not
-  recorded): each NLL is a mean over them, so runs of other tokenizers (another vocabulary,
-  another sentencepiece version on another machine) do not compare."""
+def one_tokenization(runs: Iterable[tuple[str, int]], where: str | pathlib.Path) -> int:
+  """The one count of validation tokens of the (name, val_tokens) `runs` (0: not recorded,
+  ignored; 0 if none is), else a DataError: each NLL is a mean over them, so runs of other
+  tokenizers (another vocabulary, another sentencepiece version on another machine) do not
+  compare."""
   counts = {}
-  for r in (r for r in results if r.val_tokens):
-    counts.setdefault(r.val_tokens, []).append(r.name)
+  for name, tokens in runs:
+    if tokens:
+      counts.setdefault(tokens, []).append(name)
   if len(counts) > 1:
     raise DataError(f"{where}: the runs have other validation token counts, so their NLLs do not compare: "
                     + "; ".join(f"{n} in {', '.join(names[:3])}{', ...' if len(names) > 3 else ''}"
                                 for n, names in sorted(counts.items())))
+  return next(iter(counts), 0)
 
 
 def write(path: str | pathlib.Path, sweep: Sweep) -> None:
-  one_tokenization(sweep.results, path)
+  one_tokenization(((r.name, r.val_tokens) for r in sweep.results), path)
   head = {"sweeps": sweep.sweeps, "missing": sweep.missing, "command": sweep.command, "baseline": sweep.baseline}
   lines = [json.dumps(head)] + [json.dumps(dataclasses.asdict(r)) for r in sweep.results]
   write_atomic(path, "".join(line + "\n" for line in lines))
@@ -71,5 +75,5 @@ def read(path: str | pathlib.Path) -> Sweep:
     raise DataError(f"{path} does not exist: `--table --output=...` on the sweep's workdir writes it") from None
   except (ValueError, KeyError, TypeError) as e:
     raise DataError(f"{path}: not a sweep's records file ({type(e).__name__}: {e})") from None
-  one_tokenization(sweep.results, path)
+  one_tokenization(((r.name, r.val_tokens) for r in sweep.results), path)
   return sweep
