@@ -105,3 +105,22 @@ def test_multi30k_is_the_recipe_the_search_confirmed():
     settings = record.settings | {"seed": today["seed"], "eval": record.settings["eval"] | {"alpha": 1.5},
                                   "train": record.settings["train"] | short}
     assert settings == today, record.run
+
+
+def test_the_sweep_config_is_what_its_reports_were_made_with():
+  """Every sweep report (docs/ablations*.md, docs/positions.md through multi30k_positions)
+  was trained and decoded with these settings (tests/fixtures/multi30k_sweep_settings.json,
+  taken from the config as it was before the main job's recipe changed). multi30k_sweep
+  starts from multi30k, so a new main-job recipe must not leak into it: it once did, the beam's
+  alpha (1.2 -> 1.5). Settings added since keep the old behaviour by default, so only the
+  snapshot's keys are compared; changing one is a deliberate act that reruns the reports."""
+  import json
+
+  snapshot = json.loads((REPO / "tests" / "fixtures" / "multi30k_sweep_settings.json").read_text())
+  today = json.loads(json.dumps(load("multi30k_sweep").to_dict()))
+  differ = [f"{section}.{key}: {value!r} in the snapshot, {today[section].get(key)!r} now"
+            for section, values in snapshot.items() if isinstance(values, dict)
+            for key, value in values.items() if today[section].get(key) != value]
+  differ += [f"{key}: {value!r} in the snapshot, {today.get(key)!r} now"
+             for key, value in snapshot.items() if not isinstance(value, dict) and today.get(key) != value]
+  assert not differ, "\n".join(differ)
