@@ -118,9 +118,11 @@ def test_the_sweep_config_is_what_its_reports_were_made_with():
 
   snapshot = json.loads((REPO / "tests" / "fixtures" / "multi30k_sweep_settings.json").read_text())
   today = json.loads(json.dumps(load("multi30k_sweep").to_dict()))
-  differ = [f"{section}.{key}: {value!r} in the snapshot, {today[section].get(key)!r} now"
-            for section, values in snapshot.items() if isinstance(values, dict)
-            for key, value in values.items() if today[section].get(key) != value]
-  differ += [f"{key}: {value!r} in the snapshot, {today.get(key)!r} now"
-             for key, value in snapshot.items() if not isinstance(value, dict) and today.get(key) != value]
+  def settings(config: dict) -> dict:  # (section, key) -> value; (key, None) for a top-level value
+    return {(name, key): value for name, section in config.items()
+            for key, value in (section.items() if isinstance(section, dict) else [(None, section)])}
+
+  now = settings(today)
+  differ = [f"{name}{'.' + key if key else ''}: {value!r} in the snapshot, {now.get((name, key))!r} now"
+            for (name, key), value in settings(snapshot).items() if now.get((name, key)) != value]
   assert not differ, "\n".join(differ)

@@ -64,7 +64,10 @@ def claims(root: str | pathlib.Path = ".") -> list[Claim]:
   root = pathlib.Path(root)
   found = [c for name in REPORTS for c in report_claims(root / name, name)]
   records = recipe_search.load(root / MAIN_JOB)
-  seeds = lambda prefix: ", ".join(str(r.seed) for r in records if r.run.startswith(prefix))  # noqa: E731
+
+  def seeds(prefix: str) -> str:
+    return ", ".join(str(r.seed) for r in records if r.run.startswith(prefix))
+
   for against, name in ((recipe_search.CHOSEN, "main job: chosen recipe"),
                         (recipe_search.SHIPPED, "main job as shipped, 3600 steps (CPU)")):
     if any(r.run.startswith(against) for r in records):
