@@ -1,9 +1,11 @@
 """Sentencepiece: reserved ids, seeded sampling, identical models for identical inputs,
 reuse from the workdir, an existing model path."""
 
+import hashlib
 import json
 import os
 
+import numpy as np
 import pytest
 import sentencepiece
 from conftest import make_config
@@ -37,6 +39,25 @@ def test_same_data_and_seed_give_the_same_model_with_reserved_ids(val_pairs):
   ids = tok.encode([val_pairs[0][0]])[0]
   assert ids[-1] == tk.EOS_ID and tk.PAD_ID not in ids
   assert tok.decode(ids + [0, 0]) == val_pairs[0][0]
+
+
+def test_a_frequent_word_becomes_one_piece():
+  """Each of 20 words occurs 500 times among 10,000 sentences of rarer filler words; a
+  2000-piece unigram model keeps all of them whole under sentencepiece 0.2.2, and none under
+  0.2.1 or 0.2.3, whose seed pieces miss whole words (on Multi30k they split "▁Thre e",
+  "▁look ing", "▁in to", docs/data.md#tokenizing). Guards the pin."""
+  rng = np.random.default_rng(0)
+  words = ["Three", "looking", "into", "their", "several", "carrying", "elderly", "against", "during", "people",
+           "walking", "standing", "woman", "street", "wearing", "Zwei", "einem", "Männer", "spielen", "Straße"]
+  filler = ["".join(rng.choice(list("abcdefghijklmnoprstu"), size=rng.integers(3, 9))) for _ in range(3000)]
+  zipf = 1 / np.arange(1, len(filler) + 1)
+  sentences = []
+  for i in range(10_000):
+    line = list(rng.choice(filler, size=rng.integers(5, 12), p=zipf / zipf.sum()))
+    line.insert(rng.integers(0, len(line)), words[i % len(words)])
+    sentences.append(" ".join(line))
+  tok = tk.Tokenizer(tk.train(sentences, vocab_size=2000, seed=0))
+  assert [w for w in words if len(tok.sp.encode(w)) != 1] == []
 
 
 def test_the_model_does_not_depend_on_the_machines_core_count(val_pairs, monkeypatch):
@@ -85,3 +106,15 @@ def test_more_pieces_than_the_sample_supports_is_an_error(data_dir, tmp_path):
   with pytest.raises(ValueError, match=r"config.data.vocab_size=200000, but the sample of val supports only \d+ pieces"):
     data.load_tokenizer(config, workdir=str(tmp_path / "run"))
   assert not (tmp_path / "run" / data.SPM_FILE).exists()
+
+
+@pytest.mark.data
+def test_the_main_jobs_tokenizer_is_the_one_its_reported_runs_trained_with(real_data_dir, tmp_path):
+  """The README's command trains, on any machine, the tokenizer of every run in
+  docs/runs/main_job_search.jsonl (the GPU runs' and the CPU seeds'): the same bytes, so its
+  16,345 validation target tokens and its NLLs per token compare with theirs."""
+  config = make_config("multi30k", real_data_dir, tmp_path / "cache")
+  tok = data.load_tokenizer(config, write=False)
+  assert hashlib.sha256(tok.model_bytes).hexdigest()[:16] == "3cc38697c9698507"
+  targets = [t for _, t in Source("multi30k:val", "en", "de", data_dir=str(real_data_dir))]
+  assert sum(map(len, tok.encode(targets))) == 16345

@@ -1,9 +1,9 @@
 # The CPU default: Multi30k en->de on a 2-core machine, in under 40 minutes.
 #   SEQ2SEQ_DATA_DIR=../shared/data python train.py --config=configs/multi30k.py --workdir=/tmp/m30k
 #   python eval.py --workdir=/tmp/m30k
-# Expected: 38.06 sacreBLEU (cased, 13a, beam 4, alpha 1.5) on test_2016_flickr and 30.64 on test_2017_flickr
-#   after 3600 steps, 37 min on a 2-core Intel Xeon (run m30k_3600, docs/results.md#multi30k);
-#   --config.train.steps=7000 gives 39.90 / 32.40 in 68 min there.
+# Expected: 38.90 sacreBLEU (cased, 13a, beam 4, alpha 1.5) on test_2016_flickr and 31.48 on test_2017_flickr
+#   after 3600 steps, 31 min on a 2-core AMD EPYC (run m30k_3600_readme, docs/results.md#multi30k);
+#   --config.train.steps=7000 gives 39.90 / 32.40 in 68 min on a 2-core Intel Xeon.
 """default.py as a narrow, deep pre-norm Transformer with rotary positions, sized for a CPU:
 d_model 128, 4 heads, 4+4 layers, d_ff 256, dropout 0.2; Multi30k en->de with an
 8000-piece vocabulary, packed rows of 128 tokens, 2048 tokens a batch; 3600 steps (about 15
