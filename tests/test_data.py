@@ -38,8 +38,8 @@ def test_statistics_command_on_multi30k(real_data_dir, session_cache):
   assert 0 < padding < 10
   assert re.search(r"distinct batch shapes \(B, S, T\): \d+: \(\d+, \d+, \d+\)", text)
   # The config's output limit is the one that fits every training target, no looser.
-  assert ("longest target: 1 x source + 17 tokens (eval.max_len_b that fits every training target; "
-          "this config: 17)") in text
+  assert ("longest target: 1 x source + 18 tokens (eval.max_len_b that fits every training target; "
+          "this config: 18)") in text
 
 
 def test_bad_language_in_config_is_reported_by_the_command(data_dir, session_cache):
