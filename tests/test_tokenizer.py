@@ -1,5 +1,5 @@
 """Sentencepiece: reserved ids, seeded sampling, identical models for identical inputs,
-reuse from the workdir, an existing model path."""
+reuse from the workdir, an existing model path, and the pinned version's whole words."""
 
 import hashlib
 import json
@@ -110,9 +110,10 @@ def test_more_pieces_than_the_sample_supports_is_an_error(data_dir, tmp_path):
 
 @pytest.mark.data
 def test_the_main_jobs_tokenizer_is_the_one_its_reported_runs_trained_with(real_data_dir, tmp_path):
-  """The README's command trains, on any machine, the tokenizer of every run in
-  docs/runs/main_job_search.jsonl (the GPU runs' and the CPU seeds'): the same bytes, so its
-  16,345 validation target tokens and its NLLs per token compare with theirs."""
+  """The README's command trains, on any machine, the tokenizer of the 8000-piece runs in
+  docs/runs/main_job_search.jsonl (the GPU runs' and the CPU seeds'; two runs there have 6000
+  pieces): the same bytes, so its 16,345 validation target tokens and its NLLs per token
+  compare with theirs."""
   config = make_config("multi30k", real_data_dir, tmp_path / "cache")
   tok = data.load_tokenizer(config, write=False)
   assert hashlib.sha256(tok.model_bytes).hexdigest()[:16] == "3cc38697c9698507"
