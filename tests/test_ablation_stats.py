@@ -184,8 +184,9 @@ def test_where_vanilla_never_reached_no_multiplier_and_no_interval_are_claimed()
   assert "> 10.00x" not in report
 
 
-def write_run(root, name, variant, seed, final, bleu, config, size="base"):
-  """A finished run's files as seq2seq-train and seq2seq-eval write them."""
+def write_run(root, name, variant, seed, final, bleu, config, size="base", val=()):
+  """A finished run's files as seq2seq-train and seq2seq-eval write them; `val`: the
+  validation split's (BLEU, chrF, decoding) results, if the run translated it."""
   run = root / name
   (run / "eval").mkdir(parents=True)
   (run / "config.json").write_text(json.dumps(config))
@@ -195,8 +196,11 @@ def write_run(root, name, variant, seed, final, bleu, config, size="base"):
   (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
   decode = {k: config["eval"][k] for k in ("beam_size", "alpha")}
   for split in config["data"]["test_splits"]:
-    (run / "eval" / f"{split}.step{steps}.beam.json").write_text(json.dumps({"bleu": bleu, "decode": decode,
-                                                                             "seconds": 1.0, "hardware": "test CPU"}))
+    (run / "eval" / f"{split}.step{steps}.beam.json").write_text(json.dumps({
+        "bleu": bleu, "chrf": bleu + 30, "decode": decode, "seconds": 1.0, "hardware": "test CPU"}))
+  for i, (val_bleu, val_chrf, settings) in enumerate(val):
+    (run / "eval" / f"val.step{steps}.beam{i}.json").write_text(json.dumps({
+        "bleu": val_bleu, "chrf": val_chrf, "decode": decode | settings, "seconds": 1.0}))
   return {"name": name, "variant": variant, "size": size, "seed": seed, "command": f"train {name}"}
 
 
@@ -222,6 +226,19 @@ def test_the_report_from_run_files_carries_the_tests_and_the_intervals(tmp_path)
   assert "| `transformer++` | Final loss | 1 / 2 | 2.200 | −0.310 | n/a | n/a | n/a | n/a |" in report
   assert "Holm's correction over all 2 tests of the table" in report
   assert "| seeds (Transformer++ / vanilla) | 95% interval |" in report and "no interval: 1 seed of Transformer++" in report
+
+
+def test_a_runs_record_holds_test_and_validation_bleu_and_chrf_at_the_configs_decoding(tmp_path):
+  """Test sets' BLEU and chrF, and the validation split's where the run translated it: with
+  the config's own beam and alpha where a later seq2seq-eval added other decodings."""
+  config = json.loads(configs.get("tiny").to_json_best_effort())
+  other = {"alpha": config["eval"]["alpha"] + 0.5}
+  entries = [write_run(tmp_path, "a-s0", "vanilla", 0, 2.5, 26.5, config, val=[(40.0, 61.0, other), (30.0, 55.0, {})]),
+             write_run(tmp_path, "b-s0", "vanilla", 0, 2.5, 26.5, config)]
+  with_val, without = (ablations.read_run(tmp_path / e["name"], e) for e in entries)
+  assert (with_val.bleu, with_val.chrf, with_val.val_bleu, with_val.val_chrf) == (
+      {"test_2016_flickr": 26.5}, {"test_2016_flickr": 56.5}, 30.0, 55.0)
+  assert without.chrf == {"test_2016_flickr": 56.5} and math.isnan(without.val_bleu) and math.isnan(without.val_chrf)
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -253,6 +270,24 @@ def test_a_difference_is_read_as_none_only_from_the_equivalence_test():
   assert significance.reading(0.01, significance.tost(tight, base, 0.02)) == "differs"
   assert significance.reading(0.5, None) == "inconclusive"
   assert math.isnan(significance.tost([1.0], base, 0.02).p)  # one seed: no test
+
+
+def test_the_report_says_what_survives_by_reading_never_a_non_significant_difference_as_none():
+  """Each test is listed under its reading: differs (Holm), equivalent (TOST within the margin),
+  else inconclusive, however small the difference."""
+  finals = {"vanilla": [2.000, 2.004, 2.008], "gelu": [2.001, 2.005, 2.009], "swiglu": [1.800, 1.804, 1.808],
+            "rope": [1.96, 2.05, 2.01]}
+  bleus = {"vanilla": [30.0, 30.1, 30.2], "gelu": [30.0, 30.1, 30.2], "swiglu": [30.0, 30.1, 30.2],
+           "rope": [28.0, 31.0, 30.5]}
+  runs = [result(v, seed, final, bleus[v][seed]) for v in finals for seed, final in enumerate(finals[v])]
+  report = ablations.markdown(runs, [], {}, "cmd", [])
+  survives = report[report.index("What survives:"):].split("\n\n")[1].splitlines()
+  assert survives == [
+      "- **differs** (significant after Holm's correction): `swiglu` final NLL −0.200.",
+      "- **equivalent** (within the margin by TOST): `gelu` final NLL +0.001; `gelu` BLEU test +0.00; "
+      "`swiglu` BLEU test +0.00.",
+      "- **inconclusive** (neither: no difference is claimed either way): `rope` final NLL +0.003; "
+      "`rope` BLEU test −0.27."]
 
 
 def test_the_readmes_claims_are_one_family_generated_from_the_committed_reports():

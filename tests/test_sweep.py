@@ -371,7 +371,9 @@ def test_runs_commands_carry_user_then_variant_overrides(tmp_path):
   assert swiglu.startswith("seq2seq-train --config=configs/tiny.py --config.train.steps=30 ")
   assert "--config.model.activation=gelu" not in swiglu  # the variant's own setting wins
   assert {"--config.model.activation=swiglu", "--config.model.d_ff=88", "--config.seed=0"} <= set(swiglu.split())
-  assert swiglu.endswith(f"--workdir={tmp_path / 'swiglu-s0'} && seq2seq-eval --workdir={tmp_path / 'swiglu-s0'}")
+  # Evaluated on the validation split first (its BLEU and chrF go into the records), then the test sets.
+  splits = " ".join(f"--split={s}" for s in ("val", *config.data.test_splits))
+  assert swiglu.endswith(f"--workdir={tmp_path / 'swiglu-s0'} && seq2seq-eval --workdir={tmp_path / 'swiglu-s0'} {splits}")
   # Sizes scale the peak learning rate with d_model^-0.5: x sqrt(2) at half the width.
   rate = config.train.learning_rate
   assert f"--config.train.learning_rate={float(f'{rate * 2 ** 0.5:.4g}')}" in runs[2].shell(tmp_path).split()
@@ -453,6 +455,8 @@ def test_a_killed_sweep_reruns_only_what_is_missing(tmp_path, data_dir, session_
   last_wall = [r["wall_time_s"] for r in metrics.read(tmp_path / "rmsnorm-s0") if "wall_time_s" in r][-1]
   assert {r.name: r.train_seconds for r in results}["rmsnorm-s0"] == last_wall > 0  # summed over its restart
   assert all(r.eval_seconds > 0 for r in results)
+  # Here the test set is the validation split, so its records name the same translation twice.
+  assert all(r.val_bleu == r.bleu["val"] > 0 and r.val_chrf == r.chrf["val"] > 0 for r in results)
   assert {r.val_tokens for r in results} == {next(r["val_tokens"] for r in metrics.read(tmp_path / "vanilla-s0")
                                                   if "val_tokens" in r)}
   commit = provenance.source_commit()[0]

@@ -19,16 +19,15 @@ eval/*.json. The statistics are seq2seq/research/significance.py's.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import pathlib
 import statistics
 
-from seq2seq.errors import ConfigError, DataError
+from seq2seq.errors import ConfigError
 from seq2seq.files import write_atomic
-from seq2seq import metrics, provenance
 from seq2seq.research import multiplier, records, significance
+from seq2seq.research.records import Result, read_run
 from seq2seq.research.significance import summary
 
 # (Result field, heading, format, scale); params and FLOPs are exact, so differences carry no mark.
@@ -51,75 +50,6 @@ SWEEP, OLD_SWEEP = "python -m seq2seq.research.sweep", "python -m seq2seq.sweep"
 def canonical(command: str) -> str:
   """A sweep command in the current form: `python -m seq2seq.sweep ...` becomes `SWEEP ...`."""
   return SWEEP + command[len(OLD_SWEEP):] if command.startswith(OLD_SWEEP + " ") else command
-
-
-@dataclasses.dataclass
-class Result:
-  name: str
-  variant: str
-  size: str
-  seed: int
-  params: float
-  flops: float  # training (forward + backward) matmul FLOPs per target token
-  steps_per_s: float
-  early_nll: float  # validation NLL at the evaluation nearest 25% of the steps
-  final_nll: float
-  bleu: dict[str, float]  # test set -> BLEU at the last step
-  curve: list[tuple[float, float]]  # (training FLOPs so far, validation NLL) at each evaluation
-  command: str = ""
-  hardware: str = ""
-  learning_rate: float = math.nan  # the peak of the schedule
-  train_seconds: float = math.nan  # training wall time, summed over restarts
-  eval_seconds: float = math.nan  # test-set translation, summed over the test sets
-  commit: str = ""  # the code it trained from (seq2seq.provenance.commit_of); "" before runs recorded it
-  val_tokens: int = 0  # the validation set's target tokens, NLL's denominator: one tokenization's runs compare
-
-
-def read_run(workdir: pathlib.Path, entry: dict) -> Result | None:
-  """A finished run's figures (None while it has no test-set result at its last step)."""
-  from seq2seq.inference import evaluate
-  from seq2seq.model import flops, transformer
-  from seq2seq.model.config import ModelConfig
-
-  config_path = workdir / "config.json"
-  if not config_path.is_file():
-    return None
-  config = json.loads(config_path.read_text())
-  steps = config["train"]["steps"]
-  bleu, hardware, eval_seconds = {}, "", 0.0
-  for split in config["data"]["test_splits"]:
-    stem = evaluate.result_name(split)
-    found = evaluate.saved_results(workdir / "eval", stem, f"step{steps}")
-    if not found:
-      return None
-    # The config's own decoding first (a later seq2seq-eval with other settings adds files).
-    own = {k: config["eval"][k] for k in ("beam_size", "alpha")}
-    scored = next((r for r in found if {k: r["decode"][k] for k in own} == own), found[0])
-    bleu[stem], hardware = scored["bleu"], scored.get("hardware", "")
-    eval_seconds += scored.get("seconds", math.nan)
-  cfg = ModelConfig.from_config(config["model"], config["data"]["vocab_size"])
-  data = config["data"]
-  length = data.get("pack_length") or data["max_len"]  # FLOPs of rows of this length, per position
-  per_token = flops.train_step_flops(cfg, 1, length, length) / length
-  records = metrics.read(workdir)
-  train = [r for r in records if "loss" in r]
-  val = [r for r in records if "val_nll" in r]
-  if not train or not val:
-    raise DataError(f"{workdir / 'metrics.jsonl'}: no training or validation records for a finished run")
-  rates = [(b["step"] - a["step"]) / (b["wall_time_s"] - a["wall_time_s"]) for a, b in zip(train, train[1:])
-           if b["step"] > a["step"] and b.get("wall_time_s", 0) > a.get("wall_time_s", 0)]
-  tokens, done, curve = 0.0, 0, []
-  for r in sorted(val, key=lambda r: r["step"]):
-    tokens += sum(t.get("tokens", 0.0) for t in train if done < t["step"] <= r["step"])
-    done = r["step"]
-    curve.append((tokens * per_token, r["val_nll"]))
-  early = min(val, key=lambda r: abs(r["step"] - steps / 4))
-  train_seconds = max((r["wall_time_s"] for r in train if "wall_time_s" in r), default=math.nan)  # summed over restarts
-  return Result(entry["name"], entry["variant"], entry["size"], entry["seed"], float(transformer.count_params(cfg)),
-                per_token, statistics.median(rates) if rates else math.nan, early["val_nll"],
-                max(val, key=lambda r: r["step"])["val_nll"], bleu, curve, entry.get("command", ""), hardware,
-                config["train"]["learning_rate"], train_seconds, eval_seconds, provenance.commit_of(workdir),
-                int(max(val, key=lambda r: r["step"]).get("val_tokens", 0)))
 
 
 def collect(root: pathlib.Path, reader=None, command: str = SWEEP) -> tuple[list, list[str], list[str]]:
@@ -246,6 +176,20 @@ def format_tests(found: list[dict], head: tuple[str, ...], baseline: str) -> str
                  + (f" {p(c['tost'].p)} (±{c['tost'].margin:g}) | {significance.reading(c['adjusted'], c['tost'])} |"
                     if equivalence else ""))
   return "\n".join(lines) + "\n"
+
+
+def survives(tests: list[dict]) -> list[str]:
+  """What the tests support, by reading (differs, equivalent, inconclusive), each test as
+  variant, column and difference: the report's conclusions, generated with its tables."""
+  readings = {}
+  for c in tests:
+    if c["welch"].tested:
+      said = f"`{c['variant']}` {c['column'].replace('Final loss', 'final NLL')} {_signed(c['welch'].difference, c['format'])}"
+      readings.setdefault(significance.reading(c["adjusted"], c.get("tost")), []).append(said)
+  meaning = {"differs": "significant after Holm's correction", "equivalent": "within the margin by TOST",
+             "inconclusive": "neither: no difference is claimed either way"}
+  return ["What survives:", ""] + [f"- **{kind}** ({meaning[kind]}): {'; '.join(readings[kind])}."
+                                   for kind in meaning if kind in readings]
 
 
 def _ordered(names: set[str], baseline: str = "vanilla") -> list[str]:
@@ -386,7 +330,7 @@ def markdown(results: list[Result], missing: list[str], plots: dict[str, str], c
     out += [f"![final validation NLL per variant]({plots['modifications']})", ""]
   if tested:
     out += [f"Welch's t-tests against `{baseline}`, Holm-corrected over the {tested} tests (* below 0.05):", "",
-            tests_table(results, baseline=baseline)]
+            tests_table(results, baseline=baseline), *survives(tests), ""]
   out += ["Variants:", ""] + [f"- `{name}`: {variants.describe(name)}"
                               for name in _ordered({r.variant for r in results}, baseline)] + [""]
   out += multiplier.section(results, plots.get("scaling"))

@@ -4,8 +4,9 @@ reports, with Holm's correction over all of them together (docs/sweeps.md#one-fa
 Final validation NLL is the primary metric; BLEU and chrF are secondary and stay in their
 reports. The family holds each report's every tested variant (not only those the README
 names), the main job's recipe against the former default, and Transformer++ small against
-vanilla's best size. Where a report keeps no per-run records, each test is recomputed from its
-table's printed mean ± std (3 decimals), so its p is flagged as from rounded figures.
+vanilla's best size. Where a report keeps per-run records (docs/runs/), each test is computed
+from them; where it keeps none, from its table's printed mean ± std (3 decimals), so its p is
+flagged as from rounded figures.
 
   python -m seq2seq.research.family [--update=docs/sweeps.md]
 """
@@ -16,7 +17,7 @@ import dataclasses
 import pathlib
 import re
 
-from seq2seq.research import recipe_search, results, significance
+from seq2seq.research import ablations, recipe_search, records, results, significance
 
 START, END = "<!-- family:start -->", "<!-- family:end -->"
 REPORTS = ("docs/ablations.md", "docs/ablations_prenorm.md", "docs/ablations_prenorm_norms.md",
@@ -42,7 +43,13 @@ def _mean_std(cell: str) -> tuple[float, float] | None:
 
 
 def report_claims(path: pathlib.Path, name: str) -> list[Claim]:
-  """Each variant's final NLL against the report's baseline, from its first table's mean ± std."""
+  """Each variant's final NLL against the report's baseline: from its runs' records
+  (docs/runs/NAME.jsonl) where it keeps them, else from its first table's mean ± std."""
+  if (kept := records.path_for(path)).is_file():
+    sweep = records.read(kept)
+    found = ablations.comparisons(sweep.results, baseline=sweep.baseline)
+    return [Claim(name, f"`{c['variant']}` − `{sweep.baseline}`", c["welch"].difference, c["welch"].p, "run records")
+            for c in found if c["column"] == "Final loss" and c["welch"].tested]
   text = path.read_text(encoding="utf-8")
   baseline = re.search(r"in brackets the difference to `([^`]+)`", text)[1]
   rows = {}

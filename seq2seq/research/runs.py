@@ -32,13 +32,18 @@ class Run:
   train: tuple[str, ...]  # seq2seq-train's arguments
   splits: tuple[str, ...]  # the test sets eval writes, as file-name stems
   steps: int
+  # The splits eval translates (--split): the validation split first, then the test sets, so
+  # that the records hold validation BLEU and chrF (the figures a choice may use). Empty: the
+  # config's test sets alone, as sweeps did before 2026-11-28.
+  evaluated: tuple[str, ...] = ()
 
   def workdir(self, root: pathlib.Path) -> pathlib.Path:
     return root / self.name
 
   def commands(self, root: pathlib.Path) -> list[list[str]]:
     workdir = str(self.workdir(root))
-    return [["seq2seq-train", *self.train, f"--workdir={workdir}"], ["seq2seq-eval", f"--workdir={workdir}"]]
+    return [["seq2seq-train", *self.train, f"--workdir={workdir}"],
+            ["seq2seq-eval", f"--workdir={workdir}", *(f"--split={s}" for s in self.evaluated)]]
 
   def shell(self, root: pathlib.Path) -> str:
     return " && ".join(shlex.join(c) for c in self.commands(root))
@@ -76,6 +81,7 @@ def plan(config, config_arg: str, overrides: list[str], names: list[str], sizes:
       raise ConfigError(f"--variants: {e}") from None
   model = config.model.to_dict()
   splits = tuple(evaluate.result_name(s) for s in config.data.test_splits)
+  evaluated = tuple(dict.fromkeys((config.data.validation_split, *config.data.test_splits)))
   runs = []
   for i in range(seeds):
     seed = config.seed + i
@@ -88,7 +94,7 @@ def plan(config, config_arg: str, overrides: list[str], names: list[str], sizes:
         train = (f"--config={config_arg}", *kept, *(variants.flag(k, v) for k, v in changes.items()),
                  f"--config.seed={seed}")
         label = name if size == "base" else f"{name}@{size}"
-        runs.append(Run(f"{label}-s{seed}", name, size, seed, train, splits, config.train.steps))
+        runs.append(Run(f"{label}-s{seed}", name, size, seed, train, splits, config.train.steps, evaluated))
   return runs
 
 
