@@ -340,6 +340,7 @@ def test_the_records_of_a_sweep_remake_its_report_without_the_runs(tmp_path, mon
   assert [(r["variant"], r["size"], r["seed"], r["final_nll"]) for r in lines] == [
       (r.variant, r.size, r.seed, r.final_nll) for r in results]
   report = (docs / "study.md").read_text()
+  assert "Every run's figures are kept in [runs/study.jsonl](runs/study.jsonl), from which" in report
   monkeypatch.undo()  # no runs from here on: the records alone
   again = tmp_path / "again" / "study.md"
   ablations.write(None, again, records_path=docs / "runs" / "study.jsonl")
