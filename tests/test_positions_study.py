@@ -16,7 +16,7 @@ import pytest
 from sacrebleu.metrics import BLEU
 
 from conftest import REPO
-from seq2seq.errors import ConfigError
+from seq2seq.errors import ConfigError, DataError
 from seq2seq.inference.settings import SearchSettings
 from seq2seq.research import lengths, positions_report, significance, variants
 
@@ -185,7 +185,8 @@ def test_the_report_tables_tests_and_plot_from_run_files(tmp_path):
   command = "python -m seq2seq.research.positions --config=configs/multi30k_positions.py --workdir=DIR"
   (tmp_path / "sweep.json").write_text(json.dumps({"runs": entries, "sweeps": [command]}))
   out = tmp_path / "docs" / "positions.md"
-  assert positions_report.write(tmp_path, out) == f"{out}: 5 finished runs, 1 unfinished"
+  records = tmp_path / "docs" / "runs" / "positions.jsonl"
+  assert positions_report.write(tmp_path, out) == f"{out}: 5 finished runs, 1 unfinished (records: {records})"
   report = out.read_text()
   assert report.startswith("# Length extrapolation") and positions_report.START in report
   assert f"```bash\n{command}\n```" in report and "`prenorm+rope-s1`" in report.split("### Not finished yet")[1]
@@ -218,6 +219,35 @@ def test_the_report_tables_tests_and_plot_from_run_files(tmp_path):
   assert "| `learned` | 1–4 | NLL | 2 / 2 |" in report
   png = out.with_name("positions_lengths.png")
   assert png.read_bytes()[:4] == b"\x89PNG" and "![BLEU and NLL against source length" in report
+
+
+def test_the_records_remake_the_results_without_the_runs_and_keep_no_sentences(tmp_path):
+  entries = [write_run(tmp_path, f"{v}-s{seed}", kind, seed, noise, nll)
+             for v, kind, seed, noise, nll in (("prenorm", "sinusoidal", 0, 1, 1.00), ("prenorm", "sinusoidal", 1, 2, 1.02),
+                                               ("prenorm+rope", "rope", 0, 3, 0.90), ("prenorm+rope", "rope", 1, 0, 0.95))]
+  (tmp_path / "sweep.json").write_text(json.dumps({"runs": entries, "sweeps": ["study"]}))
+  out = tmp_path / "docs" / "positions.md"
+  positions_report.write(tmp_path, out)
+  kept = tmp_path / "docs" / "runs" / "positions.jsonl"
+  text = kept.read_text()
+  assert "a man rides" not in text and json.loads(text.splitlines()[0])["upper"] == [4, 8, 12, 16]
+  report = out.read_text()
+  assert "Every run's figures per bucket are kept in [runs/positions.jsonl](runs/positions.jsonl)" in report
+  for name in ("prenorm-s0", "prenorm+rope-s1"):  # no run left: the records alone
+    (tmp_path / name / "eval" / "lengths.step20.beam2-alpha0.6.json").unlink()
+  again = tmp_path / "again" / "positions.md"
+  assert positions_report.write(None, again, records_path=kept) == f"{again}: 4 finished runs, 0 unfinished"
+  assert again.read_text() == report
+  cli = subprocess.run([sys.executable, "-m", "seq2seq.research.positions", f"--records={kept}", "--table",
+                        f"--output={tmp_path / 'cli' / 'positions.md'}"], cwd=REPO, capture_output=True, text=True)
+  assert cli.returncode == 0 and (tmp_path / "cli" / "positions.md").read_text() == report, cli.stderr[-2000:]
+  with pytest.raises(ConfigError, match=r"keeps buckets up to \(4, 8, 12, 16\): other --multiples need the runs"):
+    positions_report.write(None, again, multiples=(1, 2), records_path=kept)
+  (tmp_path / "bad.jsonl").write_text('{"sweeps": []}\n')
+  for path, message in ((tmp_path / "bad.jsonl", "not a length study's records file"),
+                        (tmp_path / "none.jsonl", "does not exist")):
+    with pytest.raises(DataError, match=message):
+      positions_report.write(None, again, records_path=path)
 
 
 def test_the_report_goes_between_the_markers_of_a_written_page(tmp_path):

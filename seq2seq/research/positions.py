@@ -6,6 +6,7 @@ times that length (docs/positions.md).
   python -m seq2seq.research.positions --config=... --workdir=DIR --positions=sinusoidal,learned --seeds=1
   python -m seq2seq.research.positions --config=... --workdir=DIR --list   # the runs as shell commands (an array job)
   python -m seq2seq.research.positions --workdir=DIR --table --output=docs/positions.md   # the report from the runs
+  python -m seq2seq.research.positions --records=docs/runs/positions.jsonl --table --output=docs/positions.md  # records
   python -m seq2seq.research.positions --evaluate --workdir=DIR/NAME   # one trained run's evaluation
 
 Each run is a sweep run (seq2seq/research/runs.py): DIR/NAME, NAME = variant-sSEED, the
@@ -39,7 +40,7 @@ POSITIONS = ("sinusoidal", "learned", "rope", "relative")
 _CONFIG = config_flags.DEFINE_config_file("config", None, "The study's config (a shipped name or a file); "
                                           "--config.KEY=VALUE overrides apply to every run.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "The study's directory, one sub-directory per run; with --evaluate, "
-                               "the run's.", required=True)
+                               "the run's.")
 _POSITIONS = flags.DEFINE_list("positions", list(POSITIONS), "Position types to compare (config.model.positions); "
                                "by default those this version's model offers.")
 _BASE = flags.DEFINE_string("base", "prenorm", "The variant (seq2seq/research/variants.py) whose positions each run "
@@ -54,6 +55,8 @@ _EVALUATE = flags.DEFINE_bool("evaluate", False, "Evaluate the trained run in --
 _OUTPUT = flags.DEFINE_string("output", "", "Where the report goes: between the markers of an existing markdown file "
                               "(docs/positions.md), else a new file; the plot beside it. Default DIR/positions.md.")
 _BASELINE = flags.DEFINE_string("baseline", "sinusoidal", "The position type every other is tested against.")
+_RECORDS = flags.DEFINE_string("records", "", "With --table and --output: the results of a records file "
+                               "(docs/runs/NAME.jsonl, written beside every report) instead of the runs in --workdir.")
 _MULTIPLES = flags.DEFINE_list("multiples", ["1", "2", "3", "4"], "Bucket edges as multiples of the training length.")
 
 MODULE = "seq2seq.research.positions"
@@ -129,8 +132,15 @@ def numbers(values: list[str], flag: str, kind=int) -> list:
 def main(argv) -> None:
   if len(argv) > 1:
     raise ConfigError(f"unexpected arguments: {argv[1:]}")
-  root = pathlib.Path(_WORKDIR.value)
   joins, multiples = numbers(_JOINS.value, "--joins"), numbers(_MULTIPLES.value, "--multiples", float)
+  if _RECORDS.value:
+    if not (_TABLE.value and _OUTPUT.value):
+      raise ConfigError("--records takes --table and --output (the page to write)")
+    print(positions_report.write(None, _OUTPUT.value, multiples=multiples, records_path=_RECORDS.value))
+    return
+  if not _WORKDIR.value:
+    raise ConfigError("--workdir is required (except with --records)")
+  root = pathlib.Path(_WORKDIR.value)
   if _EVALUATE.value:
     evaluate_run(root, joins, _SPLITS.value)
     return
