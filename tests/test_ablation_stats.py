@@ -290,6 +290,17 @@ def test_the_report_says_what_survives_by_reading_never_a_non_significant_differ
       "`rope` BLEU test −0.27."]
 
 
+def test_every_report_with_committed_run_records_is_what_they_make(tmp_path):
+  """docs/NAME.md, where docs/runs/NAME.jsonl keeps its runs, is remade from those records
+  alone, character for character: every table, test and quoted figure of the report."""
+  repo = pathlib.Path(__file__).resolve().parents[1]
+  kept = [p for p in sorted((repo / "docs" / "runs").glob("*.jsonl")) if (repo / "docs" / f"{p.stem}.md").is_file()]
+  assert "ablations_prenorm_norms" in [p.stem for p in kept]
+  for path in kept:
+    ablations.write(None, tmp_path / f"{path.stem}.md", records_path=path)
+    assert (tmp_path / f"{path.stem}.md").read_text() == (repo / "docs" / f"{path.stem}.md").read_text(), path
+
+
 def test_the_readmes_claims_are_one_family_generated_from_the_committed_reports():
   """docs/sweeps.md's family table is what seq2seq.research.family makes of the committed
   reports and run records; each recomputed test agrees with the p its report printed."""
@@ -307,6 +318,12 @@ def test_the_readmes_claims_are_one_family_generated_from_the_committed_reports(
   # the table says what each p was computed from.
   assert round(by_name["`rmsnorm` − `vanilla`"].p, 3) == 0.289
   assert by_name["`prenorm` − `prenorm+rope`"].p < 0.001
+  # A report with committed records gives its p from the runs' unrounded final NLLs.
+  from seq2seq.research import records
+  kept = records.read(repo / "docs" / "runs" / "ablations_prenorm_norms.jsonl")
+  final = lambda v: [r.final_nll for r in kept.results if r.variant == v]
+  adanorm = by_name["`adanorm-xu` − `prenorm`"]
+  assert adanorm.inputs == "run records" and adanorm.p == significance.welch(final("adanorm-xu"), final("prenorm")).p
   adjusted = dict(zip(by_name, significance.holm([c.p for c in found])))
   assert sum(significance.significant(p) for p in adjusted.values()) == 13
   assert 0.055 < adjusted["`prenorm+rope+gelu` − `prenorm+rope`"] < 0.06  # 22 tests: no longer at the edge

@@ -134,6 +134,20 @@ def test_the_readmes_recipe_gains_are_the_run_records():
       assert recipe_claim(rows) in prose, against
 
 
+def test_the_readmes_norms_figure_is_the_norms_studys_records():
+  """The README's AdaNorm figure is the final-NLL difference seq2seq.research.ablations
+  computes from docs/runs/ablations_prenorm_norms.jsonl, and that report's only survivor."""
+  from seq2seq.research import ablations, records
+
+  kept = records.read(DOCS / "runs" / "ablations_prenorm_norms.jsonl")
+  found = {(c["variant"], c["column"]): c for c in ablations.comparisons(kept.results, baseline=kept.baseline)}
+  adanorm = found[("adanorm-xu", "Final loss")]
+  prose = " ".join(README.read_text(encoding="utf-8").split())
+  assert f"AdaNorm (Xu et al.'s norm settings) ends {adanorm['welch'].difference:+.3f} NLL above LayerNorm" in prose
+  assert [key for key, c in found.items() if c["adjusted"] < 0.05 and key[1] == "Final loss"] == [("adanorm-xu",
+                                                                                                   "Final loss")]
+
+
 def test_readme_results_table_matches_docs_results_and_configs():
   results_md = (DOCS / "results.md").read_text(encoding="utf-8")
   compact = table_rows(section(README.read_text(encoding="utf-8"), "## Results"))
