@@ -348,6 +348,7 @@ def write(root: str | pathlib.Path | None, output: str | pathlib.Path, command: 
   runs in `root`, their records (docs/runs/NAME.jsonl, seq2seq/research/records.py); or, given
   `records_path`, the report of those records alone. Returns a one-line account."""
   output = pathlib.Path(output)
+  kept = records.path_for(output)
   if records_path:
     sweep = records.read(records_path)  # not dataclasses.astuple: it would turn each Result into a tuple
     results, missing, sweeps, command, baseline = sweep.results, sweep.missing, sweep.sweeps, sweep.command, sweep.baseline
@@ -356,14 +357,13 @@ def write(root: str | pathlib.Path | None, output: str | pathlib.Path, command: 
     results, missing, sweeps = collect(root)
     command = command or (f"{SWEEP} --workdir={root} --table --output={output}"
                           + (f" --baseline={baseline}" if baseline != "vanilla" else ""))
-    records_path = records.path_for(output)
-    records.write(records_path, records.Sweep(results, missing, sweeps, command, baseline))
+    records_path = kept
+    records.write(kept, records.Sweep(results, missing, sweeps, command, baseline))
   output.parent.mkdir(parents=True, exist_ok=True)
   draws = {"modifications": lambda path: plot_modifications(results, path, baseline=baseline),
            "scaling": lambda path: plot_scaling(results, path)}
   plots = {kind: path.name for kind, draw in draws.items()
            if draw(path := output.with_name(f"{output.stem}_{kind}.png"))}
-  kept = records.path_for(output)
   write_atomic(output, markdown(results, missing, plots, command, sweeps, baseline,
                                 f"{kept.parent.name}/{kept.name}"))
   return f"{output}: {len(results)} finished runs, {len(missing)} unfinished (records: {records_path})"

@@ -20,7 +20,7 @@ import math
 import pathlib
 
 from seq2seq import metrics
-from seq2seq.errors import ConfigError, DataError
+from seq2seq.errors import ConfigError
 from seq2seq.files import write_atomic
 from seq2seq.research import ablations, lengths, records, significance
 from seq2seq.research.significance import summary
@@ -249,21 +249,14 @@ def write_records(path: pathlib.Path, runs: list[Run], missing: list[str], comma
   """The study's records: a first line with the study (commands, unfinished runs, the report's
   command, baseline, bucket edges), then each run with its scores per bucket instead of its sentences."""
   head = {"sweeps": commands, "missing": missing, "command": command, "baseline": baseline, "upper": list(upper)}
-  lines = [head] + [dataclasses.asdict(r) | {"sentences": {}, "scores": per_run([r], upper)[r.positions][0]}
-                    for r in runs]
+  lines = [head] + [dataclasses.asdict(r) | {"sentences": {}} for r in runs]
   write_atomic(path, "".join(json.dumps(line) + "\n" for line in lines))
 
 
 def read_records(path: str | pathlib.Path) -> tuple[list[Run], dict]:
   """(the runs, the head line) of a records file; a missing or damaged one is a DataError naming it."""
-  path = pathlib.Path(path)
-  try:
-    head, *lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return [Run(**line) for line in lines], {k: head[k] for k in ("sweeps", "missing", "command", "baseline", "upper")}
-  except FileNotFoundError:
-    raise DataError(f"{path} does not exist: `--table --output=...` on the study's workdir writes it") from None
-  except (ValueError, KeyError, TypeError) as e:
-    raise DataError(f"{path}: not a length study's records file ({type(e).__name__}: {e})") from None
+  return records.read_lines(path, "a length study's records file", lambda head, lines: (
+      [Run(**line) for line in lines], {k: head[k] for k in ("sweeps", "missing", "command", "baseline", "upper")}))
 
 
 def write(root: str | pathlib.Path | None, output: str | pathlib.Path, command: str = "", baseline: str = "sinusoidal",
@@ -284,6 +277,7 @@ def write(root: str | pathlib.Path | None, output: str | pathlib.Path, command: 
     root = pathlib.Path(root)
     runs, missing, commands = collect(root)
     upper = bucket_edges(runs, multiples)
+    runs = [dataclasses.replace(r, scores=lengths.scores(r.sentences, upper)) for r in runs]  # scored once
     command = command or f"{COMMAND} --workdir={root} --table --output={output}" + (
         f" --baseline={baseline}" if baseline != "sinusoidal" else "") + (
         f" --multiples={','.join(f'{m:g}' for m in multiples)}" if tuple(multiples) != (1, 2, 3, 4) else "")

@@ -145,16 +145,23 @@ def write(path: str | pathlib.Path, sweep: Sweep) -> None:
   write_atomic(path, "".join(line + "\n" for line in lines))
 
 
-def read(path: str | pathlib.Path) -> Sweep:
-  """The sweep a records file holds; a missing or damaged file is a DataError naming it."""
+def read_lines(path: str | pathlib.Path, what: str, build):
+  """`build(head, runs)` of a records file's JSON lines (the first line the study's, then one
+  per run); a missing or damaged file is a DataError naming it and `what` it should be."""
   path = pathlib.Path(path)
   try:
     head, *runs = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    results = [Result(**{**run, "curve": [tuple(point) for point in run["curve"]]}) for run in runs]
-    sweep = Sweep(results, head["missing"], head["sweeps"], head["command"], head["baseline"])
+    return build(head, runs)
   except FileNotFoundError:
-    raise DataError(f"{path} does not exist: `--table --output=...` on the sweep's workdir writes it") from None
+    raise DataError(f"{path} does not exist: `--table --output=...` on the study's workdir writes it") from None
   except (ValueError, KeyError, TypeError) as e:
-    raise DataError(f"{path}: not a sweep's records file ({type(e).__name__}: {e})") from None
+    raise DataError(f"{path}: not {what} ({type(e).__name__}: {e})") from None
+
+
+def read(path: str | pathlib.Path) -> Sweep:
+  """The sweep a records file holds; a missing or damaged file is a DataError naming it."""
+  sweep = read_lines(path, "a sweep's records file", lambda head, runs: Sweep(
+      [Result(**{**run, "curve": [tuple(point) for point in run["curve"]]}) for run in runs],
+      head["missing"], head["sweeps"], head["command"], head["baseline"]))
   one_tokenization(((r.name, r.val_tokens) for r in sweep.results), path)
   return sweep
