@@ -148,6 +148,25 @@ def test_the_readmes_norms_figure_is_the_norms_studys_records():
                                                                                                    "Final loss")]
 
 
+def test_the_readmes_prenorm_figures_are_the_prenorm_studys_records():
+  """The README's RoPE, GELU and SwiGLU figures on the pre-norm base are what
+  seq2seq.research.ablations computes from docs/runs/ablations_prenorm.jsonl: RoPE's the only
+  final-NLL difference that survives, the activations' inconclusive (neither different nor level)."""
+  from seq2seq.research import ablations, records, significance
+
+  kept = records.read(DOCS / "runs" / "ablations_prenorm.jsonl")
+  found = {(c["variant"], c["column"]): c for c in ablations.comparisons(kept.results, baseline=kept.baseline)}
+  sinusoidal, gelu, swiglu = (found[(v, "Final loss")] for v in ("prenorm", "prenorm+rope+gelu", "prenorm+rope+swiglu"))
+  prose = " ".join(README.read_text(encoding="utf-8").split())
+  assert (f"RoPE still beats sinusoidal positions ({-sinusoidal['welch'].difference:+.3f} NLL, corrected p < 0.001), "
+          f"GELU and SwiGLU are inconclusive against ReLU ({gelu['welch'].difference:+.3f} / "
+          f"{swiglu['welch'].difference:+.3f} NLL)").replace("-", "−") in prose
+  assert sinusoidal["adjusted"] < 0.001
+  assert [key for key, c in found.items() if c["adjusted"] < 0.05 and key[1] == "Final loss"] == [("prenorm", "Final loss")]
+  for activation in (gelu, swiglu):
+    assert significance.reading(activation["adjusted"], activation["tost"]) == "inconclusive"
+
+
 def test_readme_results_table_matches_docs_results_and_configs():
   results_md = (DOCS / "results.md").read_text(encoding="utf-8")
   compact = table_rows(section(README.read_text(encoding="utf-8"), "## Results"))
