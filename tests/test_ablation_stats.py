@@ -335,3 +335,59 @@ def test_the_readmes_claims_are_one_family_generated_from_the_committed_reports(
   near = [family.Claim("docs/x.md", "near", 0.1, 0.0496, "x"), family.Claim("docs/x.md", "far", 0.1, 0.01, "x")]
   assert [line.split(" | ")[5] for line in family.table(near).splitlines()[2:]] == [
       "differs", "differs (at the edge: within rounding of 0.05)"]
+
+
+def test_the_prose_quoting_studies_with_records_is_what_the_records_make():
+  """docs/sweeps.md's sentences on the pre-norm and norms studies quote figures recomputed here
+  from their committed records (differences, intervals, corrected and TOST p, validation BLEU):
+  a rerun that moves one fails until the prose follows."""
+  from seq2seq.research import records
+
+  repo = pathlib.Path(__file__).resolve().parents[1]
+  prose = " ".join((repo / "docs" / "sweeps.md").read_text(encoding="utf-8").split())
+
+  def study(name):
+    kept = records.read(repo / "docs" / "runs" / f"{name}.jsonl")
+    found = {(c["variant"], c["column"]): c for c in ablations.comparisons(kept.results, baseline=kept.baseline)}
+    val = {v: sum(r.val_bleu for r in kept.results if r.variant == v) / 3 for v in {r.variant for r in kept.results}}
+    return (lambda v, column="Final loss": found[(v, column)]), val
+
+  signed = lambda x, d=3: f"{x:+.{d}f}".replace("-", "−")
+  interval = lambda c: f"[{signed(c['welch'].low)}, {signed(c['welch'].high)}]"
+  t16, t17 = "BLEU test_2016_flickr", "BLEU test_2017_flickr"
+
+  test, val = study("ablations_prenorm")
+  sin, gelu, swiglu = test("prenorm"), test("prenorm+rope+gelu"), test("prenorm+rope+swiglu")
+  assert sin["adjusted"] < 0.001
+  expected = [
+      f"by {sin['welch'].difference:.3f}, 95% interval {interval(sin)} (corrected p < 0.001)",
+      f"({val['prenorm+rope']:.2f} with RoPE against {val['prenorm']:.2f}",
+      f"cost {-test('prenorm', t16)['welch'].difference:.2f} / {-test('prenorm', t17)['welch'].difference:.2f} BLEU",
+      f"corrected p = {test('prenorm', t16)['adjusted']:.3f} / {test('prenorm', t17)['adjusted']:.3f})",
+      f"{signed(gelu['welch'].difference)} for GELU, 95% interval {interval(gelu)}, and "
+      f"{signed(swiglu['welch'].difference)} for SwiGLU, {interval(swiglu)}",
+      f"(corrected p {gelu['adjusted']:.2f} and {swiglu['adjusted']:.2f})",
+      f"(TOST p {gelu['tost'].p:.2f} and {swiglu['tost'].p:.2f} against ±0.02)",
+      f"BLEU {signed(test('prenorm+rope+gelu', t16)['welch'].difference, 2)} / "
+      f"{signed(test('prenorm+rope+gelu', t17)['welch'].difference, 2)} and "
+      f"{signed(test('prenorm+rope+swiglu', t16)['welch'].difference, 2)} / "
+      f"{signed(test('prenorm+rope+swiglu', t17)['welch'].difference, 2)}",
+      f"({signed(test('prenorm+rope+gelu', t17)['welch'].difference, 2)}, "
+      f"TOST p {test('prenorm+rope+gelu', t17)['tost'].p:.3f} against ±0.5)",
+      f"Validation BLEU: {val['prenorm+rope+gelu']:.2f} GELU, {val['prenorm+rope+swiglu']:.2f} SwiGLU, "
+      f"{val['prenorm+rope']:.2f} ReLU",
+  ]
+  test, val = study("ablations_prenorm_norms")
+  rms, rel, ada = test("prenorm+rmsnorm"), test("prenorm+relative"), test("adanorm-xu")
+  expected += [
+      f"{signed(ada['welch'].difference)} final NLL, {signed(test('adanorm-xu', t16)['welch'].difference, 2)} and "
+      f"{signed(test('adanorm-xu', t17)['welch'].difference, 2)} BLEU",
+      f"{signed(rms['welch'].difference)} final NLL, 95% interval {interval(rms)}, TOST p {rms['tost'].p:.3f} against ±0.02",
+      f"{signed(test('prenorm+rmsnorm', t16)['welch'].difference, 2)} / "
+      f"{signed(test('prenorm+rmsnorm', t17)['welch'].difference, 2)} BLEU",
+      f"{signed(rel['welch'].difference)} final NLL, {signed(test('prenorm+relative', t16)['welch'].difference, 2)} / "
+      f"{signed(test('prenorm+relative', t17)['welch'].difference, 2)} BLEU",
+      f"{val['prenorm']:.2f} for `prenorm`, {val['prenorm+rmsnorm']:.2f} RMSNorm, {val['prenorm+relative']:.2f} "
+      f"relative, {val['adanorm-xu']:.2f} AdaNorm",
+  ]
+  assert [s for s in expected if s not in prose] == []
