@@ -7,6 +7,7 @@ run files on disk carrying the new columns."""
 import json
 import math
 import pathlib
+import statistics
 
 import pytest
 from scipy import stats
@@ -355,7 +356,7 @@ def test_the_prose_quoting_studies_with_records_is_what_the_records_make():
   def study(name):
     kept = records.read(repo / "docs" / "runs" / f"{name}.jsonl")
     found = {(c["variant"], c["column"]): c for c in ablations.comparisons(kept.results, baseline=kept.baseline)}
-    val = {v: sum(r.val_bleu for r in kept.results if r.variant == v) / 3 for v in {r.variant for r in kept.results}}
+    val = {v: statistics.mean(r.val_bleu for r in kept.results if r.variant == v) for v in {r.variant for r in kept.results}}
     return (lambda v, column="Final loss": found[(v, column)]), val
 
   signed = lambda x, d=3: f"{x:+.{d}f}".replace("-", "−")
