@@ -398,3 +398,33 @@ def test_the_prose_quoting_studies_with_records_is_what_the_records_make():
       f"relative, {val['adanorm-xu']:.2f} AdaNorm",
   ]
   assert [s for s in expected if s not in prose] == []
+
+
+def test_the_grids_table_in_sweeps_md_quotes_its_report():
+  """docs/sweeps.md's table of the grid (a report made before records) quotes, row for row,
+  what docs/ablations.md's tests print: the final-NLL difference and interval as printed, and
+  each Holm p rounded to the digits shown, its * included."""
+  repo = pathlib.Path(__file__).resolve().parents[1]
+  report = {}
+  for line in (repo / "docs" / "ablations.md").read_text(encoding="utf-8").splitlines():
+    cells = [c.strip() for c in line.split("|")[1:-1]]
+    if len(cells) == 9 and cells[1] in ("Final loss", "BLEU test_2016_flickr", "BLEU test_2017_flickr"):
+      report[(cells[0], cells[1])] = cells
+  text = (repo / "docs" / "sweeps.md").read_text(encoding="utf-8")
+  rows = text.split("| variant | final NLL vs vanilla |", 1)[1].splitlines()[2:]
+  rows = [[c.strip() for c in line.split("|")[1:-1]] for line in rows[:rows.index("")]]
+  assert len(rows) == 12
+
+  def same_p(quoted: str, printed: str) -> bool:
+    if quoted.rstrip("*") == "< 0.001" or printed.rstrip("*") == "< 0.001":
+      return quoted == printed
+    digits = len(quoted.rstrip("*").split(".")[1])
+    return (quoted.endswith("*") == printed.endswith("*")
+            and float(quoted.rstrip("*")) == round(float(printed.rstrip("*")), digits))
+
+  for variant, nll, interval, nll_p, bleus, bleu_ps in rows:
+    final = report[(variant, "Final loss")]
+    assert (nll, interval) == (final[4], final[5]) and same_p(nll_p, final[8]), variant
+    for column, bleu, p in zip(("BLEU test_2016_flickr", "BLEU test_2017_flickr"), bleus.split(" / "),
+                               bleu_ps.split(" / ")):
+      assert bleu == report[(variant, column)][4] and same_p(p, report[(variant, column)][8]), (variant, column)
