@@ -7,6 +7,7 @@ run files on disk carrying the new columns."""
 import json
 import math
 import pathlib
+import re
 import statistics
 
 import pytest
@@ -428,3 +429,31 @@ def test_the_grids_table_in_sweeps_md_quotes_its_report():
     for column, bleu, p in zip(("BLEU test_2016_flickr", "BLEU test_2017_flickr"), bleus.split(" / "),
                                bleu_ps.split(" / ")):
       assert bleu == report[(variant, column)][4] and same_p(p, report[(variant, column)][8]), (variant, column)
+
+
+def test_the_best_rate_table_in_sweeps_md_quotes_its_report():
+  """docs/sweeps.md's "Transformer++ against vanilla at each one's best rate" quotes
+  docs/ablations_scaling.md's scaling tables (a report made before records): each side's peak
+  rate (to the digits shown), final NLL, seeds, and vanilla's largest run's FLOPs ratio."""
+  repo = pathlib.Path(__file__).resolve().parents[1]
+  cells = lambda line: [c.strip() for c in line.split("|")[1:-1]]
+  report = {}
+  for line in (repo / "docs" / "ablations_scaling.md").read_text(encoding="utf-8").splitlines():
+    row = cells(line) if line.startswith("| ") else []
+    if len(row) == 11 and row[0] in ("small", "base", "large"):
+      ratio = re.search(r"largest run: ([\d.]+x)", row[8])[1]
+      report[row[0]] = (row[2].split()[0], row[3], row[4].split()[0], row[5], row[9].replace(" ", ""), ratio)
+    elif len(row) == 7 and row[0] == "xlarge":
+      report["xlarge"] = (row[2].split()[0], row[3], row[4])
+  text = (repo / "docs" / "sweeps.md").read_text(encoding="utf-8")
+  rows = [cells(line) for line in text.split("| size | Transformer++ (peak rate, seeds) |", 1)[1].splitlines()[2:6]]
+  assert [r[0].split()[0] for r in rows] == ["small", "base", "large", "xlarge"]
+  same_rate = lambda quoted, printed: math.isclose(float(quoted), float(printed), rel_tol=5e-3)
+  for size, tpp, tpp_nll, vanilla, vanilla_nll, _, ratio in rows[:3]:
+    tpp_rate, tpp_final, v_rate, v_final, seeds, largest = report[size.split()[0]]
+    (tpp_quoted, tpp_n), (v_quoted, v_n) = tpp.split(", "), vanilla.split(", ")
+    assert same_rate(tpp_quoted, tpp_rate) and same_rate(v_quoted, v_rate), size
+    assert tpp_nll.split(" ± ")[0] == tpp_final and vanilla_nll.split(" ± ")[0] == v_final, size
+    assert f"{tpp_n}/{v_n}" == seeds and ratio == largest, size
+  v_rate, v_final, v_n = report["xlarge"]
+  assert rows[3][3] == f"{v_rate}, {v_n}" and rows[3][4] == v_final
