@@ -457,3 +457,23 @@ def test_the_best_rate_table_in_sweeps_md_quotes_its_report():
     assert f"{tpp_n}/{v_n}" == seeds and ratio == largest, size
   v_rate, v_final, v_n = report["xlarge"]
   assert rows[3][3] == f"{v_rate}, {v_n}" and rows[3][4] == v_final
+  # The per-rate table's base-size columns are the report's first table (the other sizes' one-seed
+  # rates are not in any report: their runs' files were not kept).
+  finals = {}
+  for line in (repo / "docs" / "ablations_scaling.md").read_text(encoding="utf-8").split("| Variant | Seeds |")[1].splitlines()[2:]:
+    if not line.startswith("| `"):
+      break
+    row = cells(line)
+    finals[row[0].strip("`")] = row[6].split(" (")[0].split(" ± ")[0]
+  quoted = 0
+  for line in text.split("| R | vanilla small |", 1)[1].splitlines()[2:]:
+    if not line.startswith("| 0."):
+      break
+    row = cells(line)
+    rate = row[0].split()[0]
+    suffix = "" if rate == "0.002" else f"+lr{rate}"
+    for variant, cell in ((f"vanilla{suffix}", row[3]), (f"transformer++{suffix}", row[4])):
+      if cell != "–":
+        assert cell.strip("*").split(" (n=")[0] == finals[variant], variant
+        quoted += 1
+  assert quoted == 6
