@@ -167,6 +167,44 @@ def test_the_readmes_prenorm_figures_are_the_prenorm_studys_records():
     assert significance.reading(activation["adjusted"], activation["tost"]) == "inconclusive"
 
 
+def test_the_readmes_grid_claims_are_what_its_report_prints():
+  """The README's reading of the grid (docs/ablations.md, made before records): which variants'
+  final NLL survives Holm's correction, and that RoPE's BLEU alone survives on both test sets,
+  at the differences the report prints."""
+  found = {}
+  for line in (DOCS / "ablations.md").read_text(encoding="utf-8").splitlines():
+    cells = [c.strip() for c in line.split("|")[1:-1]]
+    if len(cells) == 9 and cells[1] in ("Final loss", "BLEU test_2016_flickr", "BLEU test_2017_flickr"):
+      found[(cells[0].strip("`"), cells[1])] = (cells[4], cells[8].endswith("*"))
+  survive = lambda column: {v for (v, c), (_, star) in found.items() if c == column and star}
+  assert survive("Final loss") == {"transformer++", "rope", "prenorm", "gelu", "swish", "reglu", "geglu", "swiglu"}
+  both = survive("BLEU test_2016_flickr") & survive("BLEU test_2017_flickr")
+  assert both == {"rope"}
+  bleu = [float(found[("rope", c)][0]) for c in ("BLEU test_2016_flickr", "BLEU test_2017_flickr")]
+  prose = " ".join(README.read_text(encoding="utf-8").split())
+  assert ("puts Transformer++, RoPE, pre-norm, GELU, Swish and the GLUs below post-norm vanilla's final NLL after "
+          "Holm's correction") in prose
+  assert f"in BLEU only RoPE's {bleu[0]:+.1f} / {bleu[1]:+.1f} survives on both test sets" in prose
+
+
+def test_the_readmes_scaling_claim_is_what_its_report_and_the_family_print():
+  """"Transformer++ at d_model 96 ends below every vanilla run up to 53M parameters": its final
+  NLL below vanilla's best at every size docs/ablations_scaling.md prints, the largest vanilla
+  of that size, and the p the family takes from docs/sweeps.md."""
+  from seq2seq.research import family
+
+  text = (DOCS / "ablations_scaling.md").read_text(encoding="utf-8")
+  rows = [[c.strip() for c in line.split("|")[1:-1]] for line in text.splitlines() if line.startswith("| ")]
+  both = {r[0]: r for r in rows if len(r) == 11 and r[0] in ("small", "base", "large")}
+  alone = {r[0]: r for r in rows if len(r) == 7 and r[0] == "xlarge"}
+  tpp_small = float(both["small"][3])
+  vanilla = [float(r[5]) for r in both.values()] + [float(r[3].split(" ± ")[0]) for r in alone.values()]
+  assert tpp_small < min(vanilla) and round(float(alone["xlarge"][1].rstrip("M"))) == 53
+  prose = " ".join(README.read_text(encoding="utf-8").split())
+  assert (f"Transformer++ at d_model 96 ends below every vanilla run up to 53M parameters in NLL (3 seeds each, "
+          f"p = {family.SCALING[3]})") in prose
+
+
 def test_readme_results_table_matches_docs_results_and_configs():
   results_md = (DOCS / "results.md").read_text(encoding="utf-8")
   compact = table_rows(section(README.read_text(encoding="utf-8"), "## Results"))
