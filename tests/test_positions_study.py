@@ -217,6 +217,14 @@ def test_the_report_tables_tests_and_plot_from_run_files(tmp_path):
   assert all(not c["welch"].tested for c in found if c["kind"] == "rope")  # one seed: no test
   assert f"Holm-corrected over the {len(tested)} tests" in report
   assert "| `learned` | 1–4 | NLL | 2 / 2 |" in report
+  # "No difference" only from an equivalence test: TOST against the sweep's margins, and the readings it supports.
+  assert nll["tost"].p == significance.tost([1.50, 1.56], [1.00, 1.02], 0.02).p and nll["tost"].margin == 0.02
+  assert next(c for c in found if c["kind"] == "learned" and c["metric"] == "BLEU")["tost"].margin == 0.5
+  row = next(line for line in report.splitlines() if line.startswith("| `learned` | 1–4 | NLL |"))
+  assert row.endswith(f"| {nll['tost'].p:.3f} (±0.02) | {significance.reading(nll['adjusted'], nll['tost'])} |")
+  survives = report.split("What survives:")[1].split("\n\n")[1]
+  assert all(line.startswith("- **") for line in survives.splitlines())
+  assert f"`learned` 1–4 NLL {nll['welch'].difference:+.3f}" in survives
   png = out.with_name("positions_lengths.png")
   assert png.read_bytes()[:4] == b"\x89PNG" and "![BLEU and NLL against source length" in report
 

@@ -95,7 +95,8 @@ def per_run(runs: list[Run], upper: tuple[int, ...]) -> dict[str, list[list[dict
 
 def comparisons(by_kind: dict[str, list[list[dict]]], baseline: str = "sinusoidal") -> list[dict]:
   """Welch's t-test of each position type against `baseline` in each bucket and metric (the
-  runs' values), with Holm's p over all of them, as ablations.format_tests takes them."""
+  runs' values), with Holm's p over all of them, and the equivalence test (TOST) against the
+  sweep's margins (ablations.MARGINS: ±0.02 NLL, ±0.5 BLEU), as ablations.format_tests takes them."""
   base = by_kind.get(baseline)
   if not base:
     return []
@@ -109,8 +110,11 @@ def comparisons(by_kind: dict[str, list[list[dict]]], baseline: str = "sinusoida
         mean, std, n = summary(values)
         if not n or not summary(base_values)[2]:  # an empty bucket: nothing to compare
           continue
+        margin = ablations.MARGINS["Final loss" if key == "nll" else "BLEU"]
         out.append({"kind": kind, "bucket": label, "metric": name, "row": (f"`{kind}`", label, name), "format": fmt,
-                    "mean": mean, "std": std, "welch": significance.welch(values, base_values)})
+                    "mean": mean, "std": std, "welch": significance.welch(values, base_values),
+                    "tost": significance.tost(values, base_values, margin),
+                    "variant": kind, "column": f"{label} {name}"})  # as ablations.survives words it
   for c, adjusted in zip(out, significance.holm([c["welch"].p for c in out])):
     c["adjusted"] = adjusted
   return out
@@ -226,8 +230,12 @@ def markdown(runs: list[Run], missing: list[str], commands: list[str], command: 
     out += [f"![BLEU and NLL against source length, one line per position type]({plot_name})", ""]
   if tested:
     out += [f"### Welch's t-tests against `{baseline}`", "",
-            f"Per bucket and metric, Holm-corrected over the {tested} tests (* below 0.05):", "",
-            ablations.format_tests(found, ("Positions", "Bucket", "Metric"), baseline)]
+            f"Per bucket and metric, Holm-corrected over the {tested} tests (* below 0.05). A difference counts as "
+            f"none only where the equivalence test (TOST: two one-sided Welch tests) puts it within "
+            f"±{ablations.MARGINS['Final loss']:g} NLL or ±{ablations.MARGINS['BLEU']:g} BLEU at 0.05; else, "
+            "without a significant difference, the reading is inconclusive.", "",
+            ablations.format_tests(found, ("Positions", "Bucket", "Metric"), baseline),
+            *ablations.survives(found), ""]
   return "\n".join(out + _missing(missing))
 
 
