@@ -11,6 +11,7 @@ import re
 import statistics
 
 import pytest
+import report_tables
 from scipy import stats
 
 from seq2seq import configs
@@ -406,14 +407,9 @@ def test_the_grids_table_in_sweeps_md_quotes_its_report():
   what docs/ablations.md's tests print: the final-NLL difference and interval as printed, and
   each Holm p rounded to the digits shown, its * included."""
   repo = pathlib.Path(__file__).resolve().parents[1]
-  report = {}
-  for line in (repo / "docs" / "ablations.md").read_text(encoding="utf-8").splitlines():
-    cells = [c.strip() for c in line.split("|")[1:-1]]
-    if len(cells) == 9 and cells[1] in ("Final loss", "BLEU test_2016_flickr", "BLEU test_2017_flickr"):
-      report[(cells[0], cells[1])] = cells
+  report = report_tables.printed_tests(repo / "docs" / "ablations.md")
   text = (repo / "docs" / "sweeps.md").read_text(encoding="utf-8")
-  rows = text.split("| variant | final NLL vs vanilla |", 1)[1].splitlines()[2:]
-  rows = [[c.strip() for c in line.split("|")[1:-1]] for line in rows[:rows.index("")]]
+  rows = report_tables.table_rows("| variant | final NLL vs vanilla |" + text.split("| variant | final NLL vs vanilla |", 1)[1])
   assert len(rows) == 12
 
   def same_p(quoted: str, printed: str) -> bool:
@@ -423,7 +419,8 @@ def test_the_grids_table_in_sweeps_md_quotes_its_report():
     return (quoted.endswith("*") == printed.endswith("*")
             and float(quoted.rstrip("*")) == round(float(printed.rstrip("*")), digits))
 
-  for variant, nll, interval, nll_p, bleus, bleu_ps in rows:
+  for quoted, nll, interval, nll_p, bleus, bleu_ps in rows:
+    variant = quoted.strip("`")
     final = report[(variant, "Final loss")]
     assert (nll, interval) == (final[4], final[5]) and same_p(nll_p, final[8]), variant
     for column, bleu, p in zip(("BLEU test_2016_flickr", "BLEU test_2017_flickr"), bleus.split(" / "),
@@ -436,10 +433,9 @@ def test_the_best_rate_table_in_sweeps_md_quotes_its_report():
   docs/ablations_scaling.md's scaling tables (a report made before records): each side's peak
   rate (to the digits shown), final NLL, seeds, and vanilla's largest run's FLOPs ratio."""
   repo = pathlib.Path(__file__).resolve().parents[1]
-  cells = lambda line: [c.strip() for c in line.split("|")[1:-1]]
+  cells = report_tables.cells
   report = {}
-  for line in (repo / "docs" / "ablations_scaling.md").read_text(encoding="utf-8").splitlines():
-    row = cells(line) if line.startswith("| ") else []
+  for row in report_tables.rows((repo / "docs" / "ablations_scaling.md").read_text(encoding="utf-8")):
     if len(row) == 11 and row[0] in ("small", "base", "large"):
       ratio = re.search(r"largest run: ([\d.]+x)", row[8])[1]
       report[row[0]] = (row[2].split()[0], row[3], row[4].split()[0], row[5], row[9].replace(" ", ""), ratio)

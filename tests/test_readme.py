@@ -11,6 +11,7 @@ import subprocess
 
 import pytest
 from conftest import REPO
+from report_tables import printed_tests, rows, table_rows
 
 README = REPO / "README.md"
 DOCS = REPO / "docs"
@@ -96,20 +97,6 @@ def test_only_tested_docs_have_python_blocks():
 # --- the results table ----------------------------------------------------------------
 
 
-def table_rows(text: str) -> list[list[str]]:
-  """The cells of each body row of the first markdown table in `text`."""
-  rows, started = [], False
-  for line in text.splitlines():
-    if line.startswith("|"):
-      started = True
-      cells = [c.strip() for c in line.strip().strip("|").split("|")]
-      if not set("".join(cells)) <= set("-: "):
-        rows.append(cells)
-    elif started:
-      break
-  return rows[1:]  # without the header
-
-
 def section(text: str, heading: str) -> str:
   return text.split(heading + "\n", 1)[1]
 
@@ -171,11 +158,7 @@ def test_the_readmes_grid_claims_are_what_its_report_prints():
   """The README's reading of the grid (docs/ablations.md, made before records): which variants'
   final NLL survives Holm's correction, and that RoPE's BLEU alone survives on both test sets,
   at the differences the report prints."""
-  found = {}
-  for line in (DOCS / "ablations.md").read_text(encoding="utf-8").splitlines():
-    cells = [c.strip() for c in line.split("|")[1:-1]]
-    if len(cells) == 9 and cells[1] in ("Final loss", "BLEU test_2016_flickr", "BLEU test_2017_flickr"):
-      found[(cells[0].strip("`"), cells[1])] = (cells[4], cells[8].endswith("*"))
+  found = {key: (row[4], row[8].endswith("*")) for key, row in printed_tests(DOCS / "ablations.md").items()}
   survive = lambda column: {v for (v, c), (_, star) in found.items() if c == column and star}
   assert survive("Final loss") == {"transformer++", "rope", "prenorm", "gelu", "swish", "reglu", "geglu", "swiglu"}
   both = survive("BLEU test_2016_flickr") & survive("BLEU test_2017_flickr")
@@ -194,9 +177,8 @@ def test_the_readmes_scaling_claim_is_what_its_report_and_the_family_print():
   from seq2seq.research import family
 
   text = (DOCS / "ablations_scaling.md").read_text(encoding="utf-8")
-  rows = [[c.strip() for c in line.split("|")[1:-1]] for line in text.splitlines() if line.startswith("| ")]
-  both = {r[0]: r for r in rows if len(r) == 11 and r[0] in ("small", "base", "large")}
-  alone = {r[0]: r for r in rows if len(r) == 7 and r[0] == "xlarge"}
+  both = {r[0]: r for r in rows(text) if len(r) == 11 and r[0] in ("small", "base", "large")}
+  alone = {r[0]: r for r in rows(text) if len(r) == 7 and r[0] == "xlarge"}
   tpp_small = float(both["small"][3])
   vanilla = [float(r[5]) for r in both.values()] + [float(r[3].split(" ± ")[0]) for r in alone.values()]
   assert tpp_small < min(vanilla) and round(float(alone["xlarge"][1].rstrip("M"))) == 53

@@ -1,0 +1,39 @@
+"""Reading the markdown tables of the committed reports (docs/*.md), for the tests that hold
+the README's and docs' prose to them."""
+
+from __future__ import annotations
+
+import pathlib
+
+TESTED = ("Final loss", "BLEU test_2016_flickr", "BLEU test_2017_flickr")
+
+
+def cells(line: str) -> list[str]:
+  """The cells of one markdown table row."""
+  return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def rows(text: str) -> list[list[str]]:
+  """The cells of every table row in `text`, of every table."""
+  return [cells(line) for line in text.splitlines() if line.startswith("| ")]
+
+
+def table_rows(text: str) -> list[list[str]]:
+  """The cells of each body row of the first markdown table in `text`."""
+  found, started = [], False
+  for line in text.splitlines():
+    if line.startswith("|"):
+      started = True
+      row = cells(line)
+      if not set("".join(row)) <= set("-: "):
+        found.append(row)
+    elif started:
+      break
+  return found[1:]  # without the header
+
+
+def printed_tests(path: pathlib.Path) -> dict[tuple[str, str], list[str]]:
+  """A sweep report's Welch tests as printed ({(variant, column): the row's 9 cells}), for the
+  final NLL and both test sets' BLEU; variant without its backquotes."""
+  return {(row[0].strip("`"), row[1]): row for row in rows(path.read_text(encoding="utf-8"))
+          if len(row) == 9 and row[1] in TESTED}
