@@ -209,3 +209,12 @@ def test_the_recipe_search_refuses_a_file_without_its_markers_in_one_line(tmp_pa
   assert out.returncode == 2 and out.stderr.strip().splitlines() == [
       f"error: {target} has no <!-- search:start --> ... <!-- search:end --> markers"]
   assert target.read_text() == "# notes\n"  # nothing written
+
+
+def test_the_family_refuses_a_missing_file_in_one_line_and_writes_nothing(tmp_path):
+  target = tmp_path / "missing.md"
+  out = subprocess.run([sys.executable, "-m", "seq2seq.research.family", f"--update={target}"],
+                       capture_output=True, text=True, cwd=REPO)
+  assert out.returncode == 2 and out.stderr.strip().splitlines() == [
+      f"error: {target} does not exist: the file whose <!-- family:start --> ... <!-- family:end --> section to write"]
+  assert list(tmp_path.iterdir()) == []

@@ -18,6 +18,7 @@ import re
 
 from seq2seq.errors import DataError
 from seq2seq import errors, metrics
+from seq2seq.files import write_atomic
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 HEADER = ("| run | test set | BLEU | chrF | checkpoint | decoding | training | last logged step | train time then | tokens/s "
@@ -92,6 +93,8 @@ def merge(old: str, new: str) -> str:
 
 def _with_markers(path: str | pathlib.Path, start: str, end: str) -> str:
   """The text of file `path` (DataError naming the file without the markers)."""
+  if not pathlib.Path(path).is_file():
+    raise DataError(f"{path} does not exist: the file whose {start} ... {end} section to write")
   content = pathlib.Path(path).read_text()
   if start not in content or end not in content:
     raise DataError(f"{path} has no {start} ... {end} markers")
@@ -106,8 +109,8 @@ def marked(path: str | pathlib.Path, start: str = START, end: str = END) -> str:
 def write_marked(path: str | pathlib.Path, text: str, start: str = START, end: str = END) -> None:
   """Replaces the text between the markers of file `path` with `text`."""
   content = _with_markers(path, start, end)
-  pathlib.Path(path).write_text(re.sub(re.escape(start) + ".*?" + re.escape(end), lambda _: f"{start}\n{text}{end}",
-                                       content, flags=re.S))
+  write_atomic(path, re.sub(re.escape(start) + ".*?" + re.escape(end), lambda _: f"{start}\n{text}{end}",
+                          content, flags=re.S))
 
 
 def update_file(path: str | pathlib.Path, text: str) -> str:
