@@ -295,12 +295,21 @@ def test_the_report_says_what_survives_by_reading_never_a_non_significant_differ
 
 def test_every_report_with_committed_run_records_is_what_they_make(tmp_path):
   """docs/NAME.md, where docs/runs/NAME.jsonl keeps its runs, is remade from those records
-  alone, character for character: every table, test and quoted figure of the report."""
+  alone, character for character: every table, test and quoted figure of the report (the
+  length study's between its page's markers, the prose around them kept)."""
+  from seq2seq.research import positions_report
+
   repo = pathlib.Path(__file__).resolve().parents[1]
   kept = [p for p in sorted((repo / "docs" / "runs").glob("*.jsonl")) if (repo / "docs" / f"{p.stem}.md").is_file()]
-  assert {"ablations_prenorm", "ablations_prenorm_norms"} <= {p.stem for p in kept}
+  assert {"ablations_prenorm", "ablations_prenorm_norms", "positions"} <= {p.stem for p in kept}
   for path in kept:
-    ablations.write(None, tmp_path / f"{path.stem}.md", records_path=path)
+    if path.stem == "positions":  # the page with its generated part emptied, to be written again
+      head, _, rest = (repo / "docs" / "positions.md").read_text().partition(positions_report.START)
+      (tmp_path / "positions.md").write_text(head + positions_report.START + "\n" + positions_report.END
+                                             + rest.partition(positions_report.END)[2])
+      positions_report.write(None, tmp_path / "positions.md", records_path=path)
+    else:
+      ablations.write(None, tmp_path / f"{path.stem}.md", records_path=path)
     assert (tmp_path / f"{path.stem}.md").read_text() == (repo / "docs" / f"{path.stem}.md").read_text(), path
 
 

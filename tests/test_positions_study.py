@@ -296,3 +296,90 @@ def test_the_study_trains_evaluates_and_reports_two_position_types(tmp_path, dat
   assert "a table of 128 rows (config.model.max_len), of which only the first 16 were trained" in report
   rerun = study(tmp_path, *args, env=env, timeout=600)
   assert rerun.returncode == 0 and "[2/2] prenorm+learned-s0: finished already" in rerun.stdout
+
+
+def test_the_pages_conclusion_is_what_the_committed_records_make():
+  """docs/positions.md's Conclusion, and the one-line summaries in docs/sweeps.md and the
+  README, quote figures recomputed here from docs/runs/positions.jsonl (means, differences,
+  raw and corrected p, TOST p, readings): a rerun that moves one fails until the prose follows."""
+  runs, head = positions_report.read_records(REPO / "docs" / "runs" / "positions.jsonl")
+  by_kind = positions_report.per_run(runs, tuple(head["upper"]))
+  found = positions_report.comparisons(by_kind)
+  labels = [s["label"] for s in by_kind["sinusoidal"][0]]
+  past = range(1, len(labels))  # the buckets past the training length
+  mean = lambda kind, b, key="bleu": statistics.fmean(s[b][key] for s in by_kind[kind])
+  spread = lambda kind, b, key="bleu": statistics.stdev(s[b][key] for s in by_kind[kind])
+  test = {(c["kind"], c["bucket"], c["metric"]): c for c in found}
+  diff = lambda kind, b, metric="BLEU": test[(kind, labels[b], metric)]["welch"].difference
+  raw = lambda kind, b, metric="BLEU": test[(kind, labels[b], metric)]["welch"].p
+  held = lambda kind, b, metric="BLEU": test[(kind, labels[b], metric)]["adjusted"]
+  reading = {key: significance.reading(c["adjusted"], c["tost"]) for key, c in test.items()}
+  signed = lambda x, d=2: f"{x:+.{d}f}".replace("-", "−")
+  span = lambda values, d=2, sep=" to ": f"{min(values):.{d}f}{sep}{max(values):.{d}f}"
+  kinds, others = list(by_kind), [k for k in by_kind if k != "sinusoidal"]
+  drops = {k: mean(k, 0) - mean(k, 1) for k in kinds}
+
+  # The shapes the prose asserts in words.
+  assert len(found) == 30
+  assert {k for k, r in reading.items() if r == "differs"} == {("learned", labels[0], "BLEU"), ("learned", labels[1], "BLEU")}
+  assert {k for k, r in reading.items() if r == "equivalent"} == {(k, labels[b], "BLEU") for k in ("learned", "rope")
+                                                                 for b in (3, 4)}
+  assert all(r == "inconclusive" for (_, _, metric), r in reading.items() if metric == "NLL")
+  for b in past:
+    assert max(kinds, key=lambda k: mean(k, b, "nll")) == "sinusoidal"
+    assert min(kinds, key=lambda k: mean(k, b, "nll")) == "learned"
+  assert min(drops, key=drops.get) == "learned"
+  assert [max(kinds, key=lambda k: mean(k, b)) for b in (0, 1)] == ["rope", "rope"]
+  assert min(kinds, key=lambda k: mean(k, 0, "nll")) == "rope"
+  assert [max(kinds, key=lambda k: mean(k, b)) for b in (2, 3, 4)] == ["relative"] * 3
+  assert max(kinds, key=lambda k: spread(k, 0)) == "relative"
+
+  nll_past = [(k, b) for k in others for b in past]
+  expected = [
+      f"Every type keeps {span([mean(k, 0) for k in kinds])} BLEU on sources as long as its training pairs",
+      f"{span([mean(k, 1) for k in kinds])} on sources up to twice as long, {span([mean(k, 2) for k in kinds])} up "
+      f"to three times, {span([mean(k, 3) for k in kinds])} up to four times and {span([mean(k, 4) for k in kinds])} "
+      "past that",
+      f"rises from {span([mean(k, 0, 'nll') for k in kinds], 3, '–')} to {span([mean(k, 4, 'nll') for k in kinds], 3, '–')}",
+      f"is {span(drops.values())} BLEU for each type",
+      f"more than {max(abs(c['welch'].difference) for c in found if c['metric'] == 'BLEU'):.2f} BLEU or "
+      f"{max(abs(c['welch'].difference) for c in found if c['metric'] == 'NLL'):.3f} NLL from sinusoidal",
+      f"Of the {len(found)} differences to sinusoidal positions, "
+      f"{sum(r == 'differs' for r in reading.values())} are significant",
+      f"{sum(r == 'equivalent' for r in reading.values())} are equivalent",
+      f"scores {span([mean(k, b) for k in kinds for b in (3, 4)])} BLEU",
+      f"The other {sum(r == 'inconclusive' for r in reading.values())}, every NLL difference",
+      # sinusoidal
+      f"{span([-diff(k, b, 'NLL') for k, b in nll_past], 3)} above the others, and none of those {len(nll_past)} "
+      f"differences is significant (raw p {span([raw(k, b, 'NLL') for k, b in nll_past], 3)})",
+      # learned
+      f"{span([-diff('learned', b, 'NLL') for b in past], 3)} below sinusoidal's (raw p "
+      f"{span([raw('learned', b, 'NLL') for b in past], 3)}, inconclusive)",
+      f"{signed(diff('learned', 0))} BLEU (p = {held('learned', 0):.3f}) on 1–16 tokens",
+      f"({signed(diff('learned', 1))}, p = {held('learned', 1):.3f})",
+      f"({signed(diff('learned', 2))}, {reading[('learned', labels[2], 'BLEU')]})",
+      f"(TOST p {test[('learned', labels[3], 'BLEU')]['tost'].p:.3f} and {test[('learned', labels[4], 'BLEU')]['tost'].p:.3f})",
+      f"Their drop from 1–16 to 17–32 tokens, {drops['learned']:.2f} BLEU, is the smallest of the four",
+      # rope
+      f"{signed(diff('rope', 0))} on 1–16 tokens (raw p {raw('rope', 0):.3f}, corrected {held('rope', 0):.3f}) and "
+      f"{signed(diff('rope', 1))} on 17–32 (raw p {raw('rope', 1):.3f})",
+      f"({signed(diff('rope', 0, 'NLL'), 3)}, raw p {raw('rope', 0, 'NLL'):.3f}, corrected {held('rope', 0, 'NLL'):.3f})",
+      f"BLEU difference is {signed(diff('rope', 2))}, {signed(diff('rope', 3))} and {signed(diff('rope', 4))}",
+      # relative
+      f"({signed(diff('relative', 2))}, {signed(diff('relative', 3))}, {signed(diff('relative', 4))}), none significant "
+      f"(raw p {span([raw('relative', b) for b in (2, 3, 4)], 3)})",
+      f"Its NLL past L is {span([-diff('relative', b, 'NLL') for b in past], 3)} below sinusoidal's (raw p "
+      f"{span([raw('relative', b, 'NLL') for b in past], 3)})",
+      f"(±{spread('relative', 0):.2f} BLEU on 1–16 tokens)",
+      f"Past 48 tokens all four are at {span([mean(k, b) for k in kinds for b in (3, 4)])} BLEU",
+      f"spreads {span([spread('sinusoidal', b, 'nll') for b in past], 3, ' to ±').replace('', '±', 1)} over its seeds",
+  ]
+  page = " ".join((REPO / "docs" / "positions.md").read_text(encoding="utf-8").split())
+  assert [s for s in expected if s not in page] == []
+  sweeps = " ".join((REPO / "docs" / "sweeps.md").read_text(encoding="utf-8").split())
+  assert f"losing {span(drops.values(), 1)} BLEU in the first bucket past it" in sweeps
+  # "learned positions lose only the gap they carry from the training range": their only significant
+  # differences are in the training range and the bucket after it, and both are losses.
+  assert all(diff("learned", b) < 0 for b in (0, 1))
+  readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
+  assert "learned positions lose only the gap they carry from the training range" in readme
