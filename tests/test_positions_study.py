@@ -157,10 +157,11 @@ def write_run(root, name, kind, seed, bleu_noise, nll, steps=20):
   """A finished run's files as the study leaves them: config.json, metrics.jsonl and its record."""
   run = root / name
   (run / "eval").mkdir(parents=True)
-  (run / "config.json").write_text(json.dumps({"train": {"steps": steps}, "data": {"max_len": 4},
+  (run / "config.json").write_text(json.dumps({"train": {"steps": steps, "learning_rate": 0.002}, "data": {"max_len": 4},
                                                "model": {"positions": kind, "max_len": 64},
                                                "eval": {"beam_size": 2, "alpha": 0.6}}))
-  (run / "metrics.jsonl").write_text(json.dumps({"step": steps, "loss": 2.0, "wall_time_s": 60.0}) + "\n")
+  (run / "metrics.jsonl").write_text(json.dumps({"step": steps, "loss": 2.0, "wall_time_s": 60.0}) + "\n"
+                                     + json.dumps({"step": steps, "val_nll": nll}) + "\n")
   references = ["a man rides a red bike", "two dogs run on the beach", "a woman sings on a stage",
                 "children play football in a park", "an old man reads a newspaper"]
   hypotheses = [r if i >= bleu_noise else " ".join(r.split()[:-1]) for i, r in enumerate(references)]
@@ -239,6 +240,11 @@ def test_the_records_remake_the_results_without_the_runs_and_keep_no_sentences(t
   kept = tmp_path / "docs" / "runs" / "positions.jsonl"
   text = kept.read_text()
   assert "a man rides" not in text and json.loads(text.splitlines()[0])["upper"] == [4, 8, 12, 16]
+  # Each run's record says what trained it: steps, peak rate, final validation NLL (the code's commit
+  # where the run recorded one: none here).
+  first = json.loads(text.splitlines()[1])
+  assert (first["name"], first["steps"], first["learning_rate"], first["final_nll"], first["commit"]) == (
+      "prenorm-s0", 20, 0.002, 1.00, "")
   report = out.read_text()
   assert "Every run's figures per bucket are kept in [runs/positions.jsonl](runs/positions.jsonl)" in report
   for name in ("prenorm-s0", "prenorm+rope-s1"):  # no run left: the records alone

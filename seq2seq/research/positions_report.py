@@ -19,7 +19,7 @@ import json
 import math
 import pathlib
 
-from seq2seq import metrics
+from seq2seq import metrics, provenance
 from seq2seq.errors import ConfigError
 from seq2seq.files import write_atomic
 from seq2seq.research import ablations, lengths, records, significance
@@ -47,6 +47,10 @@ class Run:
   train_seconds: float = math.nan  # training wall time, over restarts
   eval_seconds: float = math.nan  # the study's translation and scoring
   scores: list[dict] | None = None  # per bucket (lengths.scores), where read from records without `sentences`
+  commit: str = ""  # the code it trained from (seq2seq.provenance.commit_of)
+  steps: int = 0
+  learning_rate: float = math.nan  # the schedule's peak
+  final_nll: float = math.nan  # validation NLL at the last step, on the validation set as training reads it
 
 
 def read_run(workdir: pathlib.Path, entry: dict) -> Run | None:
@@ -60,12 +64,16 @@ def read_run(workdir: pathlib.Path, entry: dict) -> Run | None:
     return None
   own = {k: config["eval"][k] for k in ("beam_size", "alpha")}
   record = next((r for r in found if {k: r["decode"][k] for k in own} == own), found[0])
-  train = [r["wall_time_s"] for r in metrics.read(workdir) if "loss" in r and "wall_time_s" in r]
+  logged = metrics.read(workdir)
+  train = [r["wall_time_s"] for r in logged if "loss" in r and "wall_time_s" in r]
+  final = max((r for r in logged if "val_nll" in r), key=lambda r: r["step"], default={})
   model = config["model"]
   return Run(entry["name"], entry["variant"], entry["seed"], model["positions"], config["data"]["max_len"],
              model["max_len"] if model["positions"] == "learned" else None, record.pop("sentences"), record,
              entry.get("command", ""), record.get("hardware", ""), max(train, default=math.nan),
-             record.get("translate_seconds", math.nan) + record.get("score_seconds", math.nan))
+             record.get("translate_seconds", math.nan) + record.get("score_seconds", math.nan),
+             commit=provenance.commit_of(workdir), steps=config["train"]["steps"],
+             learning_rate=config["train"]["learning_rate"], final_nll=final.get("val_nll", math.nan))
 
 
 def collect(root: pathlib.Path) -> tuple[list[Run], list[str], list[str]]:
