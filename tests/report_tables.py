@@ -33,7 +33,8 @@ def table_rows(text: str) -> list[list[str]]:
 
 
 def printed_tests(path: pathlib.Path) -> dict[tuple[str, str], list[str]]:
-  """A sweep report's Welch tests as printed ({(variant, column): the row's 9 cells}), for the
-  final NLL and both test sets' BLEU; variant without its backquotes."""
+  """A sweep report's Welch tests as printed ({(variant, column): the row's cells: 9, or 11 with
+  the TOST p and the reading}), for the final NLL and both test sets' BLEU; variant without its
+  backquotes."""
   return {(row[0].strip("`"), row[1]): row for row in rows(path.read_text(encoding="utf-8"))
-          if len(row) == 9 and row[1] in TESTED}
+          if len(row) in (9, 11) and row[1] in TESTED}
