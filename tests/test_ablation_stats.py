@@ -123,12 +123,12 @@ def test_marks_mean_significant_after_holms_correction():
              for i, v in enumerate(values)]
   raw = {name: stats.ttest_ind(values, base, equal_var=False).pvalue for name, values in (("gelu", gelu), ("rope", rope))}
   assert raw["gelu"] < 0.05 and 3 * raw["gelu"] > 0.05 and 4 * raw["rope"] < 0.05
-  found = {(c["variant"], c["column"]): c for c in ablations.comparisons(results)}
+  found = {(c.variant, c.column): c for c in ablations.comparisons(results)}
   assert len(found) == 4  # 2 variants x final loss and BLEU
-  assert found["gelu", "BLEU test"]["welch"].p == 1.0 and found["gelu", "BLEU test"]["adjusted"] == 1.0
+  assert found["gelu", "BLEU test"].welch.p == 1.0 and found["gelu", "BLEU test"].adjusted == 1.0
   # Holm: the smallest p (rope's) x 4, the next (gelu's) x 3.
-  assert found["rope", "Final loss"]["adjusted"] == pytest.approx(4 * raw["rope"])
-  assert found["gelu", "Final loss"]["adjusted"] == pytest.approx(3 * raw["gelu"])
+  assert found["rope", "Final loss"].adjusted == pytest.approx(4 * raw["rope"])
+  assert found["gelu", "Final loss"].adjusted == pytest.approx(3 * raw["gelu"])
   rows = rows_of(ablations.modifications_table(results))
   assert rows["`gelu`"][5] == "1.990 ± 0.032 (−0.050)" and rows["`rope`"][5] == "1.540 ± 0.032 (−0.500*)"
   assert rows["`rope`"][4] == "2.540 ± 0.032 (−0.500)"  # early loss: shown untested, never marked
@@ -366,45 +366,45 @@ def test_the_prose_quoting_studies_with_records_is_what_the_records_make():
 
   def study(name):
     kept = records.read(repo / "docs" / "runs" / f"{name}.jsonl")
-    found = {(c["variant"], c["column"]): c for c in ablations.comparisons(kept.results, baseline=kept.baseline)}
+    found = {(c.variant, c.column): c for c in ablations.comparisons(kept.results, baseline=kept.baseline)}
     val = {v: statistics.mean(r.val_bleu for r in kept.results if r.variant == v) for v in {r.variant for r in kept.results}}
     return (lambda v, column="Final loss": found[(v, column)]), val
 
   signed = lambda x, d=3: f"{x:+.{d}f}".replace("-", "−")
-  interval = lambda c: f"[{signed(c['welch'].low)}, {signed(c['welch'].high)}]"
+  interval = lambda c: f"[{signed(c.welch.low)}, {signed(c.welch.high)}]"
   t16, t17 = "BLEU test_2016_flickr", "BLEU test_2017_flickr"
 
   test, val = study("ablations_prenorm")
   sin, gelu, swiglu = test("prenorm"), test("prenorm+rope+gelu"), test("prenorm+rope+swiglu")
-  assert sin["adjusted"] < 0.001
+  assert sin.adjusted < 0.001
   expected = [
-      f"by {sin['welch'].difference:.3f}, 95% interval {interval(sin)} (corrected p < 0.001)",
+      f"by {sin.welch.difference:.3f}, 95% interval {interval(sin)} (corrected p < 0.001)",
       f"({val['prenorm+rope']:.2f} with RoPE against {val['prenorm']:.2f}",
-      f"cost {-test('prenorm', t16)['welch'].difference:.2f} / {-test('prenorm', t17)['welch'].difference:.2f} BLEU",
-      f"corrected p = {test('prenorm', t16)['adjusted']:.3f} / {test('prenorm', t17)['adjusted']:.3f})",
-      f"{signed(gelu['welch'].difference)} for GELU, 95% interval {interval(gelu)}, and "
-      f"{signed(swiglu['welch'].difference)} for SwiGLU, {interval(swiglu)}",
-      f"(corrected p {gelu['adjusted']:.2f} and {swiglu['adjusted']:.2f})",
-      f"(TOST p {gelu['tost'].p:.2f} and {swiglu['tost'].p:.2f} against ±0.02)",
-      f"BLEU {signed(test('prenorm+rope+gelu', t16)['welch'].difference, 2)} / "
-      f"{signed(test('prenorm+rope+gelu', t17)['welch'].difference, 2)} and "
-      f"{signed(test('prenorm+rope+swiglu', t16)['welch'].difference, 2)} / "
-      f"{signed(test('prenorm+rope+swiglu', t17)['welch'].difference, 2)}",
-      f"({signed(test('prenorm+rope+gelu', t17)['welch'].difference, 2)}, "
-      f"TOST p {test('prenorm+rope+gelu', t17)['tost'].p:.3f} against ±0.5)",
+      f"cost {-test('prenorm', t16).welch.difference:.2f} / {-test('prenorm', t17).welch.difference:.2f} BLEU",
+      f"corrected p = {test('prenorm', t16).adjusted:.3f} / {test('prenorm', t17).adjusted:.3f})",
+      f"{signed(gelu.welch.difference)} for GELU, 95% interval {interval(gelu)}, and "
+      f"{signed(swiglu.welch.difference)} for SwiGLU, {interval(swiglu)}",
+      f"(corrected p {gelu.adjusted:.2f} and {swiglu.adjusted:.2f})",
+      f"(TOST p {gelu.tost.p:.2f} and {swiglu.tost.p:.2f} against ±0.02)",
+      f"BLEU {signed(test('prenorm+rope+gelu', t16).welch.difference, 2)} / "
+      f"{signed(test('prenorm+rope+gelu', t17).welch.difference, 2)} and "
+      f"{signed(test('prenorm+rope+swiglu', t16).welch.difference, 2)} / "
+      f"{signed(test('prenorm+rope+swiglu', t17).welch.difference, 2)}",
+      f"({signed(test('prenorm+rope+gelu', t17).welch.difference, 2)}, "
+      f"TOST p {test('prenorm+rope+gelu', t17).tost.p:.3f} against ±0.5)",
       f"Validation BLEU: {val['prenorm+rope+gelu']:.2f} GELU, {val['prenorm+rope+swiglu']:.2f} SwiGLU, "
       f"{val['prenorm+rope']:.2f} ReLU",
   ]
   test, val = study("ablations_prenorm_norms")
   rms, rel, ada = test("prenorm+rmsnorm"), test("prenorm+relative"), test("adanorm-xu")
   expected += [
-      f"{signed(ada['welch'].difference)} final NLL, {signed(test('adanorm-xu', t16)['welch'].difference, 2)} and "
-      f"{signed(test('adanorm-xu', t17)['welch'].difference, 2)} BLEU",
-      f"{signed(rms['welch'].difference)} final NLL, 95% interval {interval(rms)}, TOST p {rms['tost'].p:.3f} against ±0.02",
-      f"{signed(test('prenorm+rmsnorm', t16)['welch'].difference, 2)} / "
-      f"{signed(test('prenorm+rmsnorm', t17)['welch'].difference, 2)} BLEU",
-      f"{signed(rel['welch'].difference)} final NLL, {signed(test('prenorm+relative', t16)['welch'].difference, 2)} / "
-      f"{signed(test('prenorm+relative', t17)['welch'].difference, 2)} BLEU",
+      f"{signed(ada.welch.difference)} final NLL, {signed(test('adanorm-xu', t16).welch.difference, 2)} and "
+      f"{signed(test('adanorm-xu', t17).welch.difference, 2)} BLEU",
+      f"{signed(rms.welch.difference)} final NLL, 95% interval {interval(rms)}, TOST p {rms.tost.p:.3f} against ±0.02",
+      f"{signed(test('prenorm+rmsnorm', t16).welch.difference, 2)} / "
+      f"{signed(test('prenorm+rmsnorm', t17).welch.difference, 2)} BLEU",
+      f"{signed(rel.welch.difference)} final NLL, {signed(test('prenorm+relative', t16).welch.difference, 2)} / "
+      f"{signed(test('prenorm+relative', t17).welch.difference, 2)} BLEU",
       f"{val['prenorm']:.2f} for `prenorm`, {val['prenorm+rmsnorm']:.2f} RMSNorm, {val['prenorm+relative']:.2f} "
       f"relative, {val['adanorm-xu']:.2f} AdaNorm",
   ]

@@ -211,21 +211,21 @@ def test_the_report_tables_tests_and_plot_from_run_files(tmp_path):
   assert rows["1–4"][2] == f"{statistics.fmean(sinusoidal):.2f} ± {statistics.stdev(sinusoidal):.2f}"
   # The tests: Welch against sinusoidal per bucket and metric, Holm over all that have a p.
   found = positions_report.comparisons(positions_report.per_run(positions_report.collect(tmp_path)[0], lengths.edges(4)))
-  nll = next(c for c in found if c["kind"] == "learned" and c["bucket"] == "1–4" and c["metric"] == "NLL")
-  assert nll["welch"].p == pytest.approx(significance.welch([1.50, 1.56], [1.00, 1.02]).p)
-  tested = [c["welch"].p for c in found if c["welch"].tested]
-  assert nll["adjusted"] == pytest.approx(significance.holm(tested)[tested.index(nll["welch"].p)])
-  assert all(not c["welch"].tested for c in found if c["kind"] == "rope")  # one seed: no test
+  nll = next(c for c in found if c.variant == "learned" and c.column == "1–4 NLL")
+  assert nll.welch.p == pytest.approx(significance.welch([1.50, 1.56], [1.00, 1.02]).p)
+  tested = [c.welch.p for c in found if c.welch.tested]
+  assert nll.adjusted == pytest.approx(significance.holm(tested)[tested.index(nll.welch.p)])
+  assert all(not c.welch.tested for c in found if c.variant == "rope")  # one seed: no test
   assert f"Holm-corrected over the {len(tested)} tests" in report
   assert "| `learned` | 1–4 | NLL | 2 / 2 |" in report
   # "No difference" only from an equivalence test: TOST against the sweep's margins, and the readings it supports.
-  assert nll["tost"].p == significance.tost([1.50, 1.56], [1.00, 1.02], 0.02).p and nll["tost"].margin == 0.02
-  assert next(c for c in found if c["kind"] == "learned" and c["metric"] == "BLEU")["tost"].margin == 0.5
+  assert nll.tost.p == significance.tost([1.50, 1.56], [1.00, 1.02], 0.02).p and nll.tost.margin == 0.02
+  assert next(c for c in found if c.variant == "learned" and c.column.endswith(" BLEU")).tost.margin == 0.5
   row = next(line for line in report.splitlines() if line.startswith("| `learned` | 1–4 | NLL |"))
-  assert row.endswith(f"| {nll['tost'].p:.3f} (±0.02) | {significance.reading(nll['adjusted'], nll['tost'])} |")
+  assert row.endswith(f"| {nll.tost.p:.3f} (±0.02) | {significance.reading(nll.adjusted, nll.tost)} |")
   survives = report.split("What survives:")[1].split("\n\n")[1]
   assert all(line.startswith("- **") for line in survives.splitlines())
-  assert f"`learned` 1–4 NLL {nll['welch'].difference:+.3f}" in survives
+  assert f"`learned` 1–4 NLL {nll.welch.difference:+.3f}" in survives
   png = out.with_name("positions_lengths.png")
   assert png.read_bytes()[:4] == b"\x89PNG" and "![BLEU and NLL against source length" in report
 
@@ -315,11 +315,11 @@ def test_the_pages_conclusion_is_what_the_committed_records_make():
   past = range(1, len(labels))  # the buckets past the training length
   mean = lambda kind, b, key="bleu": statistics.fmean(s[b][key] for s in by_kind[kind])
   spread = lambda kind, b, key="bleu": statistics.stdev(s[b][key] for s in by_kind[kind])
-  test = {(c["kind"], c["bucket"], c["metric"]): c for c in found}
-  diff = lambda kind, b, metric="BLEU": test[(kind, labels[b], metric)]["welch"].difference
-  raw = lambda kind, b, metric="BLEU": test[(kind, labels[b], metric)]["welch"].p
-  held = lambda kind, b, metric="BLEU": test[(kind, labels[b], metric)]["adjusted"]
-  reading = {key: significance.reading(c["adjusted"], c["tost"]) for key, c in test.items()}
+  test = {(c.variant, *c.cells[1:]): c for c in found}  # (kind, bucket, metric)
+  diff = lambda kind, b, metric="BLEU": test[(kind, labels[b], metric)].welch.difference
+  raw = lambda kind, b, metric="BLEU": test[(kind, labels[b], metric)].welch.p
+  held = lambda kind, b, metric="BLEU": test[(kind, labels[b], metric)].adjusted
+  reading = {key: significance.reading(c.adjusted, c.tost) for key, c in test.items()}
   signed = lambda x, d=2: f"{x:+.{d}f}".replace("-", "−")
   span = lambda values, d=2, sep=" to ": f"{min(values):.{d}f}{sep}{max(values):.{d}f}"
   kinds, others = list(by_kind), [k for k in by_kind if k != "sinusoidal"]
@@ -348,8 +348,8 @@ def test_the_pages_conclusion_is_what_the_committed_records_make():
       "past that",
       f"rises from {span([mean(k, 0, 'nll') for k in kinds], 3, '–')} to {span([mean(k, 4, 'nll') for k in kinds], 3, '–')}",
       f"is {span(drops.values())} BLEU for each type",
-      f"more than {max(abs(c['welch'].difference) for c in found if c['metric'] == 'BLEU'):.2f} BLEU or "
-      f"{max(abs(c['welch'].difference) for c in found if c['metric'] == 'NLL'):.3f} NLL from sinusoidal",
+      f"more than {max(abs(c.welch.difference) for c in found if c.column.endswith(' BLEU')):.2f} BLEU or "
+      f"{max(abs(c.welch.difference) for c in found if c.column.endswith(' NLL')):.3f} NLL from sinusoidal",
       f"Of the {len(found)} differences to sinusoidal positions, "
       f"{sum(r == 'differs' for r in reading.values())} are significant",
       f"{sum(r == 'equivalent' for r in reading.values())} are equivalent",
@@ -364,7 +364,7 @@ def test_the_pages_conclusion_is_what_the_committed_records_make():
       f"{signed(diff('learned', 0))} BLEU (p = {held('learned', 0):.3f}) on 1–16 tokens",
       f"({signed(diff('learned', 1))}, p = {held('learned', 1):.3f})",
       f"({signed(diff('learned', 2))}, {reading[('learned', labels[2], 'BLEU')]})",
-      f"(TOST p {test[('learned', labels[3], 'BLEU')]['tost'].p:.3f} and {test[('learned', labels[4], 'BLEU')]['tost'].p:.3f})",
+      f"(TOST p {test[('learned', labels[3], 'BLEU')].tost.p:.3f} and {test[('learned', labels[4], 'BLEU')].tost.p:.3f})",
       f"Their drop from 1–16 to 17–32 tokens, {drops['learned']:.2f} BLEU, is the smallest of the four",
       # rope
       f"{signed(diff('rope', 0))} on 1–16 tokens (raw p {raw('rope', 0):.3f}, corrected {held('rope', 0):.3f}) and "

@@ -127,11 +127,11 @@ def test_the_readmes_norms_figure_is_the_norms_studys_records():
   from seq2seq.research import ablations, records
 
   kept = records.read(DOCS / "runs" / "ablations_prenorm_norms.jsonl")
-  found = {(c["variant"], c["column"]): c for c in ablations.comparisons(kept.results, baseline=kept.baseline)}
+  found = {(c.variant, c.column): c for c in ablations.comparisons(kept.results, baseline=kept.baseline)}
   adanorm = found[("adanorm-xu", "Final loss")]
   prose = " ".join(README.read_text(encoding="utf-8").split())
-  assert f"AdaNorm (Xu et al.'s norm settings) ends {adanorm['welch'].difference:+.3f} NLL above LayerNorm" in prose
-  assert [key for key, c in found.items() if c["adjusted"] < 0.05 and key[1] == "Final loss"] == [("adanorm-xu",
+  assert f"AdaNorm (Xu et al.'s norm settings) ends {adanorm.welch.difference:+.3f} NLL above LayerNorm" in prose
+  assert [key for key, c in found.items() if c.adjusted < 0.05 and key[1] == "Final loss"] == [("adanorm-xu",
                                                                                                    "Final loss")]
 
 
@@ -142,16 +142,16 @@ def test_the_readmes_prenorm_figures_are_the_prenorm_studys_records():
   from seq2seq.research import ablations, records, significance
 
   kept = records.read(DOCS / "runs" / "ablations_prenorm.jsonl")
-  found = {(c["variant"], c["column"]): c for c in ablations.comparisons(kept.results, baseline=kept.baseline)}
+  found = {(c.variant, c.column): c for c in ablations.comparisons(kept.results, baseline=kept.baseline)}
   sinusoidal, gelu, swiglu = (found[(v, "Final loss")] for v in ("prenorm", "prenorm+rope+gelu", "prenorm+rope+swiglu"))
   prose = " ".join(README.read_text(encoding="utf-8").split())
-  assert (f"RoPE still beats sinusoidal positions ({-sinusoidal['welch'].difference:+.3f} NLL, corrected p < 0.001), "
-          f"GELU and SwiGLU are inconclusive against ReLU ({gelu['welch'].difference:+.3f} / "
-          f"{swiglu['welch'].difference:+.3f} NLL)").replace("-", "−") in prose
-  assert sinusoidal["adjusted"] < 0.001
-  assert [key for key, c in found.items() if c["adjusted"] < 0.05 and key[1] == "Final loss"] == [("prenorm", "Final loss")]
+  assert (f"RoPE still beats sinusoidal positions ({-sinusoidal.welch.difference:+.3f} NLL, corrected p < 0.001), "
+          f"GELU and SwiGLU are inconclusive against ReLU ({gelu.welch.difference:+.3f} / "
+          f"{swiglu.welch.difference:+.3f} NLL)").replace("-", "−") in prose
+  assert sinusoidal.adjusted < 0.001
+  assert [key for key, c in found.items() if c.adjusted < 0.05 and key[1] == "Final loss"] == [("prenorm", "Final loss")]
   for activation in (gelu, swiglu):
-    assert significance.reading(activation["adjusted"], activation["tost"]) == "inconclusive"
+    assert significance.reading(activation.adjusted, activation.tost) == "inconclusive"
 
 
 def test_the_readmes_grid_claims_are_what_its_report_prints():

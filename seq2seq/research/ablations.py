@@ -28,7 +28,7 @@ from seq2seq.errors import ConfigError
 from seq2seq.files import write_atomic
 from seq2seq.research import multiplier, records, significance
 from seq2seq.research.records import Result, read_run
-from seq2seq.research.significance import summary
+from seq2seq.research.significance import Comparison, summary
 
 # (Result field, heading, format, scale); params and FLOPs are exact, so differences carry no mark.
 COLUMNS = (("params", "Params", "{:.2f}M", 1e-6), ("flops", "FLOPs / token", "{:.2f}M", 1e-6),
@@ -78,11 +78,10 @@ def _signed(value: float, fmt: str) -> str:
   return ("+" if value >= 0 else "−") + fmt.format(abs(value)).rstrip("M")
 
 
-def comparisons(results: list[Result], size: str = "base", baseline: str = "vanilla") -> list[dict]:
-  """Welch's t-test of every variant at `size` against `baseline` in every tested column, in
-  table order: {variant, column, format, mean, std, welch, adjusted}, `adjusted` being Holm's
-  p over all of them (nan where a side has fewer than 2 seeds: no test). Empty without the
-  baseline."""
+def comparisons(results: list[Result], size: str = "base", baseline: str = "vanilla") -> list[Comparison]:
+  """Welch's t-test and TOST of every variant at `size` against `baseline` in every tested
+  column, in table order, with Holm's p over all of them (nan where a side has fewer than 2
+  seeds: no test). Empty without the baseline."""
   rows = [r for r in results if r.size == size]
   base = [r for r in rows if r.variant == baseline]
   if not base:
@@ -96,12 +95,9 @@ def comparisons(results: list[Result], size: str = "base", baseline: str = "vani
         mean, std, _ = summary(values)
         base_values = [value(r) * scale for r in base]
         margin = MARGINS["BLEU" if head.startswith("BLEU") else head]
-        out.append({"variant": v, "column": head, "format": fmt, "mean": mean, "std": std,
-                    "welch": significance.welch(values, base_values),
-                    "tost": significance.tost(values, base_values, margin)})
-  for c, adjusted in zip(out, significance.holm([c["welch"].p for c in out])):
-    c["adjusted"] = adjusted
-  return out
+        out.append(Comparison(v, head, (f"`{v}`", head), fmt, mean, std, significance.welch(values, base_values),
+                              significance.tost(values, base_values, margin)))
+  return significance.correct(out)
 
 
 def _cell(values: list[float], baseline: list[float] | None, fmt: str, scale: float, exact: bool = False,
@@ -131,8 +127,7 @@ def modifications_table(results: list[Result], size: str = "base", baseline: str
   columns = _columns(sorted({s for r in rows for s in r.bleu}))
   by = {v: [r for r in rows if r.variant == v] for v in variants}
   base = by.get(baseline)
-  marks = {(c["variant"], c["column"]): significance.significant(c["adjusted"])
-           for c in comparisons(results, size, baseline)}
+  marks = {(c.variant, c.column): significance.significant(c.adjusted) for c in comparisons(results, size, baseline)}
   head = ["Variant", "Seeds"] + [c[0] for c in columns]
   lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
   for v in variants:
@@ -148,44 +143,38 @@ def tests_table(results: list[Result], size: str = "base", baseline: str = "vani
   """Markdown: one row per test of `comparisons` (variant and column): n on each side, the
   variant's mean ± std, the difference, its 95% interval, Welch's degrees of freedom, p and
   Holm's adjusted p (* below 0.05); "n/a" where there is no test. Empty without tests."""
-  found = comparisons(results, size, baseline)
-  return format_tests([c | {"row": (f"`{c['variant']}`", c["column"])} for c in found], ("Variant", "Column"),
-                      baseline)
+  return format_tests(comparisons(results, size, baseline), ("Variant", "Column"), baseline)
 
 
-def format_tests(found: list[dict], head: tuple[str, ...], baseline: str) -> str:
-  """Markdown of Welch's tests, one row per {row (the cells under `head`), format, mean, std,
-  welch, adjusted[, tost]}: n on each side, the mean ± std, the difference, its 95% interval,
-  Welch's degrees of freedom, p and Holm's adjusted p (* below 0.05); with `tost`, the
-  equivalence test's p against its margin and the reading (differs / equivalent /
-  inconclusive). Empty without tests."""
+def format_tests(found: list[Comparison], head: tuple[str, ...], baseline: str) -> str:
+  """Markdown of the tests, one row per comparison (its `cells` under `head`): n on each side,
+  the mean ± std, the difference, its 95% interval, Welch's degrees of freedom, p and Holm's
+  adjusted p (* below 0.05), the equivalence test's p against its margin and the reading
+  (differs / equivalent / inconclusive). Empty without tests."""
   if not found:
     return ""
   p = lambda x: "n/a" if math.isnan(x) else ("< 0.001" if x < 0.001 else f"{x:.3f}")
-  equivalence = all("tost" in c for c in found)
   lines = [f"| {' | '.join(head)} | n ({head[0].lower()} / `{baseline}`) | mean ± std | difference | 95% interval "
-           f"| Welch df | p | p, Holm |{' TOST p (margin) | reading |' if equivalence else ''}",
-           "|---" * (len(head) + 7 + 2 * equivalence) + "|"]
+           "| Welch df | p | p, Holm | TOST p (margin) | reading |", "|---" * (len(head) + 9) + "|"]
   for c in found:
-    w, fmt = c["welch"], c["format"]
-    spread = f" ± {fmt.format(c['std'])}" if math.isfinite(c["std"]) else ""
+    w, fmt = c.welch, c.format
+    spread = f" ± {fmt.format(c.std)}" if math.isfinite(c.std) else ""
     interval = f"[{_signed(w.low, fmt)}, {_signed(w.high, fmt)}]" if w.tested else "n/a"
-    lines.append(f"| {' | '.join(c['row'])} | {w.n} / {w.base_n} | {fmt.format(c['mean'])}{spread} | "
+    lines.append(f"| {' | '.join(c.cells)} | {w.n} / {w.base_n} | {fmt.format(c.mean)}{spread} | "
                  f"{_signed(w.difference, fmt)} | {interval} | {f'{w.df:.2f}' if w.tested else 'n/a'} | {p(w.p)} | "
-                 f"{p(c['adjusted'])}{'*' if significance.significant(c['adjusted']) else ''} |"
-                 + (f" {p(c['tost'].p)} (±{c['tost'].margin:g}) | {significance.reading(c['adjusted'], c['tost'])} |"
-                    if equivalence else ""))
+                 f"{p(c.adjusted)}{'*' if significance.significant(c.adjusted) else ''} | "
+                 f"{p(c.tost.p)} (±{c.tost.margin:g}) | {c.reading} |")
   return "\n".join(lines) + "\n"
 
 
-def survives(tests: list[dict]) -> list[str]:
+def survives(tests: list[Comparison]) -> list[str]:
   """What the tests support, by reading (differs, equivalent, inconclusive), each test as
   variant, column and difference: the report's conclusions, generated with its tables."""
   readings = {}
   for c in tests:
-    if c["welch"].tested:
-      said = f"`{c['variant']}` {c['column'].replace('Final loss', 'final NLL')} {_signed(c['welch'].difference, c['format'])}"
-      readings.setdefault(significance.reading(c["adjusted"], c.get("tost")), []).append(said)
+    if c.welch.tested:
+      said = f"`{c.variant}` {c.column.replace('Final loss', 'final NLL')} {_signed(c.welch.difference, c.format)}"
+      readings.setdefault(c.reading, []).append(said)
   meaning = {"differs": "significant after Holm's correction", "equivalent": "within the margin by TOST",
              "inconclusive": "neither: no difference is claimed either way"}
   return ["What survives:", ""] + [f"- **{kind}** ({meaning[kind]}): {'; '.join(readings[kind])}."
@@ -312,7 +301,7 @@ def markdown(results: list[Result], missing: list[str], plots: dict[str, str], c
   if first and first.command:
     out += [f"One of them ({baseline}, first seed), as the sweep ran it:", "", f"```bash\n{first.command}\n```", ""]
   tests = comparisons(results, baseline=baseline)
-  tested = sum(c["welch"].tested for c in tests)
+  tested = sum(c.welch.tested for c in tests)
   out += ["## Modifications (Narang et al. 2021)", "",
           f"Mean ± standard deviation over the seeds (Seeds: how many runs); in brackets the difference to "
           f"`{baseline}` (of the means). Final loss and BLEU are tested: Welch's t-test of each variant against `{baseline}` "
@@ -324,7 +313,7 @@ def markdown(results: list[Result], missing: list[str], plots: dict[str, str], c
           f"(TOST: two one-sided Welch tests against ±{MARGINS['Final loss']:g} NLL or ±{MARGINS['BLEU']:g} BLEU) "
           "and the reading: differs (significant after the correction), equivalent (TOST p below 0.05), or "
           "inconclusive; a difference that is not significant is never read as none. "
-          + significance.seeds_note([c["welch"] for c in tests])
+          + significance.seeds_note([c.welch for c in tests])
           + " Steps/s and early loss show the difference untested, params and FLOPs (exact) in percent. "
           "Early loss: validation NLL at 25% of the steps. FLOPs: matmul FLOPs of a training step (forward and "
           "backward) per target position. Gated feed-forwards have 2/3 of the width (equal parameters).", "",

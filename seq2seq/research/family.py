@@ -50,8 +50,8 @@ def report_claims(path: pathlib.Path, name: str) -> list[Claim]:
   if (kept := records.path_for(path)).is_file():
     sweep = records.read(kept)
     found = ablations.comparisons(sweep.results, baseline=sweep.baseline)
-    return [Claim(name, f"`{c['variant']}` − `{sweep.baseline}`", c["welch"].difference, c["welch"].p, "run records")
-            for c in found if c["column"] == "Final loss" and c["welch"].tested]
+    return [Claim(name, f"`{c.variant}` − `{sweep.baseline}`", c.welch.difference, c.welch.p, "run records")
+            for c in found if c.column == "Final loss" and c.welch.tested]
   text = path.read_text(encoding="utf-8")
   baseline = re.search(r"in brackets the difference to `([^`]+)`", text)[1]
   rows = {}

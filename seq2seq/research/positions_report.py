@@ -23,7 +23,7 @@ from seq2seq import metrics, provenance
 from seq2seq.errors import ConfigError
 from seq2seq.files import write_atomic
 from seq2seq.research import ablations, lengths, records, significance
-from seq2seq.research.significance import summary
+from seq2seq.research.significance import Comparison, summary
 
 COMMAND = "python -m seq2seq.research.positions"
 ORDER = ("sinusoidal", "learned", "rope", "relative")  # table order; others after
@@ -101,10 +101,11 @@ def per_run(runs: list[Run], upper: tuple[int, ...]) -> dict[str, list[list[dict
           for kind in ordered(runs)}
 
 
-def comparisons(by_kind: dict[str, list[list[dict]]], baseline: str = "sinusoidal") -> list[dict]:
+def comparisons(by_kind: dict[str, list[list[dict]]], baseline: str = "sinusoidal") -> list[Comparison]:
   """Welch's t-test of each position type against `baseline` in each bucket and metric (the
-  runs' values), with Holm's p over all of them, and the equivalence test (TOST) against the
-  sweep's margins (ablations.MARGINS: ±0.02 NLL, ±0.5 BLEU), as ablations.format_tests takes them."""
+  runs' values; column "BUCKET METRIC", e.g. "1–4 NLL"), with Holm's p over all of them, and
+  the equivalence test (TOST) against the sweep's margins (ablations.MARGINS: ±0.02 NLL,
+  ±0.5 BLEU)."""
   base = by_kind.get(baseline)
   if not base:
     return []
@@ -119,13 +120,9 @@ def comparisons(by_kind: dict[str, list[list[dict]]], baseline: str = "sinusoida
         if not n or not summary(base_values)[2]:  # an empty bucket: nothing to compare
           continue
         margin = ablations.MARGINS["Final loss" if key == "nll" else "BLEU"]
-        out.append({"kind": kind, "bucket": label, "metric": name, "row": (f"`{kind}`", label, name), "format": fmt,
-                    "mean": mean, "std": std, "welch": significance.welch(values, base_values),
-                    "tost": significance.tost(values, base_values, margin),
-                    "variant": kind, "column": f"{label} {name}"})  # as ablations.survives words it
-  for c, adjusted in zip(out, significance.holm([c["welch"].p for c in out])):
-    c["adjusted"] = adjusted
-  return out
+        out.append(Comparison(kind, f"{label} {name}", (f"`{kind}`", label, name), fmt, mean, std,
+                              significance.welch(values, base_values), significance.tost(values, base_values, margin)))
+  return significance.correct(out)
 
 
 def _count(values: list[int]) -> str:
@@ -137,7 +134,7 @@ def bucket_table(by_kind: dict[str, list[list[dict]]], key: str, fmt: str, found
   """Markdown: one row per bucket (its sentences and joined pairs, a range where the runs'
   tokenizers differ), one column per position type: mean ± std over its runs, and the
   difference to `baseline` marked * where significant after Holm's correction."""
-  marks = {(c["kind"], c["bucket"], c["metric"]): significance.significant(c["adjusted"]) for c in found}
+  marks = {(c.variant, c.column): significance.significant(c.adjusted) for c in found}
   name = dict((k, n) for k, n, _ in METRICS)[key]
   first = next(iter(by_kind.values()))[0]
   head = ["Source tokens", "Sentences", "Joined"] + [f"`{kind}` (n = {len(runs)})" for kind, runs in by_kind.items()]
@@ -148,7 +145,7 @@ def bucket_table(by_kind: dict[str, list[list[dict]]], key: str, fmt: str, found
     for kind, runs in by_kind.items():
       ref = None if kind == baseline or baseline not in by_kind else [s[b][key] for s in by_kind[baseline]]
       ref = ref if ref and summary(ref)[2] else None  # an empty bucket in every baseline run: no difference
-      cells.append(ablations._cell([s[b][key] for s in runs], ref, fmt, 1, marked=marks.get((kind, label, name), False)))
+      cells.append(ablations._cell([s[b][key] for s in runs], ref, fmt, 1, marked=marks.get((kind, f"{label} {name}"), False)))
     lines.append("| " + " | ".join(cells) + " |")
   return "\n".join(lines) + "\n"
 
@@ -223,7 +220,7 @@ def markdown(runs: list[Run], missing: list[str], commands: list[str], command: 
           "Nothing was cut: the study refuses a source past the model's limits.", ""]
   by_kind = per_run(runs, upper)
   found = comparisons(by_kind, baseline)
-  tested = sum(c["welch"].tested for c in found)
+  tested = sum(c.welch.tested for c in found)
   note = (f"Mean ± standard deviation over seeds (n: runs); in brackets the difference to `{baseline}`, * where "
           + (f"Welch's t-test gives p < 0.05 after Holm's correction over the {tested} tests below (both metrics, "
              "every bucket and position type). Fewer than 2 runs a side: no test, no mark." if tested else

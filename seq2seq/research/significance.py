@@ -151,3 +151,31 @@ def holm(pvalues: list[float]) -> list[float]:
 def significant(adjusted: float) -> bool:
   """Whether an adjusted p-value is below ALPHA (nan, no test: False)."""
   return adjusted < ALPHA
+
+
+@dataclasses.dataclass
+class Comparison:
+  """One test of a report: `variant` against the baseline in `column` (`cells`: the first cells
+  of its row in the report's tests table), the variant's mean ± std in the column's `format`,
+  Welch's test, the equivalence test against the column's margin, and Holm's p over the
+  report's tests (`correct` sets it; nan: no test)."""
+  variant: str
+  column: str
+  cells: tuple[str, ...]
+  format: str
+  mean: float
+  std: float
+  welch: Welch
+  tost: Equivalence
+  adjusted: float = math.nan
+
+  @property
+  def reading(self) -> str:
+    return reading(self.adjusted, self.tost)
+
+
+def correct(found: list[Comparison]) -> list[Comparison]:
+  """`found` with Holm's correction over all their tests (the report's family) set in place."""
+  for c, adjusted in zip(found, holm([c.welch.p for c in found])):
+    c.adjusted = adjusted
+  return found
