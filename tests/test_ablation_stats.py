@@ -154,20 +154,20 @@ def test_the_multiplier_takes_means_on_both_sides_with_an_interval_from_the_seed
              result("transformer++", 0, 1.0, size="large", curve=[(1e13, 1.0)])]
   for point, expected in zip(multiplier.mean_curve(results[:2]), [(1e12, 3.1), (1e13, 2.1), (1e14, 1.1)], strict=True):
     assert point[:2] == pytest.approx(expected) and point[2:] == (pytest.approx(0.02**0.5), 2)
-  rows = {m["size"]: m for m in multiplier.multipliers(results)}
+  rows = {m.size: m for m in multiplier.multipliers(results)}
   base = rows["base"]
   # 1.6 is halfway from 2.1 to 1.1 in log FLOPs: 10^13.5, 10^0.5 times Transformer++'s. Vanilla's
   # best seed alone (2.0 -> 1.0) would have given 10^0.4.
-  assert base["nll"] == pytest.approx(1.6) and base["multiplier"] == pytest.approx(10**0.5)
+  assert base.nll == pytest.approx(1.6) and base.multiplier == pytest.approx(10**0.5)
   # The NLL gap's se is sqrt(0.02/2 + 0.02/2), with 2 degrees of freedom: NLL 1.6 +- h. At
   # 1.6 + h vanilla's mean curve is reached between 1e12 (3.1) and 1e13 (2.1); at 1.6 - h never.
   h = stats.t.ppf(0.975, 2) * 0.02**0.5
-  assert base["low"] == pytest.approx(10 ** (12 + (3.1 - (1.6 + h)) - 13)) and math.isinf(base["high"])
-  assert (base["seeds"], base["weak_seeds"]) == (2, 2)
+  assert base.low == pytest.approx(10 ** (12 + (3.1 - (1.6 + h)) - 13)) and math.isinf(base.high)
+  assert (base.seeds, base.weak_seeds) == (2, 2)
   large = rows["large"]
-  assert math.isnan(large["low"]) and large["seeds"] == 1
+  assert math.isnan(large.low) and large.seeds == 1
   report = ablations.markdown(results, [], {}, "cmd", [])
-  assert f"| **3.16x** | 2 / 2 | [{base['low']:.2f}x, > 10.00x] |" in report
+  assert f"| **3.16x** | 2 / 2 | [{base.low:.2f}x, > 10.00x] |" in report
   assert ("| not reached | none measured (vanilla's largest run: 10.00x these FLOPs) | 1 / 2 | no interval: 1 seed "
           "of Transformer++ |") in report
   assert "Both sides are means over seeds" in report
@@ -180,7 +180,7 @@ def test_where_vanilla_never_reached_no_multiplier_and_no_interval_are_claimed()
   results = [result("vanilla", s, 2.0 + 0.01 * s, curve=[(1e12, 3.0 + 0.01 * s), (1e14, 2.0 + 0.01 * s)]) for s in (0, 1)]
   results += [result("transformer++", s, 0.5 + 0.01 * s, size="large", curve=[(1e13, 0.5 + 0.01 * s)]) for s in (0, 1)]
   row, = multiplier.multipliers(results)
-  assert math.isinf(row["multiplier"]) and math.isinf(row["low"]) and row["weak_max"] == pytest.approx(10.0)
+  assert math.isinf(row.multiplier) and math.isinf(row.low) and row.weak_max == pytest.approx(10.0)
   report = ablations.markdown(results, [], {}, "cmd", [])
   assert ("| not reached | none measured (vanilla's largest run: 10.00x these FLOPs) | 2 / 2 | none: not reached |"
           in report)

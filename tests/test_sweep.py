@@ -217,13 +217,13 @@ def test_compute_multiplier_interpolates_on_vanillas_frontier():
              # a larger vanilla that trained badly: not on the frontier, but it bounds the multiplier
              synthetic("vanilla", 0, 2.5, size="large", curve=[(1e15, 2.5)])]
   assert multiplier.frontier([r.curve for r in results[:2]]) == [(1e12, 3.0), (1e13, 2.0), (1e14, 1.0)]
-  rows = {m["size"]: m for m in multiplier.multipliers(results)}
+  rows = {m.size: m for m in multiplier.multipliers(results)}
   # NLL 1.5 lies halfway between 2.0 (1e13) and 1.0 (1e14) in log FLOPs: 10^13.5.
-  assert math.isclose(rows["base"]["weak_flops"], 10**13.5) and math.isclose(rows["base"]["multiplier"], 10**0.5)
+  assert math.isclose(rows["base"].weak_flops, 10**13.5) and math.isclose(rows["base"].multiplier, 10**0.5)
   assert multiplier.frontier([r.curve for r in results if r.variant == "vanilla"]) == multiplier.frontier(
       [r.curve for r in results[:2]])
   # Vanilla never reached 0.5, not even with 1e15 FLOPs: more than 100x transformer++ large's 1e13.
-  assert math.isinf(rows["large"]["multiplier"]) and math.isclose(rows["large"]["weak_max"], 100.0)
+  assert math.isinf(rows["large"].multiplier) and math.isclose(rows["large"].weak_max, 100.0)
   # The report's scaling table: a row per Transformer++ size with its peak learning rate.
   results = [dataclasses.replace(r, learning_rate=0.003 / {"small": 0.5, "base": 1.0, "large": 2.0}[r.size] ** 0.5)
              for r in results]
@@ -246,10 +246,10 @@ def test_vanilla_at_a_size_transformer_pp_skipped_extends_the_frontier_and_is_li
   results = [dataclasses.replace(r, learning_rate=(0.001 if "lr" in r.variant else 0.002)
                                  / variants.SIZES[r.size] ** 0.5) for r in results]
   row, = multiplier.multipliers(results)
-  assert math.isinf(row["multiplier"]) and math.isclose(row["weak_max"], 10.0)  # 1e14 / 1e13, not 1.0
+  assert math.isinf(row.multiplier) and math.isclose(row.weak_max, 10.0)  # 1e14 / 1e13, not 1.0
   beyond, = multiplier.beyond_sizes(results)
-  assert (beyond["size"], beyond["learning_rate"], beyond["rates"], beyond["seeds"]) == ("xlarge", 0.0005, 2, 2)
-  assert math.isclose(beyond["nll"], 2.3) and math.isclose(beyond["std"], 0.1 * 2 ** 0.5) and beyond["hardware"] == gpu
+  assert (beyond.size, beyond.learning_rate, beyond.rates, beyond.seeds) == ("xlarge", 0.0005, 2, 2)
+  assert math.isclose(beyond.nll, 2.3) and math.isclose(beyond.std, 0.1 * 2 ** 0.5) and beyond.hardware == gpu
   report = ablations.markdown(results, [], {}, "cmd", [])
   assert "| xlarge | 1.00M | 0.0005 (best of 2) | 2.300 ± 0.141 | 2 | 1e+14 | 1 x GPU |" in report
   assert "; 4.0 and 0.4 for the 4 runs on 1 x GPU; 40.0 and 4.0 for the 4 runs on 2-core CPU." in report
@@ -296,14 +296,14 @@ def test_the_multiplier_takes_each_architecture_at_its_best_rate():
   results = [dataclasses.replace(synthetic(name, seed, nll[-1], size=size, curve=curve(*nll)), learning_rate=rate)
              for name, size, rate, nll in runs for seed in (0, 1, 2)]
   (row,) = multiplier.multipliers(results)
-  assert (row["size"], row["variant"], row["rates"], row["weak_variant"], row["weak_rates"]) == (
+  assert (row.size, row.variant, row.rates, row.weak_variant, row.weak_rates) == (
       "base", "transformer+++lr0.008", 2, "vanilla+lr0.004", 2)
   # 1.5 lies halfway between vanilla+lr0.004's 2.0 (1e13) and 1.0 (1e14) in log FLOPs: 10^13.5, over
   # 1e13 (with vanilla's 1.9 at 1e13 on the frontier it would be 10^(13 + 0.4/0.9)). At the
   # config's rate alone vanilla never gets there.
-  assert math.isclose(row["multiplier"], 10**0.5)
+  assert math.isclose(row.multiplier, 10**0.5)
   alone = [r for r in results if r.variant in ("vanilla", "transformer+++lr0.008")]
-  assert math.isinf(multiplier.multipliers(alone)[0]["multiplier"])
+  assert math.isinf(multiplier.multipliers(alone)[0].multiplier)
   report = ablations.markdown(results, [], {}, "cmd", [])
   assert ("| base | 1.00M | 0.008 (best of 2) | 1.500 | 0.004 (best of 2) | 1.000 | 1e+13 | 3.16e+13 | **3.16x** "
           "| 2 / 2 |") in report

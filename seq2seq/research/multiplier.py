@@ -32,6 +32,7 @@ how many times the training FLOPs vanilla needs to reach Transformer++'s final v
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 
@@ -112,7 +113,49 @@ def best_rate(runs: list, search_seed: int = SEARCH_SEED) -> tuple[str, list]:
   return chosen, [r for r in mine if r.seed != search_seed] or mine
 
 
-def multipliers(results: list, strong: str = "transformer++", weak: str = "vanilla") -> list[dict]:
+@dataclasses.dataclass(frozen=True)
+class Multiplier:
+  """One Transformer++ size of the report's scaling table: Transformer++ at its best rate there
+  (variant, peak rate, rates tried, params, mean final NLL and FLOPs over its reporting seeds),
+  the `weak` side likewise at that size (nan / "" where it did not run there), the FLOPs
+  `weak`'s frontier needs to reach that NLL (inf: never), the multiplier, `weak`'s largest
+  run's FLOPs over Transformer++'s, and the multiplier's interval (nan without one)."""
+  size: str
+  variant: str
+  params: float
+  learning_rate: float
+  rates: int
+  weak_variant: str
+  weak_learning_rate: float
+  weak_rates: int
+  nll: float
+  flops: float
+  weak_flops: float
+  multiplier: float
+  weak_max: float
+  weak_nll: float
+  low: float
+  high: float
+  seeds: int
+  weak_seeds: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Alone:
+  """The `weak` side at a size where Transformer++ did not run: its best rate there, the final
+  NLL of its reporting seeds (mean, std, count), its FLOPs and the hardware its runs named."""
+  size: str
+  params: float
+  learning_rate: float
+  rates: int
+  nll: float
+  std: float
+  seeds: int
+  flops: float
+  hardware: str
+
+
+def multipliers(results: list, strong: str = "transformer++", weak: str = "vanilla") -> list[Multiplier]:
   """Per size of architecture `strong`: its final NLL and FLOPs (means over the seeds of its
   best rate there), the FLOPs architecture `weak` needs to reach that NLL on the frontier of
   its mean curves at its best rate at every size it ran, the multiplier, and its interval (low,
@@ -137,13 +180,11 @@ def multipliers(results: list, strong: str = "transformer++", weak: str = "vanil
     low, high = ((flops_to_reach(front, nll + gap.high) / spent, flops_to_reach(front, nll + gap.low) / spent)
                  if gap.tested else (math.nan, math.nan))
     weak_variant, same = best.get(size, ("", []))
-    out.append({"size": size, "variant": variant, "params": runs[0].params, "learning_rate": runs[0].learning_rate,
-                "rates": len({r.variant for r in at}), "weak_variant": weak_variant,
-                "weak_learning_rate": same[0].learning_rate if same else math.nan,
-                "weak_rates": len({r.variant for r in own if r.size == size}), "nll": nll, "flops": spent,
-                "weak_flops": needed, "multiplier": needed / spent, "weak_max": spent_max / spent,
-                "weak_nll": statistics.fmean(r.final_nll for r in same) if same else math.nan, "low": low,
-                "high": high, "seeds": n, "weak_seeds": weak_n})
+    out.append(Multiplier(size, variant, runs[0].params, runs[0].learning_rate, len({r.variant for r in at}),
+                          weak_variant, same[0].learning_rate if same else math.nan,
+                          len({r.variant for r in own if r.size == size}), nll, spent, needed, needed / spent,
+                          spent_max / spent, statistics.fmean(r.final_nll for r in same) if same else math.nan,
+                          low, high, n, weak_n))
   return out
 
 
@@ -177,26 +218,26 @@ def section(results: list, plot: str | None = None) -> list[str]:
           "| its FLOPs | vanilla's FLOPs to match | multiplier | seeds (Transformer++ / vanilla) | 95% interval |",
           "|---|---|---|---|---|---|---|---|---|---|---|"]
   for m in rows:
-    reached = math.isfinite(m["weak_flops"])
-    weak_nll = f"{m['weak_nll']:.3f}" if math.isfinite(m["weak_nll"]) else "not run"
-    out.append(f"| {m['size']} | {m['params'] / 1e6:.2f}M | {rate(m['learning_rate'], m['rates'])} | {m['nll']:.3f} "
-               f"| {rate(m['weak_learning_rate'], m['weak_rates'])} | {weak_nll} | {m['flops']:.3g} | "
-               + (f"{m['weak_flops']:.3g} | **{m['multiplier']:.2f}x** |" if reached
-                  else f"not reached | none measured (vanilla's largest run: {m['weak_max']:.2f}x these FLOPs) |")
-               + f" {m['seeds']} / {m['weak_seeds']} | {_interval(m)} |")
+    reached = math.isfinite(m.weak_flops)
+    weak_nll = f"{m.weak_nll:.3f}" if math.isfinite(m.weak_nll) else "not run"
+    out.append(f"| {m.size} | {m.params / 1e6:.2f}M | {rate(m.learning_rate, m.rates)} | {m.nll:.3f} "
+               f"| {rate(m.weak_learning_rate, m.weak_rates)} | {weak_nll} | {m.flops:.3g} | "
+               + (f"{m.weak_flops:.3g} | **{m.multiplier:.2f}x** |" if reached
+                  else f"not reached | none measured (vanilla's largest run: {m.weak_max:.2f}x these FLOPs) |")
+               + f" {m.seeds} / {m.weak_seeds} | {_interval(m)} |")
   out.append("")
   beyond = beyond_sizes(results)
   if beyond:
     out += ["Vanilla at sizes where Transformer++ did not run: they extend vanilla's frontier, so they "
             "raise the FLOPs ratios of vanilla's largest run above.", "",
             "| size | vanilla params | its peak rate | its final NLL | seeds | its FLOPs | hardware |", "|---|---|---|---|---|---|---|"]
-    out += [f"| {b['size']} | {b['params'] / 1e6:.2f}M | {rate(b['learning_rate'], b['rates'])} | {b['nll']:.3f} ± "
-            f"{b['std']:.3f} | {b['seeds']} | {b['flops']:.3g} | {b['hardware']} |" for b in beyond]
+    out += [f"| {b.size} | {b.params / 1e6:.2f}M | {rate(b.learning_rate, b.rates)} | {b.nll:.3f} ± "
+            f"{b.std:.3f} | {b.seeds} | {b.flops:.3g} | {b.hardware} |" for b in beyond]
     out.append("")
   return out
 
 
-def beyond_sizes(results: list, strong: str = "transformer++", weak: str = "vanilla") -> list[dict]:
+def beyond_sizes(results: list, strong: str = "transformer++", weak: str = "vanilla") -> list[Alone]:
   """Per size where `weak` ran and `strong` did not: `weak`'s best rate there, its final NLL
   (mean, std, seeds), FLOPs and the hardware its runs named."""
   sizes = {r.size for r in results if architecture_of(r.variant) == strong}
@@ -206,20 +247,19 @@ def beyond_sizes(results: list, strong: str = "transformer++", weak: str = "vani
     at = [r for r in own if r.size == size]
     _, runs = best_rate(at)
     nll, std, n = significance.summary([r.final_nll for r in runs])
-    out.append({"size": size, "params": runs[0].params, "learning_rate": runs[0].learning_rate,
-                "rates": len({r.variant for r in at}), "nll": nll, "std": std, "seeds": n,
-                "flops": statistics.fmean(r.curve[-1][0] for r in runs),
-                "hardware": ", ".join(sorted({r.hardware for r in runs if r.hardware})) or "?"})
+    out.append(Alone(size, runs[0].params, runs[0].learning_rate, len({r.variant for r in at}), nll, std, n,
+                     statistics.fmean(r.curve[-1][0] for r in runs),
+                     ", ".join(sorted({r.hardware for r in runs if r.hardware})) or "?"))
   return out
 
 
-def _interval(m: dict) -> str:
+def _interval(m: Multiplier) -> str:
   """A multiplier's interval as the report shows it, or why it has none."""
-  times = lambda x: f"{x:.2f}x" if math.isfinite(x) else f"> {m['weak_max']:.2f}x"
-  if not math.isnan(m["low"]):
-    return "none: not reached" if math.isinf(m["low"]) else f"[{times(m['low'])}, {times(m['high'])}]"
-  few = [f"{m[k]} seed{'' if m[k] == 1 else 's'} of {name}" for name, k in (("Transformer++", "seeds"),
-                                                                          ("vanilla", "weak_seeds")) if m[k] < 2]
+  times = lambda x: f"{x:.2f}x" if math.isfinite(x) else f"> {m.weak_max:.2f}x"
+  if not math.isnan(m.low):
+    return "none: not reached" if math.isinf(m.low) else f"[{times(m.low)}, {times(m.high)}]"
+  few = [f"{n} seed{'' if n == 1 else 's'} of {name}" for name, n in (("Transformer++", m.seeds), ("vanilla", m.weak_seeds))
+         if n < 2]
   return "no interval: " + (" and ".join(few) if few else "no spread between the seeds")
 
 
