@@ -48,7 +48,8 @@ def test_config_opens_with_its_command_its_result_and_what_it_sets(name):
   """The form of every shipped config (configs/__init__.py): a comment of at most 8 lines with
   a command that names the file itself and one `# Expected: ` line (the measured result, or
   what it is for where none exists), then the docstring: what the config sets, starting from
-  the config it imports. Run history belongs in docs/results.md, so no docstring names a run."""
+  the config it imports. Run history belongs in docs/results.md and docs/history.md, so no docstring
+  names a run."""
   text = (CONFIG_DIR / f"{name}.py").read_text()
   header = list(itertools.takewhile(lambda line: line.startswith("#"), text.splitlines()))
   assert 3 <= len(header) <= 8, f"configs/{name}.py: a header of 3 to 8 comment lines, not {len(header)}"
@@ -61,7 +62,7 @@ def test_config_opens_with_its_command_its_result_and_what_it_sets(name):
   base = [node.names[0].name for node in tree.body if isinstance(node, ast.ImportFrom)
           and node.module == "seq2seq.configs"]
   assert not base or docstring.startswith(f"{base[0]}.py "), f"configs/{name}.py: say what it sets on {base}"
-  results = (CONFIG_DIR.parent / "docs" / "results.md").read_text(encoding="utf-8")
+  results = "".join((CONFIG_DIR.parent / "docs" / page).read_text(encoding="utf-8") for page in ("results.md", "history.md"))
   runs = set(re.findall(r"^\| `(\w+)` \|", results, re.M)) - set(NAMES)  # the runs' names, not the configs'
   assert runs and not {run for run in runs if f"`{run}`" in docstring or f" {run} " in docstring}, name
 
