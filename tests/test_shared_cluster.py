@@ -51,6 +51,7 @@ def test_a_workdir_has_one_trainer_and_a_dead_ones_lock_never_blocks(tmp_path):
 
 
 def test_a_run_that_fails_before_writing_leaves_no_workdir(tmp_path):
+  """Nothing written, a workdir the run created is removed again; a user's folder stays."""
   with pytest.raises(errors.ConfigError):
     with lock.hold(tmp_path / "new" / "run"):
       raise errors.ConfigError("a bad setting")
@@ -60,6 +61,19 @@ def test_a_run_that_fails_before_writing_leaves_no_workdir(tmp_path):
     with lock.hold(tmp_path / "kept"):
       raise errors.ConfigError("a bad setting")
   assert (tmp_path / "kept").is_dir()  # the user's folder stays
+  # The processes of one multi-host run fail at once, each cleaning up the workdir they all created: each
+  # removes its own lock file (never another's), the last one the workdir, and each ends in its own error
+  # whichever cleaned up first (a FileNotFoundError from another's removal replaced it).
+  run = tmp_path / "hosts" / "run"
+  with pytest.raises(errors.DataError, match="different sentencepiece models"):
+    with lock.hold(run, process_index=0):
+      lock.lock_path(run, 1).write_text("{}")  # process 1's lock file, still there
+      raise errors.DataError("the processes have different sentencepiece models")
+  assert sorted(p.name for p in run.iterdir()) == ["train.lock.1"]
+  with pytest.raises(errors.DataError, match="different sentencepiece models"):
+    with lock.hold(tmp_path / "hosts" / "other", process_index=1):
+      shutil.rmtree(tmp_path / "hosts" / "other")  # process 0 cleaned up first, the workdir with it
+      raise errors.DataError("the processes have different sentencepiece models")
 
 
 def _until(predicate, timeout: float = 240.0):

@@ -276,10 +276,13 @@ def take(workdir: str | os.PathLike, process_index: int = 0, command: str = ""):
     try:
       yield held
     except BaseException:
-      if created and workdir.is_dir() and all(p.name.startswith(LOCK_FILE) for p in workdir.iterdir()):
-        for p in workdir.iterdir():
-          p.unlink()
-        workdir.rmdir()
+      # Each process removes its own lock file, then the workdir if it is empty: the processes of one
+      # multi-host run on a shared filesystem fail and clean up at once (OSError: another one removed
+      # the workdir first, or its lock file is still there).
+      with contextlib.suppress(OSError):
+        if created and all(p.name.startswith(LOCK_FILE) for p in workdir.iterdir()):
+          path.unlink(missing_ok=True)
+          workdir.rmdir()
       raise
   finally:
     held.release()  # releases the locks
