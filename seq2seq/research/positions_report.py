@@ -60,13 +60,11 @@ def read_run(workdir: pathlib.Path, entry: dict) -> Run | None:
     return None
   config = json.loads((workdir / "config.json").read_text())
   found = [json.loads(p.read_text()) for p in lengths.saved(workdir / "eval", config["train"]["steps"])]
-  if not found:
+  if not (record := records.own_search(found, config)):
     return None
-  own = {k: config["eval"][k] for k in ("beam_size", "alpha")}
-  record = next((r for r in found if {k: r["decode"][k] for k in own} == own), found[0])
   logged = metrics.read(workdir)
   train = [r["wall_time_s"] for r in logged if "loss" in r and "wall_time_s" in r]
-  final = max((r for r in logged if "val_nll" in r), key=lambda r: r["step"], default={})
+  final = records.last_validation(logged)
   model = config["model"]
   return Run(entry["name"], entry["variant"], entry["seed"], model["positions"], config["data"]["max_len"],
              model["max_len"] if model["positions"] == "learned" else None, record.pop("sentences"), record,

@@ -54,6 +54,18 @@ class Result:
   val_chrf: float = math.nan  # (sweeps since 2026-11-28 do: runs.Run.evaluated)
 
 
+def own_search(found: list[dict], config: dict) -> dict | None:
+  """Of a checkpoint's results, one per search (a later seq2seq-eval with other settings adds
+  files), the one decoded with the run's own beam size and alpha; else the first."""
+  own = {k: config["eval"][k] for k in ("beam_size", "alpha")}
+  return next((r for r in found if {k: r["decode"][k] for k in own} == own), found[0]) if found else None
+
+
+def last_validation(logged: list[dict]) -> dict:
+  """The validation record of the last step in a run's metrics ({} if none)."""
+  return max((r for r in logged if "val_nll" in r), key=lambda r: r["step"], default={})
+
+
 def read_run(workdir: pathlib.Path, entry: dict) -> Result | None:
   """A finished run's figures (None while it has no test-set result at its last step)."""
   from seq2seq.inference import evaluate
@@ -65,13 +77,10 @@ def read_run(workdir: pathlib.Path, entry: dict) -> Result | None:
     return None
   config = json.loads(config_path.read_text())
   steps = config["train"]["steps"]
-  own = {k: config["eval"][k] for k in ("beam_size", "alpha")}
 
   def scored(split: str) -> dict | None:
-    """The split's result at the last step, the config's own decoding first (a later
-    seq2seq-eval with other settings adds files)."""
-    found = evaluate.saved_results(workdir / "eval", evaluate.result_name(split), f"step{steps}")
-    return next((r for r in found if {k: r["decode"][k] for k in own} == own), found[0]) if found else None
+    """The split's result at the last step."""
+    return own_search(evaluate.saved_results(workdir / "eval", evaluate.result_name(split), f"step{steps}"), config)
 
   bleu, chrf, hardware, eval_seconds = {}, {}, "", 0.0
   for split in config["data"]["test_splits"]:
@@ -97,7 +106,7 @@ def read_run(workdir: pathlib.Path, entry: dict) -> Result | None:
     tokens += sum(t.get("tokens", 0.0) for t in train if done < t["step"] <= r["step"])
     done = r["step"]
     curve.append((tokens * per_token, r["val_nll"]))
-  last = max(evals, key=lambda r: r["step"])
+  last = last_validation(evals)
   early = min(evals, key=lambda r: abs(r["step"] - steps / 4))
   train_seconds = max((r["wall_time_s"] for r in train if "wall_time_s" in r), default=math.nan)  # summed over restarts
   return Result(entry["name"], entry["variant"], entry["size"], entry["seed"], float(transformer.count_params(cfg)),
