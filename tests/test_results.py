@@ -218,3 +218,46 @@ def test_the_family_refuses_a_missing_file_in_one_line_and_writes_nothing(tmp_pa
   assert out.returncode == 2 and out.stderr.strip().splitlines() == [
       f"error: {target} does not exist: the file whose <!-- family:start --> ... <!-- family:end --> section to write"]
   assert list(tmp_path.iterdir()) == []
+
+
+def test_a_runs_search_record_is_made_from_its_workdir_and_holds_no_test_set_figure(tmp_path):
+  """`recipe_search --add=WORKDIR` makes a record from the run's files: its command with the
+  workdir's parent as WORK, the overrides but the seed, the validation curve, the full-val
+  result of the run's own search (not another alpha's), no test-set result; adding it again
+  replaces it."""
+  from seq2seq.research import recipe_search
+
+  run = tmp_path / "runs" / "trial_drop01"
+  (run / "eval").mkdir(parents=True)
+  settings = {"seed": 0, "data": {"dir": "/data", "cache_dir": "/cache", "vocab_size": 8000},
+              "eval": {"beam_size": 4, "alpha": 1.5}, "train": {"steps": 200}, "model": {"dropout_rate": 0.1}}
+  (run / "config.json").write_text(json.dumps(settings))
+  command = (f"python train.py --config=configs/multi30k.py --workdir={run} --config.seed=0 "
+             "--config.model.dropout_rate=0.1")
+  (run / "provenance.jsonl").write_text(json.dumps({"command": command, "commit": "abcdef0123"}) + "\n")
+  (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [
+      {"step": 50, "loss": 3.0}, {"step": 100, "val_nll": 2.1234567, "val_tokens": 300.0, "val_bleu": 20.123456},
+      {"step": 200, "val_nll": 1.9, "val_tokens": 300.0, "val_bleu": 25.0}]))
+  for alpha, bleu in ((1.0, 30.0), (1.5, 31.234567)):
+    (run / "eval" / f"val.step200.beam4-alpha{alpha}.json").write_text(json.dumps(
+        {"bleu": bleu, "chrf": 55.0, "checkpoint": "step200", "sentences": 1014, "hardware": "cpu",
+         "decode": {"beam_size": 4, "alpha": alpha}}))
+  (run / "eval" / "test_2016_flickr.step200.beam4-alpha1.5.json").write_text(json.dumps(
+      {"bleu": 99.0, "checkpoint": "step200", "decode": {"beam_size": 4, "alpha": 1.5}}))
+  path = tmp_path / "records.jsonl"
+  path.write_text("")
+  recipe_search.add(path, run, "2026-11-29 CPU")
+  (record,) = recipe_search.load(path)
+  assert (record.run, record.call, record.commit, record.config, record.seed) == (
+      "trial_drop01", "2026-11-29 CPU", "abcdef0", "multi30k", 0)
+  assert record.command == ("python train.py --config=configs/multi30k.py --workdir=WORK/trial_drop01 --config.seed=0 "
+                            "--config.model.dropout_rate=0.1")
+  assert record.overrides == ["--config.model.dropout_rate=0.1"]
+  assert (record.steps, record.reached, record.status, record.val_tokens) == (200, 200, "exit 0", 300)
+  assert record.val_curve == [{"bleu500": 20.1235, "nll": 2.123457, "step": 100}, {"bleu500": 25.0, "nll": 1.9, "step": 200}]
+  assert record.val_eval == {"latest": {"bleu": 31.2346, "chrf": 55.0, "checkpoint": "step200", "sentences": 1014,
+                                        "hardware": "cpu"}}
+  assert "dir" not in record.settings["data"] and "cache_dir" not in record.settings["data"]
+  assert "99.0" not in path.read_text()
+  recipe_search.add(path, run, "again")
+  assert [r.call for r in recipe_search.load(path)] == ["again"]

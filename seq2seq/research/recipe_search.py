@@ -5,6 +5,7 @@ first 500 sentences, every eval_every steps) and `eval.py --split=val` on all 10
 (latest checkpoint and the average of the last 5). No record holds a test-set figure.
 
   python -m seq2seq.research.recipe_search docs/runs/main_job_search.jsonl [--update=docs/results.md]
+  python -m seq2seq.research.recipe_search docs/runs/main_job_search.jsonl --add=WORKDIR --call="..."
 
 prints (or writes between the search markers) every run, then the confirmatory seeds of the
 chosen recipe, and of the main job as shipped (3600 steps), against the former default, with
@@ -20,6 +21,7 @@ import json
 import math
 import pathlib
 
+from seq2seq.files import write_atomic
 from seq2seq.research import records as records_lib
 from seq2seq.research import results, significance
 
@@ -57,6 +59,43 @@ class Record:
 
 def load(path: str | pathlib.Path) -> list[Record]:
   return [Record(**json.loads(line)) for line in pathlib.Path(path).read_text().splitlines() if line.strip()]
+
+
+def record_of(workdir: pathlib.Path, call: str) -> Record:
+  """A finished or stopped run's record, from its own files (config.json, metrics.jsonl,
+  provenance.jsonl, eval/val.*.json): paths under the workdir's parent become WORK."""
+  from seq2seq import metrics
+  from seq2seq.inference import evaluate
+
+  workdir = pathlib.Path(workdir).resolve()
+  hide = lambda text: text.replace(str(workdir.parent), "WORK")
+  settings = json.loads(hide((workdir / "config.json").read_text()))
+  for key in ("dir", "cache_dir"):
+    settings["data"].pop(key, None)
+  first = json.loads((workdir / "provenance.jsonl").read_text().splitlines()[0])
+  command = hide(first["command"])
+  overrides = [a for a in command.split()[2:] if a.startswith("--config.") and not a.startswith("--config.seed=")]
+  config = pathlib.Path(command.split("--config=")[1].split()[0]).stem
+  logged = [r for r in metrics.read(workdir) if "val_nll" in r]
+  curve = [{"bleu500": round(r.get("val_bleu", math.nan), 4), "nll": round(r["val_nll"], 6), "step": r["step"]}
+           for r in logged]
+  steps = settings["train"]["steps"]
+  found = evaluate.saved_results(workdir / "eval", "val", f"step{steps}")
+  val_eval = {}
+  if latest := records_lib.own_search(found, settings):
+    val_eval["latest"] = {k: round(latest[k], 4) if k in ("bleu", "chrf") else latest[k]
+                          for k in ("bleu", "chrf", "checkpoint", "sentences", "hardware") if k in latest}
+  reached = curve[-1]["step"] if curve else 0
+  return Record(workdir.name, call, first["commit"][:7], config, settings["seed"], overrides, steps, reached,
+                "exit 0" if reached == steps else f"stopped at step {reached}", curve,
+                int(logged[-1]["val_tokens"]) if logged else 0, val_eval, command, settings)
+
+
+def add(path: str | pathlib.Path, workdir: str | pathlib.Path, call: str) -> None:
+  """Appends (or replaces) `workdir`'s record in the records file at `path`."""
+  new = record_of(pathlib.Path(workdir), call)
+  kept = [r for r in load(path) if r.run != new.run] + [new]
+  write_atomic(pathlib.Path(path), "".join(json.dumps(dataclasses.asdict(r), sort_keys=True) + "\n" for r in kept))
 
 
 def _num(value: float, digits: int) -> str:
@@ -124,8 +163,18 @@ def report(records: list[Record]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-  results.marked_command(__name__, "python -m seq2seq.research.recipe_search RECORDS.jsonl [--update=FILE]",
-                         lambda args: report(load(args[0])), 1, START, END, argv)
+  from absl import flags
+
+  workdir = flags.DEFINE_string("add", "", "First append (or replace) this run's record, made from its workdir.")
+  call = flags.DEFINE_string("call", "", "With --add: where and when it trained, e.g. '2026-11-29 CPU, 2-core AMD EPYC'.")
+
+  def make(args):
+    if workdir.value:
+      add(args[0], workdir.value, call.value)
+    return report(load(args[0]))
+
+  results.marked_command(__name__, "python -m seq2seq.research.recipe_search RECORDS.jsonl [--add=WORKDIR --call=WHERE] "
+                         "[--update=FILE]", make, 1, START, END, argv)
 
 
 if __name__ == "__main__":
