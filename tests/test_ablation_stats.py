@@ -411,10 +411,73 @@ def test_the_prose_quoting_studies_with_records_is_what_the_records_make():
   assert [s for s in expected if s not in prose] == []
 
 
+def test_the_grids_reading_in_sweeps_md_is_what_its_records_make():
+  """docs/sweeps.md's reading of the grid quotes figures recomputed here from its committed
+  records (docs/runs/ablations.jsonl): which final-NLL differences survive the correction and
+  by how much, which are equivalent or inconclusive, which BLEU gains survive, validation
+  BLEU, and what the comparison with Narang et al. and the pre-norm paragraph quote. A rerun
+  that moves one fails until the prose follows."""
+  from seq2seq.research import records
+
+  repo = pathlib.Path(__file__).resolve().parents[1]
+  kept = records.read(repo / "docs" / "runs" / "ablations.jsonl")
+  found = {(c.variant, c.column): c for c in ablations.comparisons(kept.results, baseline=kept.baseline)}
+  prose = " ".join((repo / "docs" / "sweeps.md").read_text(encoding="utf-8").split())
+  nll, t16, t17 = report_tables.TESTED
+  order = [v for v, column in found if column == nll]
+  assert len(order) == 12 and all(found[(v, c)].welch.n == 3 for v in order for c in report_tables.TESTED)
+  d = lambda v, column=nll: found[(v, column)].welch.difference
+  reading = lambda v, column=nll: found[(v, column)].reading
+  signed = lambda x, digits=3: f"{x:+.{digits}f}".replace("-", "−")
+  interval = lambda v, column=nll, digits=3: (f"[{signed(found[(v, column)].welch.low, digits)}, "
+                                              f"{signed(found[(v, column)].welch.high, digits)}]")
+  listing = lambda items: " and ".join([", ".join(items[:-1]), items[-1]] if len(items) > 1 else items)
+  words = "none one two three four five six seven eight nine ten eleven twelve".split()
+  val = {v: statistics.fmean(r.val_bleu for r in kept.results if r.variant == v) for v in [kept.baseline, *order]}
+
+  differs = sorted((v for v in order if reading(v) == "differs"), key=d)
+  assert all(d(v) < 0 for v in differs)  # the prose says "below"
+  rest = [v for v in order if v not in differs]
+  level = [v for v in rest if reading(v) == "equivalent"]
+  open_ = [v for v in rest if reading(v) == "inconclusive"]
+  both = [v for v in order if reading(v, t16) == reading(v, t17) == "differs"]
+  one = [(v, c) for v in order if v not in both for c in (t16, t17) if reading(v, c) == "differs"]
+  others = [(v, c) for v in order for c in (t16, t17) if reading(v, c) != "differs"]
+  glus = [d(v) for v in ("reglu", "geglu", "swiglu")]
+  rms = found[("rmsnorm", nll)].welch
+  expected = [
+      f"**Final NLL: {words[len(differs)]} of the twelve modifications end below post-norm vanilla after the "
+      f"correction**: {listing([f'`{v}` {signed(d(v))}' for v in differs])}",
+      (f"Within ±0.02 NLL of vanilla by TOST: {listing([f'`{v}` {signed(d(v))}' for v in level])}" if level
+       else "None is within ±0.02 NLL of vanilla by TOST"),
+      f"inconclusive: {listing([f'`{v}` {signed(d(v))} {interval(v)}' for v in open_])}",
+      (f"**BLEU: {listing([f'`{v}` {signed(d(v, t16), 2)} / {signed(d(v, t17), 2)}' for v in both])} on both test "
+       "sets**" if both else "**BLEU: no variant's gain survives on both test sets**"),
+      f"the other {len(others)} BLEU differences ({signed(min(d(*k) for k in others), 2)} to "
+      f"{signed(max(d(*k) for k in others), 2)}) do not survive 36 tests (raw p "
+      f"{min(found[k].welch.p for k in others):.3f} to {max(found[k].welch.p for k in others):.3f})",
+      f"Validation BLEU (from the records, untested): `{kept.baseline}` {val[kept.baseline]:.2f}, "
+      + listing([f"`{v}` {val[v]:.2f}" for v in sorted(order, key=val.get, reverse=True)]),
+      # Against Narang et al.
+      f"GELU and Swish: {signed(d('gelu'))} and {signed(d('swish'))} NLL (corrected p = "
+      f"{found[('gelu', nll)].adjusted:.3f} / {found[('swish', nll)].adjusted:.3f}, {reading('gelu')} / "
+      f"{reading('swish')})",
+      f"the GLUs ({signed(min(glus))} to {signed(max(glus))} NLL, {listing(sorted({reading(v) for v in ('reglu', 'geglu', 'swiglu')}))})",
+      f"RMSNorm: {signed(d('rmsnorm'))} NLL, 95% interval {interval('rmsnorm')}, their −0.017 "
+      + ("inside it" if rms.low <= -0.017 <= rms.high else "outside it"),
+      # The pre-norm paragraph: the activations on post-norm vanilla.
+      f"**GELU and SwiGLU**, {-d('gelu'):.3f} and {-d('swiglu'):.3f} NLL below ReLU on post-norm vanilla "
+      f"({reading('gelu')} and {reading('swiglu')} in the grid)",
+  ]
+  if one:
+    expected.append(f"on one test set: {listing([f'`{v}` {signed(d(v, c), 2)} on {c[5:]}' for v, c in one])}")
+  assert [s for s in expected if s not in prose] == []
+
+
 def test_the_grids_table_in_sweeps_md_quotes_its_report():
   """docs/sweeps.md's table of the grid quotes, row for row,
-  what docs/ablations.md's tests print: the final-NLL difference and interval as printed, and
-  each Holm p rounded to the digits shown, its * included."""
+  what docs/ablations.md's tests print: the final-NLL difference, interval and reading as
+  printed, and each Holm p rounded to the digits shown, its * included."""
   repo = pathlib.Path(__file__).resolve().parents[1]
   report = report_tables.printed_tests(repo / "docs" / "ablations.md")
   text = (repo / "docs" / "sweeps.md").read_text(encoding="utf-8")
@@ -428,10 +491,10 @@ def test_the_grids_table_in_sweeps_md_quotes_its_report():
     return (quoted.endswith("*") == printed.endswith("*")
             and float(quoted.rstrip("*")) == round(float(printed.rstrip("*")), digits))
 
-  for quoted, nll, interval, nll_p, bleus, bleu_ps in rows:
+  for quoted, nll, interval, nll_p, said, bleus, bleu_ps in rows:
     variant = quoted.strip("`")
     final = report[(variant, "Final loss")]
-    assert (nll, interval) == (final[4], final[5]) and same_p(nll_p, final[8]), variant
+    assert (nll, interval, said) == (final[4], final[5], final[10]) and same_p(nll_p, final[8]), variant
     for column, bleu, p in zip(("BLEU test_2016_flickr", "BLEU test_2017_flickr"), bleus.split(" / "),
                                bleu_ps.split(" / ")):
       assert bleu == report[(variant, column)][4] and same_p(p, report[(variant, column)][8]), (variant, column)
