@@ -546,3 +546,22 @@ def test_the_best_rate_table_in_sweeps_md_quotes_its_report():
         assert cell.strip("*").split(" (n=")[0] == finals[variant], variant
         quoted += 1
   assert quoted == 6
+
+
+def test_a_report_states_its_question_and_the_limits_its_runs_set():
+  """The report's limits come from the runs: one rate or several, one size or several, one
+  tokenization (its token count) or several."""
+  import dataclasses
+
+  runs = [dataclasses.replace(result(v, s, 2.5), learning_rate=0.002, val_tokens=17861)
+          for v in ("vanilla", "gelu") for s in range(3)]
+  text = " ".join(ablations.scope(runs))
+  assert "Does each variant change `vanilla`'s final validation NLL (the primary metric)" in text
+  assert "One peak learning rate for every variant, 0.002:" in text
+  assert "one model size (1.0M parameters for `vanilla`)" in text
+  assert "one tokenization (17,861 validation target tokens)" in text
+  mixed = [dataclasses.replace(r, learning_rate=0.004, val_tokens=17177) if r.variant == "gelu" else r for r in runs]
+  mixed.append(dataclasses.replace(runs[0], size="small"))
+  text = " ".join(ablations.scope(mixed))
+  assert "Peak learning rates 0.002, 0.004" in text and "the modifications table at the base size only" in text
+  assert "runs of several tokenizations: their NLLs do not compare" in text

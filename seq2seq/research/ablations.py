@@ -266,6 +266,29 @@ def plot_modifications(results: list[Result], path: pathlib.Path, size: str = "b
   return True
 
 
+def scope(results: list[Result], baseline: str = "vanilla") -> list[str]:
+  """The report's question and the limits its runs set, from the runs themselves."""
+  base = [r for r in results if r.size == "base"]
+  if not base:
+    return []
+  rates = sorted({r.learning_rate for r in base if math.isfinite(r.learning_rate)})
+  tokens = sorted({r.val_tokens for r in base if r.val_tokens})
+  params = [r.params for r in base if r.variant == baseline]
+  limits = [
+      (f"one peak learning rate for every variant, {rates[0]:g}: a variant that prefers another rate is "
+       "measured away from its best" if len(rates) == 1 else
+       f"peak learning rates {', '.join(f'{x:g}' for x in rates)}, as each variant's command set them"),
+      ("one model size" + (f" ({params[0] / 1e6:.1f}M parameters for `{baseline}`)" if params else "")
+       if len({r.size for r in results}) == 1 else "the modifications table at the base size only")
+      + ", one schedule and one dataset: what holds here may not at another scale or training length",
+      (f"one tokenization ({tokens[0]:,} validation target tokens): NLLs compare only with runs of the same "
+       "count" if len(tokens) == 1 else "runs of several tokenizations: their NLLs do not compare"),
+  ]
+  return ["**Question.** Does each variant change `" + baseline + "`'s final validation NLL (the primary "
+          "metric), and its BLEU on the test sets (secondary)? Test sets are reported, never chosen on.", "",
+          "**Limits.** " + "; ".join(limits)[0].upper() + "; ".join(limits)[1:] + ".", ""]
+
+
 def markdown(results: list[Result], missing: list[str], plots: dict[str, str], command: str,
              sweeps: list[str], baseline: str = "vanilla", records_name: str = "") -> str:
   """The whole report: what was run, the modifications table, the scaling comparison;
@@ -300,6 +323,7 @@ def markdown(results: list[Result], missing: list[str], plots: dict[str, str], c
   first = next((r for r in results if r.variant == baseline and r.size == "base"), None)
   if first and first.command:
     out += [f"One of them ({baseline}, first seed), as the sweep ran it:", "", f"```bash\n{first.command}\n```", ""]
+  out += scope(results, baseline)
   tests = comparisons(results, baseline=baseline)
   tested = sum(c.welch.tested for c in tests)
   out += ["## Modifications (Narang et al. 2021)", "",
