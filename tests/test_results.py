@@ -261,3 +261,24 @@ def test_a_runs_search_record_is_made_from_its_workdir_and_holds_no_test_set_fig
   assert "99.0" not in path.read_text()
   recipe_search.add(path, run, "again")
   assert [r.call for r in recipe_search.load(path)] == ["again"]
+
+
+def test_a_resumed_runs_search_record_names_each_commit_and_each_validated_step_once(tmp_path):
+  """A run restarted from other (or uncommitted) code records every commit it ran from, as
+  provenance.commit_of writes them, and a step validated again after a resume counts once,
+  with its last figures."""
+  from seq2seq.research import recipe_search
+
+  run = tmp_path / "runs" / "resumed"
+  run.mkdir(parents=True)
+  (run / "config.json").write_text(json.dumps({"seed": 1, "data": {"dir": "/data"}, "eval": {"beam_size": 4, "alpha": 1.5}, "train": {"steps": 200}}))
+  command = f"python train.py --config=configs/multi30k.py --workdir={run} --config.seed=1"
+  (run / "provenance.jsonl").write_text("".join(json.dumps(e) + "\n" for e in [
+      {"command": command, "commit": "abcdef0123"}, {"command": command, "commit": "1234567890", "changes": True}]))
+  (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [
+      {"step": 100, "val_nll": 2.5, "val_tokens": 300.0}, {"step": 100, "val_nll": 2.4, "val_tokens": 300.0},
+      {"step": 200, "val_nll": 1.9, "val_tokens": 301.0}]))
+  record = recipe_search.record_of(run, "CPU")
+  assert record.commit == "abcdef0,1234567+changes"
+  assert [(p["step"], p["nll"]) for p in record.val_curve] == [(100, 2.4), (200, 1.9)]
+  assert (record.reached, record.status, record.val_tokens, record.val_eval) == (200, "exit 0", 301, {})

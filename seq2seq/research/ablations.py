@@ -284,9 +284,10 @@ def scope(results: list[Result], baseline: str = "vanilla") -> list[str]:
       (f"one tokenization ({tokens[0]:,} validation target tokens): NLLs compare only with runs of the same "
        "count" if len(tokens) == 1 else "runs of several tokenizations: their NLLs do not compare"),
   ]
+  limits = "; ".join(limits)
   return ["**Question.** Does each variant change `" + baseline + "`'s final validation NLL (the primary "
           "metric), and its BLEU on the test sets (secondary)? Test sets are reported, never chosen on.", "",
-          "**Limits.** " + "; ".join(limits)[0].upper() + "; ".join(limits)[1:] + ".", ""]
+          f"**Limits.** {limits[0].upper()}{limits[1:]}.", ""]
 
 
 def markdown(results: list[Result], missing: list[str], plots: dict[str, str], command: str,

@@ -64,7 +64,7 @@ def load(path: str | pathlib.Path) -> list[Record]:
 def record_of(workdir: pathlib.Path, call: str) -> Record:
   """A finished or stopped run's record, from its own files (config.json, metrics.jsonl,
   provenance.jsonl, eval/val.*.json): paths under the workdir's parent become WORK."""
-  from seq2seq import metrics
+  from seq2seq import metrics, provenance
   from seq2seq.inference import evaluate
 
   workdir = pathlib.Path(workdir).resolve()
@@ -76,9 +76,10 @@ def record_of(workdir: pathlib.Path, call: str) -> Record:
   command = hide(first["command"])
   overrides = [a for a in command.split()[2:] if a.startswith("--config.") and not a.startswith("--config.seed=")]
   config = pathlib.Path(command.split("--config=")[1].split()[0]).stem
-  logged = [r for r in metrics.read(workdir) if "val_nll" in r]
-  curve = [{"bleu500": round(r.get("val_bleu", math.nan), 4), "nll": round(r["val_nll"], 6), "step": r["step"]}
-           for r in logged]
+  logged = metrics.read(workdir)
+  by_step = {r["step"]: r for r in logged if "val_nll" in r}  # a resumed run may validate a step again: the last wins
+  curve = [{"bleu500": round(r.get("val_bleu", math.nan), 4), "nll": round(r["val_nll"], 6), "step": step}
+           for step, r in sorted(by_step.items())]
   steps = settings["train"]["steps"]
   found = evaluate.saved_results(workdir / "eval", "val", f"step{steps}")
   val_eval = {}
@@ -86,9 +87,9 @@ def record_of(workdir: pathlib.Path, call: str) -> Record:
     val_eval["latest"] = {k: round(latest[k], 4) if k in ("bleu", "chrf") else latest[k]
                           for k in ("bleu", "chrf", "checkpoint", "sentences", "hardware") if k in latest}
   reached = curve[-1]["step"] if curve else 0
-  return Record(workdir.name, call, first["commit"][:7], config, settings["seed"], overrides, steps, reached,
+  return Record(workdir.name, call, provenance.commit_of(workdir), config, settings["seed"], overrides, steps, reached,
                 "exit 0" if reached == steps else f"stopped at step {reached}", curve,
-                int(logged[-1]["val_tokens"]) if logged else 0, val_eval, command, settings)
+                int(records_lib.last_validation(logged).get("val_tokens", 0)), val_eval, command, settings)
 
 
 def add(path: str | pathlib.Path, workdir: str | pathlib.Path, call: str) -> None:
