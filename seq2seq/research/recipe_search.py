@@ -8,10 +8,11 @@ first 500 sentences, every eval_every steps) and `eval.py --split=val` on all 10
   python -m seq2seq.research.recipe_search docs/runs/main_job_search.jsonl --add=WORKDIR --call="..."
 
 prints (or writes between the search markers) every run, then the confirmatory seeds of the
-chosen recipe, and of the main job as shipped (3600 steps), against the former default, with
-Welch's t-test and Holm's correction over each table's three metrics
-(seq2seq/research/significance.py). NLLs compare only between runs of one tokenization (one
-count of validation tokens, recorded as `val_tokens`).
+chosen recipe, and of the main job as shipped (3600 steps), against the former default, and of
+the main job re-tuned at 3600 steps against it as shipped (COMPARISONS), with Welch's t-test
+and Holm's correction over each table's three metrics (seq2seq/research/significance.py).
+NLLs compare only between runs of one tokenization (one count of validation tokens, recorded
+as `val_tokens`).
 """
 
 from __future__ import annotations
@@ -27,9 +28,12 @@ from seq2seq.research import results, significance
 
 START, END = "<!-- search:start -->", "<!-- search:end -->"
 # Run-name prefixes of the confirmatory seeds: the former default, the chosen recipe (7000
-# steps) and the main job as shipped (the chosen recipe in 3600 steps).
-BASELINE, CHOSEN, SHIPPED = "default_s", "d128_drop02_s", "m30k_3600_s"
-LABELS = {CHOSEN: "chosen", SHIPPED: "main job, 3600 steps"}
+# steps), the main job as shipped (the chosen recipe in 3600 steps) and its re-tuning at 3600
+# steps (a peak rate of 0.007); each comparison is (runs, against).
+BASELINE, CHOSEN, SHIPPED, RETUNED = "default_s", "d128_drop02_s", "m30k_3600_s", "m30k_3600_lr007_s"
+LABELS = {BASELINE: "former default", CHOSEN: "chosen", SHIPPED: "main job, 3600 steps",
+          RETUNED: "peak rate 0.007, 3600 steps"}
+COMPARISONS = [(CHOSEN, BASELINE), (SHIPPED, BASELINE), (RETUNED, SHIPPED)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,12 +134,12 @@ METRICS = [  # label, value of a record, digits; the first is the primary metric
 ]
 
 
-def comparison(records: list[Record], against: str = CHOSEN
+def comparison(records: list[Record], runs: str = CHOSEN, against: str = BASELINE
                ) -> tuple[list[tuple[str, list[float], list[float], significance.Welch]], list[float]]:
-  """Each metric's (label, values of the runs named `against`*, baseline values, Welch test),
-  and Holm's adjusted p-values."""
-  chosen = [r for r in records if r.run.startswith(against)]
-  base = [r for r in records if r.run.startswith(BASELINE)]
+  """Each metric's (label, values of the runs named `runs`*, values of those named
+  `against`*, Welch test), and Holm's adjusted p-values."""
+  chosen = [r for r in records if r.run.startswith(runs)]
+  base = [r for r in records if r.run.startswith(against)]
   _tokens(chosen + base)
   rows = []
   for label, value, _ in METRICS:
@@ -144,11 +148,11 @@ def comparison(records: list[Record], against: str = CHOSEN
   return rows, significance.holm([w.p for *_, w in rows])
 
 
-def comparison_table(records: list[Record], against: str = CHOSEN) -> str:
-  rows, adjusted = comparison(records, against)
-  seeds = lambda prefix: sorted(r.seed for r in records if r.run.startswith(prefix))
-  lines = [f"| metric | {LABELS[against]} (seeds {', '.join(map(str, seeds(against)))}) | former default (seeds "
-           f"{', '.join(map(str, seeds(BASELINE)))}) | difference [95% interval] | Welch p | Holm p |",
+def comparison_table(records: list[Record], runs: str = CHOSEN, against: str = BASELINE) -> str:
+  rows, adjusted = comparison(records, runs, against)
+  seeds = lambda prefix: ", ".join(str(r.seed) for r in sorted(records, key=lambda r: r.seed) if r.run.startswith(prefix))
+  lines = [f"| metric | {LABELS[runs]} (seeds {seeds(runs)}) | {LABELS[against]} (seeds {seeds(against)}) | "
+           "difference [95% interval] | Welch p | Holm p |",
            "|---|---|---|---|---|---|"]
   for (label, a, b, w), p_holm, (_, _, digits) in zip(rows, adjusted, METRICS):
     side = lambda v: "{0:.{2}f} ± {1:.{2}f}".format(*significance.summary(v)[:2], digits)
@@ -158,9 +162,10 @@ def comparison_table(records: list[Record], against: str = CHOSEN) -> str:
 
 
 def report(records: list[Record]) -> str:
-  shipped = any(r.run.startswith(SHIPPED) for r in records)
-  return (runs_table(records) + "\n" + comparison_table(records)
-          + ("\n" + comparison_table(records, SHIPPED) if shipped else ""))
+  """The runs' table, then each comparison whose runs exist."""
+  made = [(runs, against) for runs, against in COMPARISONS
+          if any(r.run.startswith(runs) for r in records) and any(r.run.startswith(against) for r in records)]
+  return runs_table(records) + "".join("\n" + comparison_table(records, *pair) for pair in made)
 
 
 def main(argv: list[str] | None = None) -> None:
