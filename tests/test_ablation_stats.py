@@ -314,13 +314,13 @@ def test_every_report_with_committed_run_records_is_what_they_make(tmp_path):
 
 
 def test_the_readmes_claims_are_one_family_generated_from_the_committed_reports():
-  """docs/sweeps.md's family table is what seq2seq.research.family makes of the committed
+  """docs/findings.md's family table is what seq2seq.research.family makes of the committed
   reports and run records; each recomputed test agrees with the p its report printed."""
   from seq2seq.research import family
 
   repo = pathlib.Path(__file__).resolve().parents[1]
   found = family.claims(repo)
-  text = (repo / "docs" / "sweeps.md").read_text(encoding="utf-8")
+  text = (repo / "docs" / "findings.md").read_text(encoding="utf-8")
   assert text.split(family.START, 1)[1].split(family.END, 1)[0] == "\n" + family.table(found)
   by_name = {c.comparison: c for c in found}
   assert len(found) == 22 and len(by_name) == 22
@@ -343,11 +343,11 @@ def test_the_readmes_claims_are_one_family_generated_from_the_committed_reports(
   # report made before records) does not repeat.
   gelu = by_name["`prenorm+rope+gelu` − `prenorm+rope`"]
   assert gelu.inputs == "run records" and gelu.p > 0.5 and adjusted["`prenorm` − `prenorm+rope`"] < 0.01
-  # The main job as shipped, quoted by the README, results.md and sweeps.md at its Holm p in this family.
+  # The main job as shipped, quoted by the README, results.md and findings.md at its Holm p in this family.
   shipped = next(p for name, p in adjusted.items() if name.startswith("main job as shipped"))
   quoted = lambda page: " ".join((repo / page).read_text(encoding="utf-8").split())
   assert f"{shipped:.2f} after Holm's correction over the claims below" in quoted("README.md")
-  for page in ("docs/results.md", "docs/sweeps.md"):
+  for page in ("docs/results.md", "docs/findings.md"):
     assert f"Holm p = {shipped:.3f}" in quoted(page), page
   assert "at the edge" not in family.table(found)
   # Holm over these two: 0.01 x 2 = 0.02, then 0.0496 x 1, within rounding of 0.05: flagged.
@@ -357,13 +357,13 @@ def test_the_readmes_claims_are_one_family_generated_from_the_committed_reports(
 
 
 def test_the_prose_quoting_studies_with_records_is_what_the_records_make():
-  """docs/sweeps.md's sentences on the pre-norm and norms studies quote figures recomputed here
+  """docs/findings.md's sentences on the pre-norm and norms studies quote figures recomputed here
   from their committed records (differences, intervals, corrected and TOST p, validation BLEU):
   a rerun that moves one fails until the prose follows."""
   from seq2seq.research import records
 
   repo = pathlib.Path(__file__).resolve().parents[1]
-  prose = " ".join((repo / "docs" / "sweeps.md").read_text(encoding="utf-8").split())
+  prose = " ".join((repo / "docs" / "findings.md").read_text(encoding="utf-8").split())
 
   def study(name):
     kept = records.read(repo / "docs" / "runs" / f"{name}.jsonl")
@@ -412,8 +412,8 @@ def test_the_prose_quoting_studies_with_records_is_what_the_records_make():
   assert [s for s in expected if s not in prose] == []
 
 
-def test_the_grids_reading_in_sweeps_md_is_what_its_records_make():
-  """docs/sweeps.md's reading of the grid quotes figures recomputed here from its committed
+def test_the_grids_reading_in_findings_md_is_what_its_records_make():
+  """docs/findings.md's reading of the grid quotes figures recomputed here from its committed
   records (docs/runs/ablations.jsonl): which final-NLL differences survive the correction and
   by how much, which are equivalent or inconclusive, which BLEU gains survive, validation
   BLEU, and what the comparison with Narang et al. and the pre-norm paragraph quote. A rerun
@@ -423,7 +423,7 @@ def test_the_grids_reading_in_sweeps_md_is_what_its_records_make():
   repo = pathlib.Path(__file__).resolve().parents[1]
   kept = records.read(repo / "docs" / "runs" / "ablations.jsonl")
   found = {(c.variant, c.column): c for c in ablations.comparisons(kept.results, baseline=kept.baseline)}
-  prose = " ".join((repo / "docs" / "sweeps.md").read_text(encoding="utf-8").split())
+  prose = " ".join((repo / "docs" / "findings.md").read_text(encoding="utf-8").split())
   nll, t16, t17 = report_tables.TESTED
   order = [v for v, column in found if column == nll]
   assert len(order) == 12 and all(found[(v, c)].welch.n == 3 for v in order for c in report_tables.TESTED)
@@ -475,13 +475,13 @@ def test_the_grids_reading_in_sweeps_md_is_what_its_records_make():
   assert [s for s in expected if s not in prose] == []
 
 
-def test_the_grids_table_in_sweeps_md_quotes_its_report():
-  """docs/sweeps.md's table of the grid quotes, row for row,
+def test_the_grids_table_in_findings_md_quotes_its_report():
+  """docs/findings.md's table of the grid quotes, row for row,
   what docs/ablations.md's tests print: the final-NLL difference, interval and reading as
   printed, and each Holm p rounded to the digits shown, its * included."""
   repo = pathlib.Path(__file__).resolve().parents[1]
   report = report_tables.printed_tests(repo / "docs" / "ablations.md")
-  text = (repo / "docs" / "sweeps.md").read_text(encoding="utf-8")
+  text = (repo / "docs" / "findings.md").read_text(encoding="utf-8")
   rows = report_tables.table_rows(text[text.index("| variant | final NLL vs vanilla |"):])
   assert sorted(row[0].strip("`") for row in rows) == sorted({v for v, _ in report})
 
@@ -501,8 +501,8 @@ def test_the_grids_table_in_sweeps_md_quotes_its_report():
       assert bleu == report[(variant, column)][4] and same_p(p, report[(variant, column)][8]), (variant, column)
 
 
-def test_the_best_rate_table_in_sweeps_md_quotes_its_report():
-  """docs/sweeps.md's "Transformer++ against vanilla at each one's best rate" quotes
+def test_the_best_rate_table_in_findings_md_quotes_its_report():
+  """docs/findings.md's "Transformer++ against vanilla at each one's best rate" quotes
   docs/ablations_scaling.md's scaling tables (a report made before records): each side's peak
   rate (to the digits shown), final NLL, seeds, and vanilla's largest run's FLOPs ratio."""
   repo = pathlib.Path(__file__).resolve().parents[1]
@@ -514,7 +514,7 @@ def test_the_best_rate_table_in_sweeps_md_quotes_its_report():
       report[row[0]] = (row[2].split()[0], row[3], row[4].split()[0], row[5], row[9].replace(" ", ""), ratio)
     elif len(row) == 7 and row[0] == "xlarge":
       report["xlarge"] = (row[2].split()[0], row[3], row[4])
-  text = (repo / "docs" / "sweeps.md").read_text(encoding="utf-8")
+  text = (repo / "docs" / "findings.md").read_text(encoding="utf-8")
   rows = [cells(line) for line in text.split("| size | Transformer++ (peak rate, seeds) |", 1)[1].splitlines()[2:6]]
   assert [r[0].split()[0] for r in rows] == ["small", "base", "large", "xlarge"]
   same_rate = lambda quoted, printed: math.isclose(float(quoted), float(printed), rel_tol=5e-3)

@@ -192,7 +192,7 @@ def test_the_readmes_grid_claims_are_what_the_family_and_the_report_make():
 def test_the_readmes_scaling_claim_is_what_its_report_and_the_family_print():
   """"Transformer++ at d_model 96 ends below every vanilla run up to 53M parameters": its final
   NLL below vanilla's best at every size docs/ablations_scaling.md prints, the largest vanilla
-  of that size, and the p the family takes from docs/sweeps.md."""
+  of that size, and the p the family takes from docs/findings.md."""
   from seq2seq.research import family
 
   text = (DOCS / "ablations_scaling.md").read_text(encoding="utf-8")
@@ -201,7 +201,7 @@ def test_the_readmes_scaling_claim_is_what_its_report_and_the_family_print():
   tpp_small = float(both["small"][3])
   vanilla = [float(r[5]) for r in both.values()] + [float(r[3].split(" ± ")[0]) for r in alone.values()]
   assert tpp_small < min(vanilla) and round(float(alone["xlarge"][1].rstrip("M"))) == 53
-  # The family's test of this gap is docs/sweeps.md's sentence, whose gap is the report's two means.
+  # The family's test of this gap is docs/findings.md's sentence, whose gap is the report's two means.
   scaling = next(c for c in family.claims(REPO) if c.comparison == family.SCALING[1])
   assert -scaling.difference == pytest.approx(min(vanilla) - tpp_small, abs=1e-9)
   prose = " ".join(README.read_text(encoding="utf-8").split())

@@ -17,7 +17,7 @@ from seq2seq.configs import default
 def get_config():
   config = default.get_config()
   # Rotary positions: on the sweep's pre-norm base (docs/ablations_prenorm.md, 3 seeds) they
-  # lower the final validation NLL by 0.126 (p < 0.001 after Holm's correction, docs/sweeps.md);
+  # lower the final validation NLL by 0.126 (p < 0.001 after Holm's correction, docs/findings.md);
   # of their +1.51 / +1.28 BLEU there, test_2016's survives the correction (corrected p = 0.035)
   # and test_2017's does not (0.099). On this config's hour run they
   # add 0.5 / 1.4 BLEU and 1.1 / 1.8 chrF (validation NLL 1.652 against 1.720, greedy validation

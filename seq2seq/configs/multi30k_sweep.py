@@ -3,7 +3,7 @@
 #   (one run alone: python train.py --config=configs/multi30k_sweep.py --workdir=/tmp/sweep1)
 # Expected: vanilla 27.20 +- 0.33 sacreBLEU on test_2016_flickr and 18.90 +- 0.52 on test_2017_flickr over 3
 #   seeds (beam 4, alpha 1.2) after 720 steps, about 7 min a run on 2 cores; the default grid (13 variants x 3
-#   seeds) in 4.7 hours (docs/ablations.md, docs/sweeps.md).
+#   seeds) in 4.7 hours (docs/ablations.md, docs/findings.md).
 """multi30k.py as the sweep's `vanilla`, which the variants override (seq2seq/research/variants.py):
 post-norm LayerNorm, ReLU, sinusoidal positions, biases; d_model 192, d_ff 768, 3+3 layers;
 a 4000-piece vocabulary; 720 steps (warmup 180, peak 0.002); validation loss every 90 steps

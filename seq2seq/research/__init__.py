@@ -8,7 +8,7 @@ core imports them (tests/test_layout.py).
   positions_report.py  the study's tables, tests and plot (docs/positions.md)
   variants.py      the named architecture variants a sweep runs (vanilla, swiglu, transformer++, ...)
   ablations.py     a sweep's tables (mean ± std, Welch tests, Holm-corrected marks) and plots
-  family.py        python -m seq2seq.research.family: the README's claims as one Holm family (docs/sweeps.md)
+  family.py        python -m seq2seq.research.family: the README's claims as one Holm family (docs/findings.md)
   records.py       a sweep's per-run records (docs/runs/NAME.jsonl), from which its report is remade
   significance.py  Welch's t-test with its interval, Holm's correction (scipy.stats)
   multiplier.py    Transformer vs Transformer++: vanilla's frontier, the compute multiplier and its interval

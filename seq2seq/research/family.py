@@ -1,5 +1,5 @@
 """The README's research claims as one family: every final-NLL comparison of the committed
-reports, with Holm's correction over all of them together (docs/sweeps.md#one-family).
+reports, with Holm's correction over all of them together (docs/findings.md#one-family).
 
 Final validation NLL is the primary metric; BLEU and chrF are secondary and stay in their
 reports. The family holds each report's every tested variant (not only those the README
@@ -8,7 +8,7 @@ vanilla's best size. Where a report keeps per-run records (docs/runs/), each tes
 from them; where it keeps none, from its table's printed mean ± std (3 decimals), so its p is
 flagged as from rounded figures.
 
-  python -m seq2seq.research.family [--update=docs/sweeps.md]
+  python -m seq2seq.research.family [--update=docs/findings.md]
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ START, END = "<!-- family:start -->", "<!-- family:end -->"
 REPORTS = ("docs/ablations.md", "docs/ablations_prenorm.md", "docs/ablations_prenorm_norms.md",
            "docs/ablations_scaling.md")
 MAIN_JOB = "docs/runs/main_job_search.jsonl"
-# docs/sweeps.md's test of the runs' final NLLs (their records are not kept): read from its sentence there.
-SCALING = ("docs/sweeps.md", "Transformer++ small − vanilla xlarge (each at its best rate)")
+# docs/findings.md's test of the runs' final NLLs (their records are not kept): read from its sentence there.
+SCALING = ("docs/findings.md", "Transformer++ small − vanilla xlarge (each at its best rate)")
 SCALING_SENTENCE = re.compile(r"Its gap to Transformer\+\+ small is ([\d.]+) NLL, 95% interval \[[\d., ]+\] "
                               r"\(Welch, [\d.]+ df, p = ([\d.]+);")
 EDGE = 0.005  # a corrected p this close to 0.05 is flagged: rounding could move it across
@@ -107,7 +107,7 @@ def table(found: list[Claim]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-  results.marked_command(__name__, "python -m seq2seq.research.family [--update=docs/sweeps.md]",
+  results.marked_command(__name__, "python -m seq2seq.research.family [--update=docs/findings.md]",
                          lambda _: table(claims()), 0, START, END, argv)
 
 

@@ -176,7 +176,7 @@ def size_overrides(size: str, model: dict) -> dict:
 def size_learning_rate(size: str, learning_rate: float) -> dict:
   """The peak learning rate at `size`: x 1/sqrt(SIZES[size]), the d_model^-0.5 of Vaswani et
   al.'s schedule (nothing for base). One rate for all sizes trains post-norm vanilla at twice
-  the width worse than at base (docs/sweeps.md)."""
+  the width worse than at base (docs/findings.md)."""
   if size not in SIZES:
     raise ConfigError(f"unknown size {size!r}; known: {sorted(SIZES)}")
   return {} if size == "base" else {"train.learning_rate": float(f"{learning_rate / SIZES[size] ** 0.5:.4g}")}
