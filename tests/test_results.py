@@ -282,3 +282,45 @@ def test_a_resumed_runs_search_record_names_each_commit_and_each_validated_step_
   assert record.commit == "abcdef0,1234567+changes"
   assert [(p["step"], p["nll"]) for p in record.val_curve] == [(100, 2.4), (200, 1.9)]
   assert (record.reached, record.status, record.val_tokens, record.val_eval) == (200, "exit 0", 301, {})
+
+
+def test_a_recipe_comparison_reads_level_only_from_an_equivalence_test():
+  """A comparison's reading is "differs" after Holm, "equivalent" only from TOST within the
+  stated margin (0.02 NLL, 0.5 BLEU; chrF has none, so it can only differ or stay
+  inconclusive), else "inconclusive": copies of the shipped seeds are equivalent to them."""
+  import dataclasses
+
+  from seq2seq.research import recipe_search
+
+  records = [r for r in recipe_search.load(REPO / "docs" / "runs" / "main_job_search.jsonl")
+             if not r.run.startswith(recipe_search.RETUNED)]
+  shipped = [r for r in records if r.run.startswith(recipe_search.SHIPPED)]
+  copies = [dataclasses.replace(r, run=r.run.replace(recipe_search.SHIPPED, recipe_search.RETUNED),
+                                val_curve=r.val_curve[:-1] + [{**r.val_curve[-1], "nll": r.nll + 0.001}])
+            for r in shipped]
+  table = recipe_search.comparison_table(records + copies, recipe_search.RETUNED, recipe_search.SHIPPED)
+  readings = [line.rsplit("|", 2)[1].strip() for line in table.splitlines() if line.startswith("| validation")]
+  assert readings == ["equivalent (±0.02)", "equivalent (±0.5)", "inconclusive"]
+  table = recipe_search.comparison_table(records, recipe_search.SHIPPED, recipe_search.BASELINE)
+  assert [line.rsplit("|", 2)[1].strip() for line in table.splitlines() if line.startswith("| validation")] == [
+      "differs"] * 3
+
+
+def test_the_re_tuned_rates_figures_in_results_md_are_its_records():
+  """docs/results.md's sentence on the confirmatory seeds of the rate 0.007 quotes the means,
+  the difference, its interval and the Holm p's that recipe_search computes from the records."""
+  from seq2seq.research import recipe_search, significance
+
+  records = recipe_search.load(REPO / "docs" / "runs" / "main_job_search.jsonl")
+  rows, adjusted = recipe_search.comparison(records, recipe_search.RETUNED, recipe_search.SHIPPED)
+  (_, a, b, nll), (_, c, d, bleu) = rows[:2]
+  side = lambda v, k: "{0:.{2}f} ± {1:.{2}f}".format(*significance.summary(v)[:2], k)
+  signed = lambda x, k: f"{x:+.{k}f}".replace("-", "−")
+  claim = (f"validation NLL {side(a, 3)} against {side(b, 3)} ({signed(nll.difference, 3)}, 95% interval "
+           f"[{signed(nll.low, 3)}, {signed(nll.high, 3)}], Holm p = {adjusted[0]:.2g}) and BLEU on all 1014 "
+           f"sentences {side(c, 2)} against {side(d, 2)} ({signed(bleu.difference, 2)}, Holm p = {adjusted[1]:.2g})")
+  prose = " ".join((REPO / "docs" / "results.md").read_text(encoding="utf-8").split())
+  assert claim in prose
+  table = recipe_search.comparison_table(records, recipe_search.RETUNED, recipe_search.SHIPPED)
+  readings = [line.rsplit("|", 2)[1].strip() for line in table.splitlines() if line.startswith("| validation")]
+  assert readings == ["inconclusive"] * 3 and "Inconclusive on all three metrics" in prose

@@ -127,10 +127,10 @@ def _tokens(records: list[Record]) -> int:
   return records_lib.one_tokenization(((r.run, r.val_tokens) for r in records), "docs/runs/main_job_search.jsonl")
 
 
-METRICS = [  # label, value of a record, digits; the first is the primary metric
-    ("validation NLL (primary)", lambda r: r.nll, 3),
-    ("validation BLEU, 1014 sentences", lambda r: r.full("bleu"), 2),
-    ("validation chrF, 1014 sentences", lambda r: r.full("chrf"), 2),
+METRICS = [  # label, value of a record, digits, equivalence margin (none stated: None); the first is primary
+    ("validation NLL (primary)", lambda r: r.nll, 3, 0.02),
+    ("validation BLEU, 1014 sentences", lambda r: r.full("bleu"), 2, 0.5),
+    ("validation chrF, 1014 sentences", lambda r: r.full("chrf"), 2, None),
 ]
 
 
@@ -142,22 +142,27 @@ def comparison(records: list[Record], runs: str = CHOSEN, against: str = BASELIN
   base = [r for r in records if r.run.startswith(against)]
   _tokens(chosen + base)
   rows = []
-  for label, value, _ in METRICS:
+  for label, value, *_ in METRICS:
     a, b = [value(r) for r in chosen], [value(r) for r in base]
     rows.append((label, a, b, significance.welch(a, b)))
   return rows, significance.holm([w.p for *_, w in rows])
 
 
 def comparison_table(records: list[Record], runs: str = CHOSEN, against: str = BASELINE) -> str:
+  """The comparison with each metric's reading: differs (Holm), equivalent (TOST within the
+  metric's margin, where one is stated) or inconclusive (sweeps.md#protocol)."""
   rows, adjusted = comparison(records, runs, against)
   seeds = lambda prefix: ", ".join(str(r.seed) for r in sorted(records, key=lambda r: r.seed) if r.run.startswith(prefix))
   lines = [f"| metric | {LABELS[runs]} (seeds {seeds(runs)}) | {LABELS[against]} (seeds {seeds(against)}) | "
-           "difference [95% interval] | Welch p | Holm p |",
-           "|---|---|---|---|---|---|"]
-  for (label, a, b, w), p_holm, (_, _, digits) in zip(rows, adjusted, METRICS):
+           "difference [95% interval] | Welch p | Holm p | reading |",
+           "|---|---|---|---|---|---|---|"]
+  for (label, a, b, w), p_holm, (_, _, digits, margin) in zip(rows, adjusted, METRICS):
     side = lambda v: "{0:.{2}f} ± {1:.{2}f}".format(*significance.summary(v)[:2], digits)
+    equivalence = significance.tost(a, b, margin) if margin else None
+    reading = significance.reading(p_holm, equivalence)
+    reading += f" (±{margin:g})" if reading == "equivalent" else ""
     lines.append(f"| {label} | {side(a)} | {side(b)} | {w.difference:+.{digits}f} "
-                 f"[{w.low:+.{digits}f}, {w.high:+.{digits}f}] | {w.p:.2g} | {p_holm:.2g} |")
+                 f"[{w.low:+.{digits}f}, {w.high:+.{digits}f}] | {w.p:.2g} | {p_holm:.2g} | {reading} |")
   return "\n".join(lines) + "\n"
 
 
@@ -165,7 +170,9 @@ def report(records: list[Record]) -> str:
   """The runs' table, then each comparison whose runs exist."""
   made = [(runs, against) for runs, against in COMPARISONS
           if any(r.run.startswith(runs) for r in records) and any(r.run.startswith(against) for r in records)]
-  return runs_table(records) + "".join("\n" + comparison_table(records, *pair) for pair in made)
+  margins = " or ".join(f"±{m:g} {label.split()[1].rstrip(',')}" for label, _, _, m in METRICS if m)
+  return (runs_table(records) + "".join("\n" + comparison_table(records, *pair) for pair in made)
+          + (f"\nReading: differs (Holm p < 0.05), equivalent (TOST within {margins}) or inconclusive.\n" if made else ""))
 
 
 def main(argv: list[str] | None = None) -> None:
