@@ -298,12 +298,11 @@ def test_a_recipe_comparison_reads_level_only_from_an_equivalence_test():
   copies = [dataclasses.replace(r, run=r.run.replace(recipe_search.SHIPPED, recipe_search.RETUNED),
                                 val_curve=r.val_curve[:-1] + [{**r.val_curve[-1], "nll": r.nll + 0.001}])
             for r in shipped]
-  table = recipe_search.comparison_table(records + copies, recipe_search.RETUNED, recipe_search.SHIPPED)
-  readings = [line.rsplit("|", 2)[1].strip() for line in table.splitlines() if line.startswith("| validation")]
+  readings = recipe_search.readings(*recipe_search.comparison(records + copies, recipe_search.RETUNED, recipe_search.SHIPPED))
   assert readings == ["equivalent (±0.02)", "equivalent (±0.5)", "inconclusive"]
-  table = recipe_search.comparison_table(records, recipe_search.SHIPPED, recipe_search.BASELINE)
-  assert [line.rsplit("|", 2)[1].strip() for line in table.splitlines() if line.startswith("| validation")] == [
-      "differs"] * 3
+  assert recipe_search.readings(*recipe_search.comparison(records, recipe_search.SHIPPED, recipe_search.BASELINE)) == ["differs"] * 3
+  table = recipe_search.comparison_table(records + copies, recipe_search.RETUNED, recipe_search.SHIPPED)
+  assert [line.rsplit("|", 2)[1].strip() for line in table.splitlines() if line.startswith("| validation")] == readings
 
 
 def test_the_re_tuned_rates_figures_in_results_md_are_its_records():
@@ -321,6 +320,5 @@ def test_the_re_tuned_rates_figures_in_results_md_are_its_records():
            f"sentences {side(c, 2)} against {side(d, 2)} ({signed(bleu.difference, 2)}, Holm p = {adjusted[1]:.2g})")
   prose = " ".join((REPO / "docs" / "results.md").read_text(encoding="utf-8").split())
   assert claim in prose
-  table = recipe_search.comparison_table(records, recipe_search.RETUNED, recipe_search.SHIPPED)
-  readings = [line.rsplit("|", 2)[1].strip() for line in table.splitlines() if line.startswith("| validation")]
+  readings = recipe_search.readings(rows, adjusted)
   assert readings == ["inconclusive"] * 3 and "Inconclusive on all three metrics" in prose

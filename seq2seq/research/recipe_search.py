@@ -21,6 +21,7 @@ import dataclasses
 import json
 import math
 import pathlib
+from collections.abc import Callable
 
 from seq2seq.files import write_atomic
 from seq2seq.research import records as records_lib
@@ -127,10 +128,19 @@ def _tokens(records: list[Record]) -> int:
   return records_lib.one_tokenization(((r.run, r.val_tokens) for r in records), "docs/runs/main_job_search.jsonl")
 
 
-METRICS = [  # label, value of a record, digits, equivalence margin (none stated: None); the first is primary
-    ("validation NLL (primary)", lambda r: r.nll, 3, 0.02),
-    ("validation BLEU, 1014 sentences", lambda r: r.full("bleu"), 2, 0.5),
-    ("validation chrF, 1014 sentences", lambda r: r.full("chrf"), 2, None),
+@dataclasses.dataclass(frozen=True)
+class Metric:
+  label: str
+  name: str
+  value: Callable[[Record], float]
+  digits: int
+  margin: float | None  # TOST margin for "equivalent" (sweeps.md#protocol); None where none is stated
+
+
+METRICS = [  # the first is the primary metric
+    Metric("validation NLL (primary)", "NLL", lambda r: r.nll, 3, 0.02),
+    Metric("validation BLEU, 1014 sentences", "BLEU", lambda r: r.full("bleu"), 2, 0.5),
+    Metric("validation chrF, 1014 sentences", "chrF", lambda r: r.full("chrf"), 2, None),
 ]
 
 
@@ -142,25 +152,33 @@ def comparison(records: list[Record], runs: str = CHOSEN, against: str = BASELIN
   base = [r for r in records if r.run.startswith(against)]
   _tokens(chosen + base)
   rows = []
-  for label, value, *_ in METRICS:
-    a, b = [value(r) for r in chosen], [value(r) for r in base]
-    rows.append((label, a, b, significance.welch(a, b)))
+  for metric in METRICS:
+    a, b = [metric.value(r) for r in chosen], [metric.value(r) for r in base]
+    rows.append((metric.label, a, b, significance.welch(a, b)))
   return rows, significance.holm([w.p for *_, w in rows])
 
 
-def comparison_table(records: list[Record], runs: str = CHOSEN, against: str = BASELINE) -> str:
-  """The comparison with each metric's reading: differs (Holm), equivalent (TOST within the
+def readings(rows: list[tuple[str, list[float], list[float], significance.Welch]], adjusted: list[float]) -> list[str]:
+  """Each metric's reading of a `comparison`: differs (Holm), equivalent (TOST within the
   metric's margin, where one is stated) or inconclusive (sweeps.md#protocol)."""
+  found = []
+  for (_, a, b, _), p_holm, metric in zip(rows, adjusted, METRICS):
+    reading = significance.reading(p_holm, significance.tost(a, b, metric.margin) if metric.margin else None)
+    found.append(f"{reading} (±{metric.margin:g})" if reading == "equivalent" else reading)
+  return found
+
+
+def comparison_table(records: list[Record], runs: str = CHOSEN, against: str = BASELINE) -> str:
+  """The comparison, with each metric's reading."""
   rows, adjusted = comparison(records, runs, against)
+  found = readings(rows, adjusted)
   seeds = lambda prefix: ", ".join(str(r.seed) for r in sorted(records, key=lambda r: r.seed) if r.run.startswith(prefix))
   lines = [f"| metric | {LABELS[runs]} (seeds {seeds(runs)}) | {LABELS[against]} (seeds {seeds(against)}) | "
            "difference [95% interval] | Welch p | Holm p | reading |",
            "|---|---|---|---|---|---|---|"]
-  for (label, a, b, w), p_holm, (_, _, digits, margin) in zip(rows, adjusted, METRICS):
+  for (label, a, b, w), p_holm, metric, reading in zip(rows, adjusted, METRICS, found):
+    digits = metric.digits
     side = lambda v: "{0:.{2}f} ± {1:.{2}f}".format(*significance.summary(v)[:2], digits)
-    equivalence = significance.tost(a, b, margin) if margin else None
-    reading = significance.reading(p_holm, equivalence)
-    reading += f" (±{margin:g})" if reading == "equivalent" else ""
     lines.append(f"| {label} | {side(a)} | {side(b)} | {w.difference:+.{digits}f} "
                  f"[{w.low:+.{digits}f}, {w.high:+.{digits}f}] | {w.p:.2g} | {p_holm:.2g} | {reading} |")
   return "\n".join(lines) + "\n"
@@ -170,7 +188,7 @@ def report(records: list[Record]) -> str:
   """The runs' table, then each comparison whose runs exist."""
   made = [(runs, against) for runs, against in COMPARISONS
           if any(r.run.startswith(runs) for r in records) and any(r.run.startswith(against) for r in records)]
-  margins = " or ".join(f"±{m:g} {label.split()[1].rstrip(',')}" for label, _, _, m in METRICS if m)
+  margins = " or ".join(f"±{m.margin:g} {m.name}" for m in METRICS if m.margin)
   return (runs_table(records) + "".join("\n" + comparison_table(records, *pair) for pair in made)
           + (f"\nReading: differs (Holm p < 0.05), equivalent (TOST within {margins}) or inconclusive.\n" if made else ""))
 
