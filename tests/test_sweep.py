@@ -233,6 +233,45 @@ def test_compute_multiplier_interpolates_on_vanillas_frontier():
           "largest run: 100.00x these FLOPs) | 1 / 1 |") in report
 
 
+def test_a_rate_searchs_seed_0_chooses_and_only_the_other_seeds_report_the_chosen_rate():
+  """At a size where an architecture ran at several rates, seed 0 of each rate chooses (lowest
+  final NLL) and seeds 1-3 of the chosen rate report it: in the modifications table, its tests
+  and the multiplier; the search table shows every seed-0 figure and the chosen rate's mean."""
+  rate = lambda r, x: dataclasses.replace(r, learning_rate=x)
+  results = [rate(synthetic("vanilla", 0, 2.50), 0.002), rate(synthetic("vanilla+lr0.004", 0, 2.60), 0.004)]
+  results += [rate(synthetic("vanilla", s, 2.60 + 0.01 * s), 0.002) for s in (1, 2, 3)]
+  results += [rate(synthetic("transformer+++lr0.004", 0, 1.90), 0.004),
+              rate(synthetic("transformer++", 0, 2.00), 0.002)]
+  results += [rate(synthetic("transformer+++lr0.004", s, 2.00 + 0.01 * s), 0.004) for s in (1, 2, 3)]
+  kept = multiplier.confirmatory(results)
+  assert [(r.variant, r.seed) for r in results if r not in kept] == [("vanilla", 0), ("transformer+++lr0.004", 0)]
+  table = ablations.modifications_table(results)
+  # vanilla's row is seeds 1-3 (2.62 ± 0.01), not seed 0's 2.50 too; the other rates keep their one run.
+  assert "| `vanilla` | 3 |" in table and "2.620 ± 0.010 |" in table
+  assert "| `vanilla+lr0.004` | 1 |" in table and "| `transformer+++lr0.004` | 3 |" in table
+  (test,) = [c for c in ablations.comparisons(results) if c.welch.tested]
+  assert test.variant == "transformer+++lr0.004" and math.isclose(test.welch.difference, -0.6)
+  assert multiplier.multipliers(results)[0].nll == pytest.approx(2.02) and "search run that chose it" in (
+      ablations.markdown(results, [], {}, "cmd", []))
+  search = multiplier.search_table(results)
+  assert search[0] == "| base-size rate | vanilla base | transformer++ base |"
+  assert search[2] == "| 0.002 | **2.500** (seeds 1, 2, 3: 2.620 ± 0.010) | 2.000 |"
+  assert search[3] == "| 0.004 | 2.600 | **1.900** (seeds 1, 2, 3: 2.020 ± 0.010) |"
+  # Transformer++'s smallest size against vanilla's best size, both by their confirmatory seeds:
+  # the report's reading and the README family's test.
+  small, strong, size, weak = multiplier.smallest_against_best(results)
+  assert (small, size, [r.seed for r in strong], [r.seed for r in weak]) == ("base", "base", [1, 2, 3], [1, 2, 3])
+  (reading, _) = multiplier.smallest_reading(results)
+  assert "Final NLL 2.020 ± 0.010 against 2.620 ± 0.010, a difference of −0.600, 95% interval [" in reading
+  from seq2seq.research import family
+
+  claim = family.scaling_claim(results)
+  assert math.isclose(claim.difference, -0.6) and claim.p == significance.welch([2.01, 2.02, 2.03], [2.61, 2.62, 2.63]).p
+  # The main grid (one rate per architecture) keeps every run.
+  grid = [synthetic(v, s, 2.0) for v in ("vanilla", "gelu") for s in (0, 1)]
+  assert multiplier.confirmatory(grid) == grid and multiplier.search_table(grid) == []
+
+
 def test_vanilla_at_a_size_transformer_pp_skipped_extends_the_frontier_and_is_listed():
   """Vanilla at xlarge (4x base's width, run on another machine): its best rate there raises
   every `> N` bound, gets its own table, and the time line splits by hardware."""

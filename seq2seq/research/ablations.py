@@ -81,8 +81,9 @@ def _signed(value: float, fmt: str) -> str:
 def comparisons(results: list[Result], size: str = "base", baseline: str = "vanilla") -> list[Comparison]:
   """Welch's t-test and TOST of every variant at `size` against `baseline` in every tested
   column, in table order, with Holm's p over all of them (nan where a side has fewer than 2
-  seeds: no test). Empty without the baseline."""
-  rows = [r for r in results if r.size == size]
+  seeds: no test). Empty without the baseline. A rate search's runs count as
+  multiplier.confirmatory says: a chosen rate by its confirmatory seeds only."""
+  rows = [r for r in multiplier.confirmatory(results) if r.size == size]
   base = [r for r in rows if r.variant == baseline]
   if not base:
     return []
@@ -122,7 +123,7 @@ def _cell(values: list[float], baseline: list[float] | None, fmt: str, scale: fl
 def modifications_table(results: list[Result], size: str = "base", baseline: str = "vanilla") -> str:
   """Markdown: one row per variant at `size` (the baseline first), columns as in Narang et al.,
   with differences to the baseline, marked * where significant after Holm's correction."""
-  rows = [r for r in results if r.size == size]
+  rows = [r for r in multiplier.confirmatory(results) if r.size == size]
   variants = _ordered({r.variant for r in rows}, baseline)
   columns = _columns(sorted({s for r in rows for s in r.bleu}))
   by = {v: [r for r in rows if r.variant == v] for v in variants}
@@ -240,7 +241,7 @@ def plot_scaling(results: list[Result], path: pathlib.Path, architectures=("vani
 def plot_modifications(results: list[Result], path: pathlib.Path, size: str = "base",
                        baseline: str = "vanilla") -> bool:
   """Final validation NLL per variant (mean, with each seed as a dot); False if no runs."""
-  rows = [r for r in results if r.size == size]
+  rows = [r for r in multiplier.confirmatory(results) if r.size == size]
   if not rows:
     return False
   import matplotlib
@@ -328,7 +329,10 @@ def markdown(results: list[Result], missing: list[str], plots: dict[str, str], c
   tests = comparisons(results, baseline=baseline)
   tested = sum(c.welch.tested for c in tests)
   out += ["## Modifications (Narang et al. 2021)", "",
-          f"Mean ± standard deviation over the seeds (Seeds: how many runs); in brackets the difference to "
+          "Mean ± standard deviation over the seeds (Seeds: how many runs"
+          + ("; at a rate a search chose, its confirmatory seeds, not the search run that chose it"
+             if len(multiplier.confirmatory(results)) < len(results) else "")
+          + f"); in brackets the difference to "
           f"`{baseline}` (of the means). Final loss and BLEU are tested: Welch's t-test of each variant against `{baseline}` "
           "(two-sided, t distribution with Welch–Satterthwaite degrees of freedom), then Holm's correction over "
           + (f"all {tested} tests of the table (every variant x final loss and each BLEU column); * marks a "

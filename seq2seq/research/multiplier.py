@@ -113,6 +113,92 @@ def best_rate(runs: list, search_seed: int = SEARCH_SEED) -> tuple[str, list]:
   return chosen, [r for r in mine if r.seed != search_seed] or mine
 
 
+def confirmatory(results: list) -> list:
+  """The runs a report's figures and tests take, in their order: where one architecture ran at
+  several rates at a size, the chosen rate's runs without its search run (`best_rate`) and the
+  other rates' search runs (one seed each: no test takes them); every other run as it is."""
+  dropped = set()
+  for arch, size in {(architecture_of(r.variant) or r.variant, r.size) for r in results}:
+    at = [r for r in results if (architecture_of(r.variant) or r.variant) == arch and r.size == size]
+    if len({r.variant for r in at}) > 1:
+      chosen, kept = best_rate(at)
+      dropped |= {id(r) for r in at if r.variant == chosen} - {id(r) for r in kept}
+  return [r for r in results if id(r) not in dropped]
+
+
+def base_rate(run) -> float:
+  """The peak rate a run's size scaled from (the `+lrRATE` of its name, or the config's)."""
+  from seq2seq.research import variants
+
+  return float(f"{run.learning_rate * variants.SIZES.get(run.size, 1.0) ** 0.5:.3g}")
+
+
+def search_table(results: list, architectures=("vanilla", "transformer++")) -> list[str]:
+  """Markdown lines: the rate search, final validation NLL of each search run (seed SEARCH_SEED)
+  per base-size rate (rows) and architecture and size (columns), the rate chosen in bold with
+  its confirmatory seeds' mean ± std beside it; [] where no size tried several rates."""
+  runs = [r for r in results if architecture_of(r.variant) in architectures]
+  groups = sorted({(architecture_of(r.variant), r.size) for r in runs},
+                  key=lambda g: (size_order(g[1]), architectures.index(g[0])))
+  at = {g: [r for r in runs if (architecture_of(r.variant), r.size) == g] for g in groups}
+  if not any(len({r.variant for r in a}) > 1 for a in at.values()):
+    return []
+  chosen = {g: best_rate(a) for g, a in at.items()}
+  lines = ["| base-size rate | " + " | ".join(f"{a} {s}" for a, s in groups) + " |", "|---" * (len(groups) + 1) + "|"]
+  for rate in sorted({base_rate(r) for r in runs}):
+    cells = []
+    for g in groups:
+      searched = [r for r in at[g] if base_rate(r) == rate and r.seed == SEARCH_SEED]
+      variant, kept = chosen[g]
+      if not searched:
+        cells.append("–")
+      elif searched[0].variant != variant or len({r.variant for r in at[g]}) == 1:
+        cells.append(f"{searched[0].final_nll:.3f}")
+      else:
+        seeds = ", ".join(str(r.seed) for r in sorted(kept, key=lambda r: r.seed))
+        confirmed = f" (seeds {seeds}: {_final(kept)})" if searched[0] not in kept else " (not confirmed)"
+        cells.append(f"**{searched[0].final_nll:.3f}**{confirmed}")
+    lines.append(f"| {rate:g} | " + " | ".join(cells) + " |")
+  return lines + [""]
+
+
+def smallest_against_best(results: list, strong: str = "transformer++", weak: str = "vanilla"):
+  """`strong` at its smallest size against `weak` at the size where it ends lowest, each at its
+  best rate there (best_rate's reporting runs): (size, strong's runs, weak's size, weak's runs);
+  None where either did not run."""
+  def best(architecture: str) -> dict[str, list]:
+    own = [r for r in results if architecture_of(r.variant) == architecture]
+    return {size: best_rate([r for r in own if r.size == size])[1] for size in {r.size for r in own}}
+
+  mine, theirs = best(strong), best(weak)
+  if not mine or not theirs:
+    return None
+  small = min(mine, key=size_order)
+  lowest = min(theirs, key=lambda size: (statistics.fmean(r.final_nll for r in theirs[size]), size_order(size)))
+  return small, mine[small], lowest, theirs[lowest]
+
+
+def smallest_reading(results: list) -> list[str]:
+  """Markdown lines: Transformer++'s smallest size against vanilla's best size, tested on the
+  runs' final NLLs (Welch), BLEU beside it untested; [] without both."""
+  found = smallest_against_best(results)
+  if not found:
+    return []
+  small, strong, size, weak = found
+  w = significance.welch([r.final_nll for r in strong], [r.final_nll for r in weak])
+  bleu = " / ".join(f"{statistics.fmean(r.bleu[t] for r in strong) - statistics.fmean(r.bleu[t] for r in weak):+.2f}"
+                    for t in sorted(strong[0].bleu)).replace("-", "−")
+  test = (f"a difference of {w.difference:+.3f}, 95% interval [{w.low:+.3f}, {w.high:+.3f}] (Welch, {w.df:.1f} df, "
+          f"p = {w.p:.2g})" if w.tested else f"a difference of {w.difference:+.3f} (untested: fewer than 2 seeds)")
+  return [f"**Transformer++ {small} against vanilla at its best size ({size}, {weak[0].params / 1e6:.1f}M "
+          f"parameters against {strong[0].params / 1e6:.1f}M).** Final NLL {_final(strong)} against {_final(weak)}, "
+          + test.replace("-", "−") + f"; BLEU {bleu} on {' / '.join(sorted(strong[0].bleu))} (secondary, untested "
+          "here). Each side is reported by its runs that did not choose its rate, where it has them. Where no "
+          "vanilla run reaches "
+          "Transformer++'s NLL, the table's FLOPs ratio says which runs were made: a longer vanilla run, not a "
+          "wider one, might get there with fewer FLOPs.", ""]
+
+
 @dataclasses.dataclass(frozen=True)
 class Multiplier:
   """One Transformer++ size of the report's scaling table: Transformer++ at its best rate there
@@ -212,6 +298,10 @@ def section(results: list, plot: str | None = None) -> list[str]:
          "The sweep scales a rate with d_model^-0.5 across sizes.", ""]
   if plot:
     out += [f"![validation NLL against training FLOPs]({plot})", ""]
+  if search := search_table(results):
+    out += [f"The rate search: each size's seed-{SEARCH_SEED} run at each peak rate (named by the rate at the "
+            "base size), its final validation NLL; in bold the rate chosen, and its confirmatory seeds' mean ± "
+            "std, which the table after it reports:", "", *search]
   rate = lambda x, tried: ("not run" if not math.isfinite(x) else
                            f"{x:.4g}" + (f" (best of {tried})" if tried > 1 else ""))
   out += ["| size | Transformer++ params | its peak rate | its final NLL | vanilla's peak rate | vanilla's final NLL "
@@ -234,7 +324,7 @@ def section(results: list, plot: str | None = None) -> list[str]:
     out += [f"| {b.size} | {b.params / 1e6:.2f}M | {rate(b.learning_rate, b.rates)} | {b.nll:.3f} ± "
             f"{b.std:.3f} | {b.seeds} | {b.flops:.3g} | {b.hardware} |" for b in beyond]
     out.append("")
-  return out
+  return out + smallest_reading(results)
 
 
 def beyond_sizes(results: list, strong: str = "transformer++", weak: str = "vanilla") -> list[Alone]:
@@ -251,6 +341,12 @@ def beyond_sizes(results: list, strong: str = "transformer++", weak: str = "vani
                      statistics.fmean(r.curve[-1][0] for r in runs),
                      ", ".join(sorted({r.hardware for r in runs if r.hardware})) or "?"))
   return out
+
+
+def _final(runs: list) -> str:
+  """The runs' final NLL as mean ± std (the value alone for one run)."""
+  mean, std, n = significance.summary([r.final_nll for r in runs])
+  return f"{mean:.3f}" + (f" ± {std:.3f}" if n > 1 else "")
 
 
 def _interval(m: Multiplier) -> str:
