@@ -69,15 +69,15 @@ def report_claims(path: pathlib.Path, name: str) -> list[Claim]:
 def claims(root: str | pathlib.Path = ".") -> list[Claim]:
   root = pathlib.Path(root)
   found = [c for name in REPORTS for c in report_claims(root / name, name)]
-  records = recipe_search.load(root / MAIN_JOB)
+  searched = recipe_search.load(root / MAIN_JOB)
 
   def seeds(prefix: str) -> str:
-    return ", ".join(str(r.seed) for r in records if r.run.startswith(prefix))
+    return ", ".join(str(r.seed) for r in searched if r.run.startswith(prefix))
 
   for against, name in ((recipe_search.CHOSEN, "main job: chosen recipe"),
                         (recipe_search.SHIPPED, "main job as shipped, 3600 steps (CPU)")):
-    if any(r.run.startswith(against) for r in records):
-      rows, _ = recipe_search.comparison(records, against)
+    if any(r.run.startswith(against) for r in searched):
+      rows, _ = recipe_search.comparison(searched, against)
       *_, w = rows[0]  # validation NLL, the search's primary metric
       found.append(Claim(MAIN_JOB, f"{name}, seeds {seeds(against)} − former default (GPU), seeds "
                          f"{seeds(recipe_search.BASELINE)}", w.difference, w.p, "run records"))
