@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 from conftest import REPO
-from report_tables import printed_tests, rows, table_rows
+from report_tables import printed_tests, table_rows
 
 README = REPO / "README.md"
 DOCS = REPO / "docs"
@@ -189,24 +189,25 @@ def test_the_readmes_grid_claims_are_what_the_family_and_the_report_make():
   assert said in prose
 
 
-def test_the_readmes_scaling_claim_is_what_its_report_and_the_family_print():
-  """"Transformer++ at d_model 96 ends below every vanilla run up to 53M parameters": its final
-  NLL below vanilla's best at every size docs/ablations_scaling.md prints, the largest vanilla
-  of that size, and the p the family takes from docs/findings.md."""
-  from seq2seq.research import family
+def test_the_readmes_scaling_claim_is_what_the_scaling_records_make():
+  """"Transformer++ at d_model 96 ends below every vanilla run up to ...M parameters": every
+  vanilla run of docs/runs/ablations_scaling.jsonl (every rate, every seed) ends above every
+  confirmatory run of Transformer++ small, and the difference and p are the family's test of
+  Transformer++ small against vanilla's best size (seq2seq/research/family.py)."""
+  from seq2seq.research import family, multiplier, records
 
-  text = (DOCS / "ablations_scaling.md").read_text(encoding="utf-8")
-  both = {r[0]: r for r in rows(text) if len(r) == 11 and r[0] in ("small", "base", "large")}
-  alone = {r[0]: r for r in rows(text) if len(r) == 7 and r[0] == "xlarge"}
-  tpp_small = float(both["small"][3])
-  vanilla = [float(r[5]) for r in both.values()] + [float(r[3].split(" ± ")[0]) for r in alone.values()]
-  assert tpp_small < min(vanilla) and round(float(alone["xlarge"][1].rstrip("M"))) == 53
-  # The family's test of this gap is docs/findings.md's sentence, whose gap is the report's two means.
-  scaling = next(c for c in family.claims(REPO) if c.comparison == family.SCALING[1])
-  assert -scaling.difference == pytest.approx(min(vanilla) - tpp_small, abs=1e-9)
+  results = records.read(DOCS / "runs" / "ablations_scaling.jsonl").results
+  small, strong, size, weak = multiplier.smallest_against_best(results)
+  vanilla = [r for r in results if multiplier.architecture_of(r.variant) == "vanilla"]
+  assert small == "small" and min(r.final_nll for r in vanilla) > max(r.final_nll for r in strong)
+  assert sorted({r.seed for r in strong}) == sorted({r.seed for r in weak}) == [1, 2, 3]
+  scaling = next(c for c in family.claims(REPO) if c.source == family.SCALING and "best size" in c.comparison)
+  assert scaling == family.scaling_claim(results)
+  widest = max(r.params for r in vanilla)
   prose = " ".join(README.read_text(encoding="utf-8").split())
-  assert (f"Transformer++ at d_model 96 ends below every vanilla run up to 53M parameters in NLL (3 seeds each, "
-          f"p = {scaling.p:g})") in prose
+  difference = f"{scaling.difference:+.3f}".replace("-", "−")
+  assert (f"Transformer++ at d_model 96 ends below every vanilla run up to {widest / 1e6:.1f}M parameters in NLL "
+          f"({difference} against vanilla's best size, {size}; p = {scaling.p:.2g})") in prose
 
 
 def test_readme_results_table_matches_docs_results_and_configs():
