@@ -113,6 +113,13 @@ def best_rate(runs: list, search_seed: int = SEARCH_SEED) -> tuple[str, list]:
   return chosen, [r for r in mine if r.seed != search_seed] or mine
 
 
+def best_by_size(results: list, architecture: str) -> dict[str, tuple[str, list]]:
+  """Per size `architecture` ran at: `best_rate` of its runs there (the variant taken, the runs
+  that report it)."""
+  own = [r for r in results if architecture_of(r.variant) == architecture]
+  return {size: best_rate([r for r in own if r.size == size]) for size in {r.size for r in own}}
+
+
 def confirmatory(results: list) -> list:
   """The runs a report's figures and tests take, in their order: where one architecture ran at
   several rates at a size, the chosen rate's runs without its search run (`best_rate`) and the
@@ -156,7 +163,8 @@ def search_table(results: list, architectures=("vanilla", "transformer++")) -> l
         cells.append(f"{searched[0].final_nll:.3f}")
       else:
         seeds = ", ".join(str(r.seed) for r in sorted(kept, key=lambda r: r.seed))
-        confirmed = f" (seeds {seeds}: {_final(kept)})" if searched[0] not in kept else " (not confirmed)"
+        confirmed = (f" (seeds {seeds}: {_final(kept)})" if all(r is not searched[0] for r in kept)
+                     else " (not confirmed)")
         cells.append(f"**{searched[0].final_nll:.3f}**{confirmed}")
     lines.append(f"| {rate:g} | " + " | ".join(cells) + " |")
   return lines + [""]
@@ -166,11 +174,8 @@ def smallest_against_best(results: list, strong: str = "transformer++", weak: st
   """`strong` at its smallest size against `weak` at the size where it ends lowest, each at its
   best rate there (best_rate's reporting runs): (size, strong's runs, weak's size, weak's runs);
   None where either did not run."""
-  def best(architecture: str) -> dict[str, list]:
-    own = [r for r in results if architecture_of(r.variant) == architecture]
-    return {size: best_rate([r for r in own if r.size == size])[1] for size in {r.size for r in own}}
-
-  mine, theirs = best(strong), best(weak)
+  mine = {size: runs for size, (_, runs) in best_by_size(results, strong).items()}
+  theirs = {size: runs for size, (_, runs) in best_by_size(results, weak).items()}
   if not mine or not theirs:
     return None
   small = min(mine, key=size_order)
@@ -252,7 +257,7 @@ def multipliers(results: list, strong: str = "transformer++", weak: str = "vanil
   rate each side took at that size (`weak`'s: its best there, nan where it did not run) and
   how many it tried (`rates`, `weak_rates`)."""
   own = [r for r in results if architecture_of(r.variant) == weak]
-  best = {size: best_rate([r for r in own if r.size == size]) for size in {r.size for r in own}}
+  best = best_by_size(results, weak)
   front = frontier([mean_curve(runs) for _, runs in best.values()])
   spent_max = max((f for _, runs in best.values() for r in runs for f, _ in r.curve), default=math.nan)
   out = []
