@@ -322,7 +322,7 @@ def test_the_readmes_claims_are_one_family_generated_from_the_committed_reports(
   text = (repo / "docs" / "findings.md").read_text(encoding="utf-8")
   assert text.split(family.START, 1)[1].split(family.END, 1)[0] == "\n" + family.table(found)
   by_name = {c.comparison: c for c in found}
-  assert len(found) == 21 and len(by_name) == 21
+  assert len(found) == 22 and len(by_name) == 22
   # Every report with committed records gives its p from the runs' unrounded final NLLs: the grid's and
   # the norms study's as their reports printed them (3 decimals).
   from seq2seq.research import records
@@ -337,7 +337,7 @@ def test_the_readmes_claims_are_one_family_generated_from_the_committed_reports(
       assert shown == "< 0.001" if claim.p < 0.001 else float(shown) == round(claim.p, 3), variant
   assert by_name["`prenorm` − `prenorm+rope`"].p < 0.001
   adjusted = dict(zip(by_name, significance.holm([c.p for c in found])))
-  assert sum(significance.significant(p) for p in adjusted.values()) == 11
+  assert sum(significance.significant(p) for p in adjusted.values()) == 12
   # The pre-norm study from its records: RoPE's gain survives, GELU's earlier near-miss (raw p 0.007 from the
   # report made before records) does not repeat.
   gelu = by_name["`prenorm+rope+gelu` − `prenorm+rope`"]
@@ -523,12 +523,20 @@ def scaling_reading(results, family_claims) -> list[str]:
   mean = scaling_mean
   signed = lambda x: f"{x:+.3f}".replace("-", "−")
   ratio = next(m for m in multiplier.multipliers(results) if m.size == small).weak_max
+  # At the base size, each at its best rate: the report's modifications test, one of the family's.
+  (pp, pp_runs), (_, vanilla_runs) = (multiplier.best_by_size(results, a)["base"] for a in ("transformer++", "vanilla"))
+  at_base = significance.welch([r.final_nll for r in pp_runs], [r.final_nll for r in vanilla_runs])
+  base_holm = next(a for c, a in adjusted.items() if c.source == family.SCALING and c.comparison.startswith(f"`{pp}`"))
   return [f"for vanilla {chosen['vanilla', 'small']} at the small size and {chosen['vanilla', 'base']} at the base size; "
-          f"for Transformer++ {chosen['transformer++', 'small']} at the small size",
+          f"for Transformer++ {chosen['transformer++', 'small']} at the small size and "
+          f"{chosen['transformer++', 'base']} at the base size",
           f"Its seeds 1 to 3 end at {mean(strong)} final NLL, vanilla's best size ({size}, seeds 1 to 3) at "
           f"{mean(weak)}: {signed(w.difference)} [{signed(w.low)}, {signed(w.high)}] (Welch p = {w.p:.2g}; in the "
           f"README's family, Holm p = {holm:.2g}).",
-          f"the widest vanilla run used {ratio:.2f}x its training FLOPs"]
+          f"the widest vanilla run used {ratio:.2f}x its training FLOPs",
+          f"At the base size, each at its best rate (seeds 1 to 3), Transformer++ ends at {mean(pp_runs)} against "
+          f"vanilla's {mean(vanilla_runs)}: {signed(at_base.difference)} [{signed(at_base.low)}, "
+          f"{signed(at_base.high)}] (Welch p = {at_base.p:.2g}; in the README's family, Holm p = {base_holm:.2g})."]
 
 
 def test_the_scaling_reading_in_findings_md_is_its_records():
@@ -553,6 +561,14 @@ def test_the_scaling_reading_in_findings_md_is_its_records():
   protocol = " ".join((repo / "docs" / "sweeps.md").read_text(encoding="utf-8").split())
   assert (f"with seed 0: {searched['0.002']} at 0.002 against {searched['0.001']} at 0.001 and {searched['0.004']} "
           f"at 0.004 (its seeds 1 to 3 at 0.002: {scaling_mean(kept)})") in protocol
+  # ... and Transformer++'s best there is 0.004, not the grid's rate.
+  pp = [r for r in results if multiplier.architecture_of(r.variant) == "transformer++" and r.size == "base"]
+  searched = {f"{multiplier.base_rate(r):g}": f"{r.final_nll:.3f}" for r in pp if r.seed == 0}
+  chosen, kept = multiplier.best_rate(pp)
+  assert chosen == "transformer+++lr0.004" and sorted(searched) == ["0.002", "0.004", "0.008"]
+  assert (f"Transformer++'s best at this size is 0.004 with seed 0 ({searched['0.004']}, against "
+          f"{searched['0.002']} at 0.002 and {searched['0.008']} at 0.008; its seeds 1 to 3 at 0.004: "
+          f"{scaling_mean(kept)})") in protocol
 
 
 def test_a_report_states_its_question_and_the_limits_its_runs_set():

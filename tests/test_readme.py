@@ -193,7 +193,8 @@ def test_the_readmes_scaling_claim_is_what_the_scaling_records_make():
   """"Transformer++ at d_model 96 ends below every vanilla run up to ...M parameters": every
   vanilla run of docs/runs/ablations_scaling.jsonl (every rate, every seed) ends above every
   confirmatory run of Transformer++ small, and the difference and p are the family's test of
-  Transformer++ small against vanilla's best size (seq2seq/research/family.py)."""
+  Transformer++ small against vanilla's best size (seq2seq/research/family.py); "both at
+  d_model 192" quotes the family's test of the two at the base size, each at its best rate."""
   from seq2seq.research import family, multiplier, records
 
   results = records.read(DOCS / "runs" / "ablations_scaling.jsonl").results
@@ -206,8 +207,14 @@ def test_the_readmes_scaling_claim_is_what_the_scaling_records_make():
   widest = max(r.params for r in vanilla)
   prose = " ".join(README.read_text(encoding="utf-8").split())
   difference = f"{scaling.difference:+.3f}".replace("-", "−")
+  # At the base size (d_model 192), each at its best rate: the family's test from the report's modifications table.
+  pp, _ = multiplier.best_by_size(results, "transformer++")["base"]
+  at_base = next(c for c in family.claims(REPO) if c.source == family.SCALING and c.comparison.startswith(f"`{pp}`"))
+  assert at_base.comparison == f"`{pp}` − `vanilla`" and multiplier.best_by_size(results, "vanilla")["base"][0] == "vanilla"
+  at_base_difference = f"{at_base.difference:+.3f}".replace("-", "−")
   assert (f"Transformer++ at d_model 96 ends below every vanilla run up to {widest / 1e6:.1f}M parameters in NLL "
-          f"({difference} against vanilla's best size, {size}; p = {scaling.p:.2g})") in prose
+          f"({difference} against vanilla's best size, {size}; p = {scaling.p:.2g}); both at d_model 192, "
+          f"{at_base_difference} (p = {at_base.p:.2g}).") in prose
 
 
 def test_readme_results_table_matches_docs_results_and_configs():
