@@ -322,3 +322,92 @@ def test_the_re_tuned_rates_figures_in_results_md_are_its_records():
   assert claim in prose
   readings = recipe_search.readings(rows, adjusted)
   assert readings == ["inconclusive"] * 3 and "Inconclusive on all three metrics" in prose
+
+
+def test_the_main_jobs_prose_in_results_md_is_its_records_and_its_table():
+  """Every figure docs/results.md's prose quotes for the main job and its search is what the
+  search's records (docs/runs/main_job_search.jsonl) or the page's generated results table
+  (the runs' own eval files) make: validation figures, the confirmatory seeds' tests, the test
+  sets read once, decoding and averaging checks, and the reading of the search."""
+  import statistics
+
+  from seq2seq.research import recipe_search, significance
+
+  records = {r.run: r for r in recipe_search.load(REPO / "docs" / "runs" / "main_job_search.jsonl")}
+  page = (REPO / "docs" / "results.md").read_text(encoding="utf-8")
+  rows = [[c.strip() for c in line.split("|")[1:-1]] for line in
+          page.split(results.START, 1)[1].split(results.END, 1)[0].splitlines()[2:] if line.startswith("| `")]
+  table = {(r[0].strip("`"), r[1], r[5].split("<br>")[1]): (float(r[2].strip("*")), float(r[3]), r[4]) for r in rows}
+  test = lambda run, split: next(v for (n, s, _), v in table.items() if n == run and s == split)
+  val = lambda run, flags="": table[(run, "val", f"`python eval.py --workdir=/work/runs/{run} --split=val{flags}`")][0]
+  prose = " ".join(page.split())
+  side = lambda v, k: "{0:.{2}f} ± {1:.{2}f}".format(*significance.summary(v)[:2], k)
+  signed = lambda x, k: f"{x:+.{k}f}".replace("-", "−")
+  quoted = []
+
+  # The README's run, seed 0: its validation figures (records) and its decoding checks (table).
+  readme = records["m30k_3600_readme"]
+  quoted.append(f"On validation: NLL {readme.nll:.3f} at the end ({readme.val_tokens:,} tokens), BLEU "
+                f"{readme.full('bleu'):.2f} on all 1014 sentences ({readme.val_curve[-1]['bleu500']:.2f} on the first 500")
+  alphas = ("1.0", "1.2", "", "2.0")
+  seeds = ("m30k_3600_readme", "m30k_3600_s3")
+  by_alpha = [" / ".join(f"{val(run, f' --alpha={a}' if a else ''):.2f}" for a in alphas) for run in seeds]
+  averaged = [" / ".join(f"{val(run, f' --average_last={k}'):.2f}" for k in (2, 4)) for run in seeds]
+  quoted.append(f"alpha 1.0 / 1.2 / 1.5 / 2.0 give {by_alpha[0]} and {by_alpha[1]} BLEU; averaging the last 2 or 4 "
+                f"checkpoints (450 steps apart, `--average_last`) gives {averaged[0]} and {averaged[1]}, against "
+                f"{val(seeds[0]):.2f} and {val(seeds[1]):.2f} for the last alone")
+
+  # Seeds 1-3 of the main job against the former default's: the second comparison table's tests.
+  (_, a, b, nll), (_, c, d, bleu), _ = (found := recipe_search.comparison(records.values(), recipe_search.SHIPPED))[0]
+  holm = found[1]
+  assert f"{holm[0]:.3f}" == f"{holm[1]:.3f}"  # "0.010 for both"
+  quoted.append(f"validation NLL {side(a, 3)} against {side(b, 3)} ({signed(nll.difference, 3)}, Welch p = {nll.p:.3f}) "
+                f"and BLEU on all 1014 sentences {side(c, 2)} against {side(d, 2)} ({signed(bleu.difference, 2)}, p = "
+                f"{bleu.p:.3f}; Holm over the table's three metrics {holm[0]:.3f} for both)")
+
+  # The test sets, read once: each seed, their mean, and the mean with seed 0.
+  shipped = ("m30k_3600_s1", "m30k_3600_s2", "m30k_3600_s3")
+  sets = ("test_2016_flickr", "test_2017_flickr")
+  quoted.append("The test sets, read once afterwards: " + ", ".join(
+      " / ".join(f"{test(run, s)[0]:.2f}" for s in sets) for run in shipped[:2]) + " and "
+      + " / ".join(f"{test(shipped[2], s)[0]:.2f}" for s in sets) + " BLEU (chrF " + ", ".join(
+      " / ".join(f"{test(run, s)[1]:.2f}" for s in sets) for run in shipped[:2]) + " and "
+      + " / ".join(f"{test(shipped[2], s)[1]:.2f}" for s in sets) + ")")
+  mean = lambda runs: " / ".join(side([test(run, s)[0] for run in runs], 2) for s in sets)
+  quoted.append(f"a mean of **{mean(shipped)}**; with seed 0 above, the README's command averages "
+                f"**{mean(('m30k_3600_readme',) + shipped)}** over 4 seeds")
+
+  # Re-tuning at 3600 steps, one seed each, against seed 0 and the shipped seeds' spread.
+  drop, warm, rate = (records[f"m30k_3600_{name}"] for name in ("drop01", "warm400", "lr007"))
+  quoted.append(f"(`m30k_3600_drop01`: NLL {drop.nll:.3f}, BLEU {drop.full('bleu'):.2f},")
+  quoted.append(f"(`m30k_3600_warm400`: NLL {warm.nll:.3f}, BLEU {warm.full('bleu'):.2f})")
+  quoted.append(f"(`m30k_3600_lr007`: NLL {rate.nll:.3f}, BLEU {rate.full('bleu'):.2f},")
+  quoted.append(f"raises it by {warm.nll - readme.nll:.3f}")
+  quoted.append(f"lowers it by {readme.nll - rate.nll:.3f}")
+  spread = sorted(records[run].nll for run in shipped)
+  four = sorted(records[run].full("bleu") for run in ("m30k_3600_readme",) + shipped)
+  quoted.append(f"seeds spread ({spread[0]:.3f} to {spread[-1]:.3f} over seeds 1-3)")
+  quoted.append(f"gains of {drop.full('bleu') - readme.full('bleu'):.1f} and {warm.full('bleu') - readme.full('bleu'):.1f} "
+                f"over seed 0, lies within the shipped recipe's own four seeds ({four[0]:.2f} to {four[-1]:.2f})")
+
+  # The search's reading: the chosen recipe against the former default, its neighbours, averaging.
+  (_, a, b, nll), (_, c, d, bleu), (_, e, f, chrf) = (found := recipe_search.comparison(records.values()))[0]
+  quoted.append(f"{-nll.difference:.3f} lower NLL (Holm p = {found[1][0]:.1g}), {bleu.difference:.1f} higher BLEU "
+                f"(p = {found[1][1]:.1g}) and {chrf.difference:.1f} higher chrF on all 1014 sentences")
+  quoted.append(f"(BLEU sd {statistics.stdev(c):.2f} against {statistics.stdev(d):.2f})")
+  chosen = sorted(records[f"d128_drop02_s{s}"].nll for s in (1, 2, 3))
+  quoted.append(f"a peak rate of 0.007 ({records['d128_drop02_lr007'].nll:.3f}) and 5+5 layers in 6000 steps "
+                f"({records['d128_drop02_l5'].nll:.3f}) end within the chosen recipe's seed spread ({chosen[0]:.3f} to "
+                f"{chosen[-1]:.3f}); dropout 0.1 ({records['d128_drop01'].nll:.3f}) and no label smoothing "
+                f"({records['d128_drop02_ls0'].nll:.3f}) overfit")
+  quoted.append(f"(seed 1: {records['d128_s1'].nll:.3f}, {records['d128_s1'].full('bleu'):.2f} BLEU on all of val)")
+  confirm = [records[f"d128_drop02_s{s}"] for s in (1, 2, 3)]
+  quoted.append(f"does not help: {statistics.mean(r.full('bleu', 'average5') for r in confirm):.2f} against "
+                f"{statistics.mean(r.full('bleu') for r in confirm):.2f} for the latest")
+  vocab = records["d128_drop02_v6k"]
+  at_500 = sorted(r.val_curve[-1]["bleu500"] for r in confirm)
+  quoted.append(f"({vocab.nll:.3f} NLL, of another vocabulary) reached step {vocab.reached} of {vocab.steps} at "
+                f"{vocab.val_curve[-1]['bleu500']:.2f} BLEU on 500 sentences, within the chosen recipe's "
+                f"{at_500[0]:.2f} to {at_500[-1]:.2f}")
+  for sentence in quoted:
+    assert sentence in prose, sentence
