@@ -554,6 +554,18 @@ def test_the_scaling_reading_in_findings_md_is_its_records():
   vanilla = [r for r in results if multiplier.architecture_of(r.variant) == "vanilla"]
   assert "Every vanilla run of the study, at every rate and seed, ends above every Transformer++ small run" in text
   assert min(r.final_nll for r in vanilla) > max(r.final_nll for r in strong)
+  # The exploratory longer run: every scaling run trains 720 steps (what the README's claim says), and a vanilla
+  # small run of 2880 steps passes Transformer++ small's NLL between the two FLOPs ratios quoted.
+  assert {len(r.curve) for r in results} == {8}  # 720 steps, validated every 90
+  (longer,) = records.read(repo / "docs" / "runs" / "ablations_longer.jsonl").results
+  assert (longer.variant, longer.size, longer.seed) == ("vanilla+lr0.004", "small", 0)
+  assert "--config.train.steps=2880" in longer.command and len(longer.curve) == 32
+  target, spent = statistics.fmean(r.final_nll for r in strong), statistics.fmean(r.curve[-1][0] for r in strong)
+  after = next(i for i, (_, nll) in enumerate(longer.curve) if nll <= target)
+  assert after > 0 and longer.curve[-1][1] < target
+  assert (f"It ends at {longer.final_nll:.3f} final NLL, and its validation NLL passes Transformer++ small's "
+          f"{target:.3f} between {longer.curve[after - 1][0] / spent:.2f}x and {longer.curve[after][0] / spent:.2f}x "
+          "Transformer++ small's training FLOPs") in text
   # docs/sweeps.md's protocol: the grid's rate, 0.002, is also the rerun's seed-0 choice for vanilla at its size.
   searched = {f"{multiplier.base_rate(r):g}": f"{r.final_nll:.3f}" for r in vanilla if r.size == "base" and r.seed == 0}
   chosen, kept = multiplier.best_rate([r for r in vanilla if r.size == "base"])

@@ -190,7 +190,7 @@ def test_the_readmes_grid_claims_are_what_the_family_and_the_report_make():
 
 
 def test_the_readmes_scaling_claim_is_what_the_scaling_records_make():
-  """"Transformer++ at d_model 96 ends below every vanilla run up to ...M parameters": every
+  """"Transformer++ at d_model 96 ends below every vanilla run of 720 steps up to ...M parameters": every
   vanilla run of docs/runs/ablations_scaling.jsonl (every rate, every seed) ends above every
   confirmatory run of Transformer++ small, and the difference and p are the family's test of
   Transformer++ small against vanilla's best size (seq2seq/research/family.py); "both at
@@ -212,7 +212,8 @@ def test_the_readmes_scaling_claim_is_what_the_scaling_records_make():
   at_base = next(c for c in family.claims(REPO) if c.source == family.SCALING and c.comparison.startswith(f"`{pp}`"))
   assert at_base.comparison == f"`{pp}` − `vanilla`" and multiplier.best_by_size(results, "vanilla")["base"][0] == "vanilla"
   at_base_difference = f"{at_base.difference:+.3f}".replace("-", "−")
-  assert (f"Transformer++ at d_model 96 ends below every vanilla run up to {widest / 1e6:.1f}M parameters in NLL "
+  assert (f"Transformer++ at d_model 96 ends below every vanilla run of 720 steps up to {widest / 1e6:.1f}M "
+          "parameters in NLL "
           f"({difference} against vanilla's best size, {size}; p = {scaling.p:.2g}); both at d_model 192, "
           f"{at_base_difference} (p = {at_base.p:.2g}).") in prose
 
