@@ -510,12 +510,8 @@ def scaling_reading(results, family_claims) -> list[str]:
   Holm p."""
   from seq2seq.research import family
 
-  chosen = {}
-  for architecture in ("vanilla", "transformer++"):
-    for size in ("small", "base"):
-      own = [r for r in results if multiplier.architecture_of(r.variant) == architecture and r.size == size]
-      if len({r.variant for r in own}) > 1:
-        chosen[architecture, size] = f"{multiplier.base_rate(multiplier.best_rate(own)[1][0]):g}"
+  chosen = {(architecture, size): f"{multiplier.base_rate(runs[0]):g}" for architecture in ("vanilla", "transformer++")
+            for size, (_, runs) in multiplier.best_by_size(results, architecture).items()}
   small, strong, size, weak = multiplier.smallest_against_best(results)
   w = significance.welch([r.final_nll for r in strong], [r.final_nll for r in weak])
   adjusted = dict(zip(family_claims, significance.holm([c.p for c in family_claims])))

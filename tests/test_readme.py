@@ -202,14 +202,15 @@ def test_the_readmes_scaling_claim_is_what_the_scaling_records_make():
   vanilla = [r for r in results if multiplier.architecture_of(r.variant) == "vanilla"]
   assert small == "small" and min(r.final_nll for r in vanilla) > max(r.final_nll for r in strong)
   assert sorted({r.seed for r in strong}) == sorted({r.seed for r in weak}) == [1, 2, 3]
-  scaling = next(c for c in family.claims(REPO) if c.source == family.SCALING and "best size" in c.comparison)
+  claims = family.claims(REPO)
+  scaling = next(c for c in claims if c.source == family.SCALING and "best size" in c.comparison)
   assert scaling == family.scaling_claim(results)
   widest = max(r.params for r in vanilla)
   prose = " ".join(README.read_text(encoding="utf-8").split())
   difference = f"{scaling.difference:+.3f}".replace("-", "−")
   # At the base size (d_model 192), each at its best rate: the family's test from the report's modifications table.
   pp, _ = multiplier.best_by_size(results, "transformer++")["base"]
-  at_base = next(c for c in family.claims(REPO) if c.source == family.SCALING and c.comparison.startswith(f"`{pp}`"))
+  at_base = next(c for c in claims if c.source == family.SCALING and c.comparison.startswith(f"`{pp}`"))
   assert at_base.comparison == f"`{pp}` − `vanilla`" and multiplier.best_by_size(results, "vanilla")["base"][0] == "vanilla"
   at_base_difference = f"{at_base.difference:+.3f}".replace("-", "−")
   assert (f"Transformer++ at d_model 96 ends below every vanilla run of 720 steps up to {widest / 1e6:.1f}M "

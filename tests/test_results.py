@@ -305,16 +305,25 @@ def test_a_recipe_comparison_reads_level_only_from_an_equivalence_test():
   assert [line.rsplit("|", 2)[1].strip() for line in table.splitlines() if line.startswith("| validation")] == readings
 
 
+def side(values, digits: int) -> str:
+  """How docs/results.md quotes runs: mean ± sd."""
+  from seq2seq.research import significance
+
+  return "{0:.{2}f} ± {1:.{2}f}".format(*significance.summary(values)[:2], digits)
+
+
+def signed(x: float, digits: int) -> str:
+  return f"{x:+.{digits}f}".replace("-", "−")
+
+
 def test_the_re_tuned_rates_figures_in_results_md_are_its_records():
   """docs/results.md's sentence on the confirmatory seeds of the rate 0.007 quotes the means,
   the difference, its interval and the Holm p's that recipe_search computes from the records."""
-  from seq2seq.research import recipe_search, significance
+  from seq2seq.research import recipe_search
 
   records = recipe_search.load(REPO / "docs" / "runs" / "main_job_search.jsonl")
   rows, adjusted = recipe_search.comparison(records, recipe_search.RETUNED, recipe_search.SHIPPED)
   (_, a, b, nll), (_, c, d, bleu) = rows[:2]
-  side = lambda v, k: "{0:.{2}f} ± {1:.{2}f}".format(*significance.summary(v)[:2], k)
-  signed = lambda x, k: f"{x:+.{k}f}".replace("-", "−")
   claim = (f"validation NLL {side(a, 3)} against {side(b, 3)} ({signed(nll.difference, 3)}, 95% interval "
            f"[{signed(nll.low, 3)}, {signed(nll.high, 3)}], Holm p = {adjusted[0]:.2g}) and BLEU on all 1014 "
            f"sentences {side(c, 2)} against {side(d, 2)} ({signed(bleu.difference, 2)}, Holm p = {adjusted[1]:.2g})")
@@ -331,7 +340,7 @@ def test_the_main_jobs_prose_in_results_md_is_its_records_and_its_table():
   sets read once, decoding and averaging checks, and the reading of the search."""
   import statistics
 
-  from seq2seq.research import recipe_search, significance
+  from seq2seq.research import recipe_search
 
   records = {r.run: r for r in recipe_search.load(REPO / "docs" / "runs" / "main_job_search.jsonl")}
   page = (REPO / "docs" / "results.md").read_text(encoding="utf-8")
@@ -341,8 +350,6 @@ def test_the_main_jobs_prose_in_results_md_is_its_records_and_its_table():
   test = lambda run, split: next(v for (n, s, _), v in table.items() if n == run and s == split)
   val = lambda run, flags="": table[(run, "val", f"`python eval.py --workdir=/work/runs/{run} --split=val{flags}`")][0]
   prose = " ".join(page.split())
-  side = lambda v, k: "{0:.{2}f} ± {1:.{2}f}".format(*significance.summary(v)[:2], k)
-  signed = lambda x, k: f"{x:+.{k}f}".replace("-", "−")
   quoted = []
 
   # The README's run, seed 0: its validation figures (records) and its decoding checks (table).
