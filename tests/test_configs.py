@@ -116,6 +116,25 @@ def test_multi30k_is_the_recipe_the_search_confirmed():
     assert settings == today, record.run
 
 
+def test_multi30k_is_what_its_reported_seeds_trained():
+  """The main job's reported runs (seed 0, the README's row, and seeds 1 and 2: the records
+  named recipe_search.ROWS64) trained configs/multi30k.py as it is, setting for setting, with
+  no override but the seed."""
+  import json
+
+  from seq2seq.research import recipe_search
+
+  today = json.loads(json.dumps(load("multi30k").to_dict()))
+  for key in ("dir", "cache_dir"):
+    today["data"].pop(key, None)
+  runs = [r for r in recipe_search.load(REPO / "docs" / "runs" / "main_job_search.jsonl")
+          if r.run.startswith(recipe_search.ROWS64)]
+  assert sorted(r.seed for r in runs) == [0, 1, 2]
+  for record in runs:
+    assert record.overrides == [] and record.reached == record.steps == 4200, record.run
+    assert record.settings | {"seed": today["seed"]} == today, record.run
+
+
 def test_multi30k_row_length_figures_are_the_cpu_profiles():
   """The row length's reasons in configs/multi30k.py are benchmarks/results/profile_cpu2_multi30k.json
   (the train step profiled on the 2-core CPU in rows of 128 and of 64, one run after the other):

@@ -418,3 +418,58 @@ def test_the_main_jobs_prose_in_results_md_is_its_records_and_its_table():
                 f"{at_500[0]:.2f} to {at_500[-1]:.2f}")
   for sentence in quoted:
     assert sentence in prose, sentence
+
+
+def test_the_main_jobs_rows_of_64_prose_is_its_records_and_its_table():
+  """docs/results.md's figures for the main job as shipped since 2026-12-01 (rows of 64, 4200
+  steps; seeds 0, 1, 2) are what its records and the generated results table make: each seed's
+  validation figures, the tests against the main job as it was and the former default, the
+  family's Holm p, and the test sets read once."""
+  import statistics
+
+  from seq2seq.research import family, recipe_search, significance
+
+  records = {r.run: r for r in recipe_search.load(REPO / "docs" / "runs" / "main_job_search.jsonl")}
+  page = (REPO / "docs" / "results.md").read_text(encoding="utf-8")
+  rows = [[c.strip() for c in line.split("|")[1:-1]] for line in
+          page.split(results.START, 1)[1].split(results.END, 1)[0].splitlines()[2:] if line.startswith("| `")]
+  test = lambda run, split: next(float(r[2].strip("*")) for r in rows if r[0] == f"`{run}`" and r[1] == split)
+  prose = " ".join(page.split())
+  runs = ("m30k_p64_readme", "m30k_p64_s1", "m30k_p64_s2")
+  seeds = [records[run] for run in runs]
+  assert [r.seed for r in seeds] == [0, 1, 2] and all(r.run.startswith(recipe_search.ROWS64) for r in seeds)
+  readme = seeds[0]
+  quoted = [f"On validation: NLL {readme.nll:.3f} at the end ({readme.val_tokens:,} tokens), BLEU "
+            f"{readme.full('bleu'):.2f} on all 1014 sentences ({readme.val_curve[-1]['bleu500']:.2f} on the first 500",
+            "Validation NLL " + ", ".join(f"{r.nll:.3f}" for r in seeds[:2]) + f" and {seeds[2].nll:.3f}, BLEU on all "
+            "1014 sentences " + ", ".join(f"{r.full('bleu'):.2f}" for r in seeds[:2]) + f" and {seeds[2].full('bleu'):.2f}"]
+  (_, a, b, nll), (_, c, d, bleu), (_, e, f, _) = (found := recipe_search.comparison(records.values(), recipe_search.ROWS64,
+                                                                                        recipe_search.SHIPPED))[0]
+  assert recipe_search.readings(*found) == ["inconclusive"] * 3
+  quoted.append(f"NLL {side(a, 3)} against {side(b, 3)} ({signed(nll.difference, 3)}, 95% interval "
+                f"[{signed(nll.low, 3)}, {signed(nll.high, 3)}], Holm p = {found[1][0]:.2f}), BLEU {side(c, 2)} against "
+                f"{side(d, 2)} ({signed(bleu.difference, 2)}, Holm p = {found[1][1]:.1f}), chrF "
+                f"{statistics.mean(e):.2f} against {statistics.mean(f):.2f}: inconclusive on all three metrics")
+  (_, _, _, nll), (_, _, _, bleu), (_, _, _, chrf) = (found := recipe_search.comparison(
+      records.values(), recipe_search.ROWS64, recipe_search.BASELINE))[0]
+  assert recipe_search.readings(*found) == ["differs"] * 3 and f"{found[1][0]:.3f}" == f"{found[1][1]:.3f}"
+  quoted.append(f"NLL {signed(nll.difference, 3)} (Welch p = {nll.p:.3f}), BLEU {signed(bleu.difference, 2)} (p = "
+                f"{bleu.p:.3f}; Holm over the table's three metrics {found[1][0]:.3f} for both) and chrF "
+                f"{signed(chrf.difference, 2)}")
+  claims = family.claims(REPO)
+  shipped = dict(zip((c.comparison for c in claims), significance.holm([c.p for c in claims])))
+  quoted.append("the NLL gain is inconclusive (Holm p = " + next(f"{p:.3f}" for name, p in shipped.items()
+                                                                 if name.startswith("main job as shipped")))
+  sets = ("test_2016_flickr", "test_2017_flickr")
+  quoted.append("The test sets, read once afterwards: " + ", ".join(" / ".join(f"{test(run, s):.2f}" for s in sets)
+                                                                   for run in runs[:2])
+                + " and " + " / ".join(f"{test(runs[2], s):.2f}" for s in sets) + " BLEU")
+  mean = lambda names: " / ".join(side([test(run, s) for run in names], 2) for s in sets)
+  quoted.append(f"a mean of **{mean(runs)}**, where the main job as it was averaged "
+                f"{mean(('m30k_3600_s1', 'm30k_3600_s2', 'm30k_3600_s3'))} over its seeds 1-3")
+  (_, _, _, nll), (_, _, _, bleu), _ = (found := recipe_search.comparison(records.values(), recipe_search.CHOSEN,
+                                                                          recipe_search.SHIPPED))[0]
+  assert recipe_search.readings(*found)[1] == "equivalent (±0.5)"
+  quoted.append(f"(7000 against 3600 steps: {signed(nll.difference, 3)}, Holm p = {found[1][0]:.3f}")
+  for sentence in quoted:
+    assert sentence in prose, sentence
