@@ -85,6 +85,16 @@ def test_wmt14_configs_are_vaswani_base_and_big():
   assert abs(count_params(base_cfg) / 65e6 - 1) < 0.05
 
 
+def multi30k_settings() -> dict:
+  """configs/multi30k.py as a run record holds its settings: JSON types, less the data paths."""
+  import json
+
+  today = json.loads(json.dumps(load("multi30k").to_dict()))
+  for key in ("dir", "cache_dir"):
+    today["data"].pop(key, None)
+  return today
+
+
 def test_multi30k_is_the_recipe_the_search_confirmed():
   """configs/multi30k.py is, setting for setting, what the confirmatory seeds of the main-job
   recipe search trained (docs/runs/main_job_search.jsonl, docs/results.md#choosing-the-main-job-recipe),
@@ -94,13 +104,10 @@ def test_multi30k_is_the_recipe_the_search_confirmed():
   128: the same numbers per sentence, a faster step on the CPU) and the schedule's length: 4200
   steps instead of 7000 (validation every 1050, a checkpoint every 525, 8 kept), to train in the
   time of 3600 steps in rows of 128, within 40 minutes on the 2-core Intel Xeon."""
-  import json
 
   from seq2seq.research import recipe_search
 
-  today = json.loads(json.dumps(load("multi30k").to_dict()))
-  for key in ("dir", "cache_dir"):
-    today["data"].pop(key, None)
+  today = multi30k_settings()
   chosen = [r for r in recipe_search.load(REPO / "docs" / "runs" / "main_job_search.jsonl")
             if r.run.startswith(recipe_search.CHOSEN)]
   assert len(chosen) == 3
@@ -120,13 +127,10 @@ def test_multi30k_is_what_its_reported_seeds_trained():
   """The main job's reported runs (seed 0, the README's row, and seeds 1 and 2: the records
   named recipe_search.ROWS64) trained configs/multi30k.py as it is, setting for setting, with
   no override but the seed."""
-  import json
 
   from seq2seq.research import recipe_search
 
-  today = json.loads(json.dumps(load("multi30k").to_dict()))
-  for key in ("dir", "cache_dir"):
-    today["data"].pop(key, None)
+  today = multi30k_settings()
   runs = [r for r in recipe_search.load(REPO / "docs" / "runs" / "main_job_search.jsonl")
           if r.run.startswith(recipe_search.ROWS64)]
   assert sorted(r.seed for r in runs) == [0, 1, 2]

@@ -305,6 +305,12 @@ def test_a_recipe_comparison_reads_level_only_from_an_equivalence_test():
   assert [line.rsplit("|", 2)[1].strip() for line in table.splitlines() if line.startswith("| validation")] == readings
 
 
+def generated_rows(page: str) -> list[list[str]]:
+  """The cells of each run's row in a page's generated results table."""
+  return [[c.strip() for c in line.split("|")[1:-1]] for line in
+          page.split(results.START, 1)[1].split(results.END, 1)[0].splitlines()[2:] if line.startswith("| `")]
+
+
 def side(values, digits: int) -> str:
   """How docs/results.md quotes runs: mean ± sd."""
   from seq2seq.research import significance
@@ -344,8 +350,7 @@ def test_the_main_jobs_prose_in_results_md_is_its_records_and_its_table():
 
   records = {r.run: r for r in recipe_search.load(REPO / "docs" / "runs" / "main_job_search.jsonl")}
   page = (REPO / "docs" / "results.md").read_text(encoding="utf-8")
-  rows = [[c.strip() for c in line.split("|")[1:-1]] for line in
-          page.split(results.START, 1)[1].split(results.END, 1)[0].splitlines()[2:] if line.startswith("| `")]
+  rows = generated_rows(page)
   table = {(r[0].strip("`"), r[1], r[5].split("<br>")[1]): (float(r[2].strip("*")), float(r[3]), r[4]) for r in rows}
   test = lambda run, split: next(v for (n, s, _), v in table.items() if n == run and s == split)
   val = lambda run, flags="": table[(run, "val", f"`python eval.py --workdir=/work/runs/{run} --split=val{flags}`")][0]
@@ -431,8 +436,7 @@ def test_the_main_jobs_rows_of_64_prose_is_its_records_and_its_table():
 
   records = {r.run: r for r in recipe_search.load(REPO / "docs" / "runs" / "main_job_search.jsonl")}
   page = (REPO / "docs" / "results.md").read_text(encoding="utf-8")
-  rows = [[c.strip() for c in line.split("|")[1:-1]] for line in
-          page.split(results.START, 1)[1].split(results.END, 1)[0].splitlines()[2:] if line.startswith("| `")]
+  rows = generated_rows(page)
   test = lambda run, split: next(float(r[2].strip("*")) for r in rows if r[0] == f"`{run}`" and r[1] == split)
   prose = " ".join(page.split())
   runs = ("m30k_p64_readme", "m30k_p64_s1", "m30k_p64_s2")
