@@ -193,6 +193,17 @@ def test_the_report_tables_tests_and_plot_from_run_files(tmp_path):
   assert f"```bash\n{command}\n```" in report and "`prenorm+rope-s1`" in report.split("### Not finished yet")[1]
   assert "Time: 5.0 min of training and 2.5 min of the study's translation and scoring for 5 runs" in report
   assert "Training pairs of at most 4 subword tokens" in report and "a table of 64 rows" in report
+  # Question, protocol and limits come from the runs: their seeds, steps, rate, training length, the
+  # joined share past it, the untrained rows (no relative run here, so no relative buckets).
+  assert "**Question.** Do `learned` and `rope` positions translate sources" in report
+  assert ("**Protocol.** 3 position types x 1–2 seeds (5 runs), each trained 20 steps at a peak rate of 0.002 on "
+          "pairs of at most 4 tokens a side, then evaluated by source length in 5 buckets; Welch's t-test of each "
+          "type against `sinusoidal` per bucket and metric, Holm's correction over the ") in report
+  limits = report.split("**Limits.** ")[1].split("\n")[0]
+  assert limits.startswith("One peak learning rate for every type (0.002) and one training length (20 steps)")
+  assert "67% of the sources past 4 tokens are consecutive pairs joined" in limits  # 2 of 6, 7 and 20 tokens
+  assert "learned positions' rows 4 to 63 were never trained" in limits and "relative" not in limits
+  assert "1–2 seeds a side: Welch's degrees of freedom are 1 to 2" in limits
   bleu_table = report.split("### BLEU by source length")[1].split("###")[0]
   head = "| Source tokens | Sentences | Joined | `sinusoidal` (n = 2) | `learned` (n = 2) | `rope` (n = 1) |"
   assert head in bleu_table

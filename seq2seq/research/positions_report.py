@@ -181,6 +181,48 @@ def plot(by_kind: dict[str, list[list[dict]]], path: pathlib.Path, train_len: in
   return True
 
 
+def scope(runs: list[Run], upper: tuple[int, ...], tested: int, baseline: str = "sinusoidal") -> list[str]:
+  """The report's question, protocol and the limits its runs set, from the runs themselves."""
+  if not runs:
+    return []
+  limit, kinds = upper[0], ordered(runs)
+  seeds = sorted({sum(r.positions == k for r in runs) for k in kinds})
+  tested_n = [n for n in seeds if n >= 2]
+  rates = sorted({r.learning_rate for r in runs if math.isfinite(r.learning_rate)})
+  steps = sorted({r.steps for r in runs if r.steps})
+  scored = next(iter(per_run(runs, upper).values()))[0]
+  past = scored[1:]
+  joined = sum(b["joined"] for b in past) / max(1, sum(b["sentences"] for b in past))
+  tables = sorted({r.table for r in runs if r.table})
+  others = [f"`{k}`" for k in kinds if k != baseline]
+  others = " and ".join([", ".join(others[:-1]), others[-1]] if len(others) > 1 else others)
+  untrained = ([f"learned positions' rows {limit} to {tables[-1] - 1}"] if tables else []) + (
+      [f"relative buckets of offsets past {limit - 1}"] if "relative" in kinds else [])
+  limits = [
+      (f"one peak learning rate for every type ({rates[0]:g})" if len(rates) == 1 else "peak rates as each command "
+       "set them") + (f" and one training length ({steps[0]} steps)" if len(steps) == 1 else "")
+      + ": a type that prefers others is measured away from its best; one model size and one dataset",
+      f"training targets are at most {limit} tokens too, so every bucket past the first also measures how long a "
+      "model trained on short outputs lets its outputs grow",
+      f"{joined:.0%} of the sources past {limit} tokens are consecutive pairs joined into one, not sentences",
+      *([" and ".join(untrained) + " were never trained: the runs measure a model meeting untrained parameters, as "
+         "the claims suppose, not one trained for length generalisation"] if untrained else []),
+      (f"{_count(seeds)} seeds a side: Welch's degrees of freedom are {tested_n[0] - 1} to {2 * tested_n[-1] - 2}, "
+       "so only large differences count" if tested_n else "one seed a side: nothing is tested"),
+  ]
+  return [f"**Question.** Do {others} positions translate sources as long as the training pairs, and longer, "
+          f"better or worse than `{baseline}` positions, in BLEU and in NLL per target token, bucket by bucket?", "",
+          f"**Protocol.** {len(kinds)} position types x {_count(seeds)} seeds ({len(runs)} runs), each trained "
+          + (f"{_count(steps)} steps" if steps else "its config's steps")
+          + (f" at a peak rate of {', '.join(f'{x:g}' for x in rates)}" if rates else "")
+          + f" on pairs of at most {limit} tokens a side, then evaluated by source length in {len(scored)} buckets; "
+          f"Welch's t-test of each type against `{baseline}` per bucket and metric, Holm's correction over the "
+          f"{tested} tests, and the equivalence test (TOST) at ±{ablations.MARGINS['Final loss']:g} NLL or "
+          f"±{ablations.MARGINS['BLEU']:g} BLEU. The study chooses nothing: every set, test sets included, is only "
+          "reported.", "",
+          "**Limits.** " + limits[0][0].upper() + "; ".join(limits)[1:] + ".", ""]
+
+
 def markdown(runs: list[Run], missing: list[str], commands: list[str], command: str, upper: tuple[int, ...],
              plot_name: str = "", baseline: str = "sinusoidal", records_name: str = "") -> str:
   """The generated results: what was run and how, the BLEU and NLL tables, the plot, the tests;
@@ -219,6 +261,7 @@ def markdown(runs: list[Run], missing: list[str], commands: list[str], command: 
   by_kind = per_run(runs, upper)
   found = comparisons(by_kind, baseline)
   tested = sum(c.welch.tested for c in found)
+  out += scope(runs, upper, tested, baseline)
   note = (f"Mean ± standard deviation over seeds (n: runs); in brackets the difference to `{baseline}`, * where "
           + (f"Welch's t-test gives p < 0.05 after Holm's correction over the {tested} tests below (both metrics, "
              "every bucket and position type). Fewer than 2 runs a side: no test, no mark." if tested else
