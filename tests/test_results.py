@@ -159,6 +159,33 @@ def test_the_recipe_search_tables_are_generated_from_the_committed_run_records()
   assert committed == "\n" + recipe_search.report(recipe_search.load(REPO / "docs" / "runs" / "main_job_search.jsonl"))
 
 
+def test_the_recipe_search_states_its_question_protocol_limits_and_what_survives_from_its_records():
+  """The report's head is made from the records (how many runs, how many outside every
+  comparison, the machines, the tokenizations, the seeds a side), and its last part lists
+  each comparison's readings as its table gives them."""
+  import dataclasses
+
+  from seq2seq.research import recipe_search
+
+  records = recipe_search.load(REPO / "docs" / "runs" / "main_job_search.jsonl")
+  head = "\n".join(recipe_search.scope(records))
+  prefixes = {p for pair in recipe_search.COMPARISONS for p in pair}
+  alone = [r for r in records if not any(r.run.startswith(p) for p in prefixes)]
+  assert f"**Protocol.** {len(records)} runs" in head and f"{len(alone)} of the {len(records)} runs are in no comparison" in head
+  assert "(2-core AMD EPYC, 2-core Xeon, H100, H200)" in head and "2 tokenizations (16,345, 16,842 validation" in head
+  assert "not the page's 18" in head and "3 seeds a side: Welch's degrees of freedom are 2 to 4" in head
+  one = [dataclasses.replace(r, val_tokens=16345) for r in records]
+  assert "one tokenization (16,345 validation target tokens)" in "\n".join(recipe_search.scope(one))
+  lines = [line for line in recipe_search.survives(records) if line.startswith("- ")]
+  assert len(lines) == len(recipe_search.COMPARISONS)
+  for line, (runs, against) in zip(lines, recipe_search.COMPARISONS):
+    found = recipe_search.readings(*recipe_search.comparison(records, runs, against))
+    assert line.startswith(f"- {recipe_search.LABELS[runs]} against {recipe_search.LABELS[against]}: ")
+    assert [part.split(" ", 2)[2] for part in line.split(": ", 1)[1].rstrip(".").split(", ")] == found
+  assert recipe_search.survives([r for r in records if not r.run.startswith(recipe_search.BASELINE)])[2].startswith(
+      "- peak rate 0.007")  # a comparison without its runs is left out
+
+
 def test_the_recipe_search_read_validation_only_and_its_welch_tests_are_scipys():
   """No record holds a test-set figure (every evaluation is of val), and the comparison's
   p-values are scipy's Welch t-test (ttest_ind, equal_var=False) on the records' values."""
@@ -311,6 +338,11 @@ def generated_rows(page: str) -> list[list[str]]:
           page.split(results.START, 1)[1].split(results.END, 1)[0].splitlines()[2:] if line.startswith("| `")]
 
 
+def pages_prose() -> list[str]:
+  """The words of docs/results.md and docs/history.md (the main job's account until 2026-12-01)."""
+  return [w for page in ("results.md", "history.md") for w in (REPO / "docs" / page).read_text(encoding="utf-8").split()]
+
+
 def side(values, digits: int) -> str:
   """How docs/results.md quotes runs: mean ± sd."""
   from seq2seq.research import significance
@@ -333,7 +365,7 @@ def test_the_re_tuned_rates_figures_in_results_md_are_its_records():
   claim = (f"validation NLL {side(a, 3)} against {side(b, 3)} ({signed(nll.difference, 3)}, 95% interval "
            f"[{signed(nll.low, 3)}, {signed(nll.high, 3)}], Holm p = {adjusted[0]:.2g}) and BLEU on all 1014 "
            f"sentences {side(c, 2)} against {side(d, 2)} ({signed(bleu.difference, 2)}, Holm p = {adjusted[1]:.2g})")
-  prose = " ".join((REPO / "docs" / "results.md").read_text(encoding="utf-8").split())
+  prose = " ".join(pages_prose())
   assert claim in prose
   readings = recipe_search.readings(rows, adjusted)
   assert readings == ["inconclusive"] * 3 and "Inconclusive on all three metrics" in prose
@@ -354,7 +386,7 @@ def test_the_main_jobs_prose_in_results_md_is_its_records_and_its_table():
   table = {(r[0].strip("`"), r[1], r[5].split("<br>")[1]): (float(r[2].strip("*")), float(r[3]), r[4]) for r in rows}
   test = lambda run, split: next(v for (n, s, _), v in table.items() if n == run and s == split)
   val = lambda run, flags="": table[(run, "val", f"`python eval.py --workdir=/work/runs/{run} --split=val{flags}`")][0]
-  prose = " ".join(page.split())
+  prose = " ".join(pages_prose())  # the 3600-step main job's account is history now
   quoted = []
 
   # The README's run, seed 0: its validation figures (records) and its decoding checks (table).
@@ -477,3 +509,16 @@ def test_the_main_jobs_rows_of_64_prose_is_its_records_and_its_table():
   quoted.append(f"(7000 against 3600 steps: {signed(nll.difference, 3)}, Holm p = {found[1][0]:.3f}")
   for sentence in quoted:
     assert sentence in prose, sentence
+
+
+def test_the_fresh_clone_rerun_is_the_readme_runs_figures():
+  """docs/results.md's rerun of the main job from a fresh clone (`m30k_fresh`) quotes its
+  generated rows, and they equal the README run's on every set, BLEU and chrF."""
+  page = (REPO / "docs" / "results.md").read_text(encoding="utf-8")
+  rows = {(r[0].strip("`"), r[1]): (r[2].strip("*"), r[3], r[8].removesuffix(" min")) for r in generated_rows(page)}
+  sets = ("test_2016_flickr", "test_2017_flickr", "val")
+  fresh, readme = ([rows[(run, s)] for s in sets] for run in ("m30k_fresh", "m30k_p64_readme"))
+  assert [f[:2] for f in fresh] == [r[:2] for r in readme]
+  prose = " ".join(page.split())
+  assert (f"**{fresh[0][0]} / {fresh[1][0]}**, chrF {fresh[0][1]} / {fresh[1][1]}, and {fresh[2][0]} BLEU on all of "
+          f"val, in {fresh[0][2]} minutes") in prose

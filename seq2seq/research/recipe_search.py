@@ -7,11 +7,13 @@ first 500 sentences, every eval_every steps) and `eval.py --split=val` on all 10
   python -m seq2seq.research.recipe_search docs/runs/main_job_search.jsonl [--update=docs/results.md]
   python -m seq2seq.research.recipe_search docs/runs/main_job_search.jsonl --add=WORKDIR --call="..."
 
-prints (or writes between the search markers) every run, then the confirmatory seeds of the
+prints (or writes between the search markers) the search's question, protocol and limits
+(from the records), every run, then the confirmatory seeds of the
 chosen recipe, and of the main job as shipped until 2026-12-01 (3600 steps), against the former
 default, of the main job re-tuned at 3600 steps and of the chosen recipe's 7000 steps against
 it, and of the main job in rows of 64 (4200 steps) against both (COMPARISONS), with Welch's t-test
-and Holm's correction over each table's three metrics (seq2seq/research/significance.py).
+and Holm's correction over each table's three metrics (seq2seq/research/significance.py), and
+what survives of each comparison.
 NLLs compare only between runs of one tokenization (one count of validation tokens, recorded
 as `val_tokens`).
 """
@@ -189,13 +191,69 @@ def comparison_table(records: list[Record], runs: str = CHOSEN, against: str = B
   return "\n".join(lines) + "\n"
 
 
-def report(records: list[Record]) -> str:
-  """The runs' table, then each comparison whose runs exist."""
-  made = [(runs, against) for runs, against in COMPARISONS
+def _made(records: list[Record]) -> list[tuple[str, str]]:
+  """The comparisons (COMPARISONS) whose two sides both have runs."""
+  return [(runs, against) for runs, against in COMPARISONS
           if any(r.run.startswith(runs) for r in records) and any(r.run.startswith(against) for r in records)]
+
+
+def scope(records: list[Record]) -> list[str]:
+  """The search's question, protocol and the limits its records set, from the records themselves."""
+  made = _made(records)
+  confirm = {r.run for r in records for pair in made for prefix in pair if r.run.startswith(prefix)}
+  sides = [sum(r.run.startswith(prefix) for r in records) for pair in made for prefix in pair]
+  where = sorted({r.call.split(" ", 1)[-1].split(" call")[0].removeprefix("CPU, ") for r in records})
+  tokens = sorted({r.val_tokens for r in records})
   margins = " or ".join(f"±{m.margin:g} {m.name}" for m in METRICS if m.margin)
-  return (runs_table(records) + "".join("\n" + comparison_table(records, *pair) for pair in made)
-          + (f"\nReading: differs (Holm p < 0.05), equivalent (TOST within {margins}) or inconclusive.\n" if made else ""))
+  limits = [f"each table is its own family of {len(METRICS)} tests (Holm over its metrics), not the page's "
+            f"{len(METRICS) * len(made)}: the README's claims are corrected in one family of their own "
+            "(docs/findings.md#one-family)",
+            f"{len(records) - len(confirm)} of the {len(records)} runs are in no comparison: single runs, each read as "
+            "a direction for the next stage, never as a finding",
+            *([f"{_span(sides)} seeds a side: Welch's degrees of freedom are {min(sides) - 1} to "
+               f"{2 * max(sides) - 2}, so only large differences count"] if made else []),
+            f"the runs trained on {len(where)} kinds of machine ({', '.join(where)}): wall times compare only "
+            "within one sitting on one machine",
+            (f"{len(tokens)} tokenizations ({', '.join(f'{t:,}' for t in tokens)} validation target tokens): NLLs "
+             "compare only within one (the starred rows), BLEU and chrF across" if len(tokens) > 1 else
+             f"one tokenization ({tokens[0]:,} validation target tokens)"),
+            "one dataset, one direction (en→de) and models of this budget's size: a recipe for the budget, not a "
+            "claim about larger models or corpora"]
+  return ["**Question.** Which recipe, trained in the main job's budget on a 2-core CPU, gives the lowest final "
+          "validation NLL (primary) and the highest validation BLEU and chrF on all 1014 sentences (secondary), "
+          "and do its confirmatory seeds differ from those of the recipes it replaces?", "",
+          f"**Protocol.** {len(records)} runs, each with its record (command, commit, validation curve, "
+          "`eval.py --split=val`); no record holds a test-set figure, so no choice read one. A setting is chosen "
+          "by seed 0 and tested by seeds that did not choose it; each comparison below is "
+          "Welch's t-test per metric on those seeds with Holm's correction over its three metrics, and the "
+          f"equivalence test (TOST) at {margins}.", "",
+          "**Limits.** " + "; ".join(limits)[0].upper() + "; ".join(limits)[1:] + ".", ""]
+
+
+def _span(values: list[int]) -> str:
+  return str(min(values)) if min(values) == max(values) else f"{min(values)} to {max(values)}"
+
+
+def survives(records: list[Record]) -> list[str]:
+  """One line a comparison: each metric's reading and difference."""
+  out = []
+  for runs, against in _made(records):
+    rows, adjusted = comparison(records, runs, against)
+    found = ", ".join(f"{metric.name} {w.difference:+.{metric.digits}f} {reading}".replace("-", "−")
+                      for (_, _, _, w), metric, reading in zip(rows, METRICS, readings(rows, adjusted)))
+    out.append(f"- {LABELS[runs]} against {LABELS[against]}: {found}.")
+  return ["What survives (each comparison: each metric's difference and reading):", "", *out, ""] if out else []
+
+
+def report(records: list[Record]) -> str:
+  """The search's question, protocol and limits, the runs' table, then each comparison whose
+  runs exist and what survives of them."""
+  made = _made(records)
+  margins = " or ".join(f"±{m.margin:g} {m.name}" for m in METRICS if m.margin)
+  return ("\n".join(scope(records)) + "\n" + runs_table(records)
+          + "".join("\n" + comparison_table(records, *pair) for pair in made)
+          + (f"\nReading: differs (Holm p < 0.05), equivalent (TOST within {margins}) or inconclusive.\n\n"
+             + "\n".join(survives(records)) if made else ""))
 
 
 def main(argv: list[str] | None = None) -> None:
