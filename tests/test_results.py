@@ -522,3 +522,19 @@ def test_the_fresh_clone_rerun_is_the_readme_runs_figures():
   prose = " ".join(page.split())
   assert (f"**{fresh[0][0]} / {fresh[1][0]}**, chrF {fresh[0][1]} / {fresh[1][1]}, and {fresh[2][0]} BLEU on all of "
           f"val, in {fresh[0][2]} minutes") in prose
+
+
+def test_the_half_length_runs_figures_in_results_md_are_its_records():
+  """The bullet on halving the main job's steps (for an ensemble of two in the budget) quotes
+  the records of that run and of the README's run of the same seed."""
+  from seq2seq.research import recipe_search
+
+  records = {r.run: r for r in recipe_search.load(REPO / "docs" / "runs" / "main_job_search.jsonl")}
+  half, full = records["m30k_half_s0"], records["m30k_p64_readme"]
+  assert (half.seed, half.steps, half.reached, full.seed, full.steps) == (0, 2100, 2100, 0, 4200)
+  assert half.overrides[0] == "--config.train.steps=2100" and half.val_tokens == full.val_tokens
+  prose = " ".join(pages_prose())
+  assert (f"validation NLL {half.nll:.3f} and {half.full('bleu'):.2f} BLEU on all 1014 sentences, against "
+          f"{full.nll:.3f} and {full.full('bleu'):.2f} for the same seed in 4200 steps. Halving the steps costs "
+          f"{full.full('bleu') - half.full('bleu'):.2f} BLEU") in prose
+  assert f"(+{41.23 - 40.41:.2f} and +{41.24 - 40.41:.2f})" in prose  # the bullet above's ensembles and seed
