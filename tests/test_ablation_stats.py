@@ -596,3 +596,62 @@ def test_a_report_states_its_question_and_the_limits_its_runs_set():
   text = " ".join(ablations.scope(mixed))
   assert "Peak learning rates 0.002, 0.004" in text and "the modifications table at the base size only" in text
   assert "runs of several tokenizations: their NLLs do not compare" in text
+
+
+def test_the_familys_reading_in_findings_md_is_what_the_family_and_the_reports_make():
+  """The paragraph under findings.md's family table: GELU's and ReGLU's raw p, their Holm p in
+  the grid's own tests and in the family, Swish's, pre-norm GELU's, and the main job's raw and
+  family p and its own table's BLEU gain, each recomputed from the records."""
+  from seq2seq.research import family, recipe_search, records
+
+  repo = pathlib.Path(__file__).resolve().parents[1]
+  found = {c.comparison: c for c in family.claims(repo)}
+  holm = dict(zip(found, significance.holm([c.p for c in found.values()])))
+  grid = records.read(repo / "docs" / "runs" / "ablations.jsonl")
+  in_grid = {c.variant: c for c in ablations.comparisons(grid.results, baseline=grid.baseline) if c.column == "Final loss"}
+  signed = lambda x, d: f"{x:+.{d}f}".replace("-", "−")
+  gelu, reglu, swish = (found[f"`{v}` − `vanilla`"] for v in ("gelu", "reglu", "swish"))
+  tests = sum(1 for c in ablations.comparisons(grid.results, baseline=grid.baseline) if c.welch.tested)
+  shipped = next(name for name in found if name.startswith("main job as shipped"))
+  rows, adjusted = recipe_search.comparison(recipe_search.load(repo / "docs" / "runs" / "main_job_search.jsonl"),
+                                            recipe_search.ROWS64, recipe_search.BASELINE)
+  assert f"{adjusted[0]:.3f}" == f"{adjusted[1]:.3f}"  # "for both"
+  prenorm_gelu = found["`prenorm+rope+gelu` − `prenorm+rope`"]
+  quoted = [
+      f"GELU ({signed(gelu.difference, 3)} NLL, raw p = {gelu.p:.3f}) and ReGLU ({signed(reglu.difference, 3)}, raw p = "
+      f"{reglu.p:.3f}) are inconclusive in the grid's own {tests} tests (Holm {in_grid['gelu'].adjusted:.3f} and "
+      f"{in_grid['reglu'].adjusted:.3f}, BLEU's tests included) and differ in this family of {len(found)} NLL tests "
+      f"(Holm {holm['`gelu` − `vanilla`']:.3f} and {holm['`reglu` − `vanilla`']:.3f})",
+      f"Swish (Holm p = {holm['`swish` − `vanilla`']:.3f} here) is inconclusive",
+      f"({signed(prenorm_gelu.difference, 3)}, raw p = {prenorm_gelu.p:.2f})",
+      f"({signed(found[shipped].difference, 3)}, raw p = {found[shipped].p:.3f}, Holm p = {holm[shipped]:.3f})",
+      f"(+{rows[1][3].difference:.1f} BLEU, Holm p = {adjusted[0]:.3f} for both)",
+  ]
+  assert not significance.significant(in_grid["gelu"].adjusted) and significance.significant(holm["`gelu` − `vanilla`"])
+  assert not significance.significant(holm["`swish` − `vanilla`"]) and swish.difference < 0
+  prose = " ".join((repo / "docs" / "findings.md").read_text(encoding="utf-8").split())
+  for sentence in quoted:
+    assert sentence in prose, sentence
+
+
+def test_the_rates_behind_the_grid_in_findings_md_are_the_scaling_searchs_records():
+  """"One learning rate": vanilla's and Transformer++'s final validation NLLs at each rate of the
+  scaling study's seed-0 search at the base size, and Transformer++'s confirmatory seeds at its
+  best rate, as docs/runs/ablations_scaling.jsonl holds them."""
+  from seq2seq.research import records
+
+  repo = pathlib.Path(__file__).resolve().parents[1]
+  kept = records.read(repo / "docs" / "runs" / "ablations_scaling.jsonl").results
+  base = [r for r in kept if r.size == "base"]
+  at = lambda arch, rate, seed=0: next(r.final_nll for r in base if r.seed == seed and math.isclose(r.learning_rate, rate)
+                                       and r.variant.split("+lr")[0] == arch)
+  confirm = [r.final_nll for r in base if r.variant == "transformer+++lr0.004" and r.seed > 0]
+  assert len(confirm) == 3 and min(at("vanilla", x) for x in (0.001, 0.004)) > at("vanilla", 0.002)
+  quoted = [f"vanilla ends at a validation NLL of {at('vanilla', 0.002):.3f} there, against {at('vanilla', 0.001):.3f} at "
+            f"0.001 and {at('vanilla', 0.004):.3f} at 0.004",
+            f"it ends at {at('transformer++', 0.004):.3f} at 0.004, against {at('transformer++', 0.002):.3f} at the grid's "
+            f"0.002 and {at('transformer++', 0.008):.3f} at 0.008 (seed 0 each; its seeds 1 to 3 at 0.004 end at "
+            f"{statistics.mean(confirm):.3f} ± {statistics.stdev(confirm):.3f}"]
+  prose = " ".join((repo / "docs" / "findings.md").read_text(encoding="utf-8").split())
+  for sentence in quoted:
+    assert sentence in prose, sentence

@@ -400,3 +400,21 @@ def test_the_pages_conclusion_is_what_the_committed_records_make():
   assert all(diff("learned", b) < 0 for b in (0, 1))
   readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
   assert "learned positions lose only the gap they carry from the training range" in readme
+
+
+def test_the_pages_counts_of_sources_are_the_records_buckets():
+  """docs/positions.md's description of the evaluation quotes its sources per bucket, the joined
+  pairs among them, the single sentences past 32 tokens and the totals, as every run's records
+  count them."""
+  runs, head = positions_report.read_records(REPO / "docs" / "runs" / "positions.jsonl")
+  counts = {tuple((b["sentences"], b["joined"]) for b in r.scores) for r in runs}
+  assert len(counts) == 1  # one tokenizer: every run counts the same
+  (buckets,) = counts
+  sentences, joined = [s for s, _ in buckets], [j for _, j in buckets]
+  single = [s - j for s, j in buckets]
+  page = " ".join((REPO / "docs" / "positions.md").read_text(encoding="utf-8").split())
+  assert head["upper"] == [16, 32, 48, 64] and single[-1] == 0
+  assert (f"only {sum(single[2:])} of the {sum(single)} sources exceed 32 tokens and none exceeds 64") in page
+  assert f"That gives {sum(sentences)} sources in all." in page
+  assert (f"They hold {', '.join(map(str, sentences[:-1]))} and {sentences[-1]} sources; joined pairs make up "
+          f"{joined[0]} of the first, {joined[1]} of the second") in page

@@ -357,3 +357,18 @@ def test_the_main_jobs_seed_mean_is_the_results_tables():
   assert f"averages {means[0]:.2f} / {means[1]:.2f} on the test sets over these 3 seeds" in prose
   longer = [bleu[("m30k_new", s)] for s in ("test_2016_flickr", "test_2017_flickr")]
   assert f"`--config.data.pack_length=128 --config.train.steps=7000`) gave {longer[0]:.2f} / {longer[1]:.2f}" in prose
+
+
+def test_the_readmes_former_default_figures_are_its_runs_rows():
+  """"on the former default (X / Y)": the test-set BLEU of the former default's run, as
+  docs/results.md names it (the retired configs' table) and docs/history.md's generated table
+  holds its rows."""
+  retired = {row[0]: row[1].strip("`") for row in table_rows(
+      section((DOCS / "results.md").read_text(encoding="utf-8"), "Retired configs, each now a set of overrides of today's "
+              "`multi30k` (CHANGELOG.md lists"))}
+  run = retired["`multi30k` until 2026-11-28"]
+  history = (DOCS / "history.md").read_text(encoding="utf-8")
+  rows = table_rows(history.split("<!-- results:start -->", 1)[1].split("<!-- results:end -->", 1)[0])
+  bleu = {row[1]: row[2].strip("*") for row in rows if row[0] == f"`{run}`"}
+  prose = " ".join(README.read_text(encoding="utf-8").split())
+  assert f"on the former default ({bleu['test_2016_flickr']} / {bleu['test_2017_flickr']})" in prose
