@@ -159,6 +159,12 @@ def test_multi30k_row_length_figures_are_the_cpu_profiles():
   assert (config.data.pack_length, config.train.steps) == (64, 4200)
   cost = config.train.steps / speedup / 3600
   assert cost <= 1 and f"makes them {cost:.2f}x its time" in text
+  # The README and docs/results.md quote the same profile.
+  words = lambda name: " ".join((REPO / name).read_text(encoding="utf-8").split())
+  assert f"(its CPU step is {speedup:.2f}x as fast:" in words("README.md")
+  assert (f"attention and its elementwise work take {rows['128']['attention_share']:.0%} of the step in rows of 128 and "
+          f"{rows['64']['attention_share']:.0%} in rows of 64, and the step takes {rows['128']['step_ms_untraced']:.0f} "
+          f"against {rows['64']['step_ms_untraced']:.0f} ms ({speedup:.2f}x)") in words("docs/results.md")
 
 
 def test_the_sweep_config_is_what_its_reports_were_made_with():

@@ -118,6 +118,9 @@ def test_the_readmes_recipe_gains_are_the_run_records():
   for against in (recipe_search.CHOSEN, recipe_search.ROWS64):
     rows, _ = recipe_search.comparison(records, against)
     assert recipe_claim(rows) in prose, against
+  # "is inconclusive against 3600 steps": on every metric of that comparison.
+  found = recipe_search.readings(*recipe_search.comparison(records, recipe_search.ROWS64, recipe_search.SHIPPED))
+  assert found == ["inconclusive"] * 3 and "correction over the claims below), is inconclusive against 3600 steps," in prose
 
 
 def test_the_readmes_norms_figure_is_the_norms_studys_records():
@@ -356,7 +359,9 @@ def test_the_main_jobs_seed_mean_is_the_results_tables():
   prose = " ".join(README.read_text(encoding="utf-8").split())
   assert f"averages {means[0]:.2f} / {means[1]:.2f} on the test sets over these 3 seeds" in prose
   longer = [bleu[("m30k_new", s)] for s in ("test_2016_flickr", "test_2017_flickr")]
-  assert f"`--config.data.pack_length=128 --config.train.steps=7000`) gave {longer[0]:.2f} / {longer[1]:.2f}" in prose
+  (minutes,) = {r[8] for r in full if r[0] == "`m30k_new`"}
+  assert (f"`--config.data.pack_length=128 --config.train.steps=7000`) gave {longer[0]:.2f} / {longer[1]:.2f} in "
+          f"{minutes}") in prose
 
 
 def test_the_readmes_former_default_figures_are_its_runs_rows():
@@ -372,3 +377,26 @@ def test_the_readmes_former_default_figures_are_its_runs_rows():
   bleu = {row[1]: row[2].strip("*") for row in rows if row[0] == f"`{run}`"}
   prose = " ".join(README.read_text(encoding="utf-8").split())
   assert f"on the former default ({bleu['test_2016_flickr']} / {bleu['test_2017_flickr']})" in prose
+
+
+def test_the_readmes_description_of_the_grid_is_its_records():
+  """"13 variants x 3 seeds of a 3.9M-parameter model, 720 steps, 4.7 hours on 2 cores" (the grid's
+  records and config: training and test-set translation, summed) and "(primary, 22 tests" with
+  Swish inconclusive (the family)."""
+  import importlib
+
+  from seq2seq.research import family, records, significance
+
+  kept = records.read(DOCS / "runs" / "ablations.jsonl").results
+  seeds = {sum(r.variant == v for r in kept) for v in {r.variant for r in kept}}
+  (params,) = {r.params for r in kept if r.variant == "vanilla"}
+  hours = sum(r.train_seconds + r.eval_seconds for r in kept) / 3600
+  assert len(seeds) == 1 and all(r.hardware.startswith("2-core") for r in kept)
+  steps = importlib.import_module("configs.multi30k_sweep").get_config().train.steps
+  prose = " ".join(README.read_text(encoding="utf-8").split())
+  assert (f"{len({r.variant for r in kept})} variants x {seeds.pop()} seeds of a {params / 1e6:.1f}M-parameter model, "
+          f"{steps} steps, {hours:.1f} hours on 2 cores") in prose
+  found = family.claims(REPO)
+  holm = dict(zip((c.comparison for c in found), significance.holm([c.p for c in found])))
+  assert f"(primary, {len(found)} tests:" in prose and ", Swish inconclusive;" in prose
+  assert not significance.significant(holm["`swish` − `vanilla`"])
