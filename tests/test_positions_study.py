@@ -400,6 +400,11 @@ def test_the_pages_conclusion_is_what_the_committed_records_make():
   assert all(diff("learned", b) < 0 for b in (0, 1))
   readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
   assert "learned positions lose only the gap they carry from the training range" in readme
+  # "(N seeds each): all four collapse alike": the seeds of each type, and every type's drop into the
+  # first bucket past L within the span the page quotes (above).
+  runs, _ = positions_report.read_records(REPO / "docs" / "runs" / "positions.jsonl")
+  (seeds,) = {sum(r.positions == k for r in runs) for k in kinds}
+  assert len(kinds) == 4 and f"positions ({seeds} seeds each): all four collapse alike past the training length" in readme
 
 
 def test_the_pages_counts_of_sources_are_the_records_buckets():
