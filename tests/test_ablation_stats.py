@@ -655,3 +655,46 @@ def test_the_rates_behind_the_grid_in_findings_md_are_the_scaling_searchs_record
   prose = " ".join((repo / "docs" / "findings.md").read_text(encoding="utf-8").split())
   for sentence in quoted:
     assert sentence in prose, sentence
+
+
+def test_the_grid_and_prenorm_readings_in_findings_md_are_their_records():
+  """findings.md's bullets on the grid (GELU's corrected p, the raw p 36 tests ask for, BLEU's
+  largest seed spread, GELU's and Swish's BLEU gains) and its pre-norm paragraph (the 9 tests,
+  what survives, the activations' intervals), recomputed from the two studies' records."""
+  from seq2seq.research import records
+
+  repo = pathlib.Path(__file__).resolve().parents[1]
+  signed = lambda x, d: f"{x:+.{d}f}".replace("-", "−")
+
+  def study(name):
+    kept = records.read(repo / "docs" / "runs" / f"{name}.jsonl")
+    return kept, {(c.variant, c.column): c for c in ablations.comparisons(kept.results, baseline=kept.baseline)}
+
+  grid, found = study("ablations")
+  sets = ("test_2016_flickr", "test_2017_flickr")
+  spread = max(statistics.stdev([r.bleu[s] for r in grid.results if r.variant == v])
+               for v in {r.variant for r in grid.results} for s in sets)
+  gains = [found[(v, f"BLEU {s}")].welch.difference for v in ("gelu", "swish") for s in sets]
+  prenorm, pre = study("ablations_prenorm")
+  fl = lambda v: pre[(v, "Final loss")].welch
+  activations = [fl("prenorm+rope+gelu"), fl("prenorm+rope+swiglu")]
+  quoted = [
+      f"GELU's corrected p, {found[('gelu', 'Final loss')].adjusted:.3f}, is just above 0.05",
+      f"{len(found)} tests ask for raw p below {0.05 / len(found):.4f} to 0.05",
+      f"(std up to {spread:.2f})",
+      f"BLEU gains of {signed(min(gains), 1)} to {signed(max(gains), 1)} untested after the correction",
+      f"{len({v for v, _ in pre})} variants x {len({c for _, c in pre})} columns, {len(pre)} tests. Two survive",
+      f"raise the final NLL by {fl('prenorm').difference:.3f} (corrected p < 0.001) and cost "
+      f"{-pre[('prenorm', 'BLEU test_2016_flickr')].welch.difference:.2f} BLEU on test_2016_flickr "
+      f"({pre[('prenorm', 'BLEU test_2016_flickr')].adjusted:.3f}); their "
+      f"{-pre[('prenorm', 'BLEU test_2017_flickr')].welch.difference:.2f} on test_2017_flickr does not survive "
+      f"({pre[('prenorm', 'BLEU test_2017_flickr')].adjusted:.3f})",
+      f"GELU ({signed(activations[0].difference, 3)} NLL, [{signed(activations[0].low, 3)}, "
+      f"{signed(activations[0].high, 3)}]) and SwiGLU ({signed(activations[1].difference, 3)}, "
+      f"[{signed(activations[1].low, 3)}, {signed(activations[1].high, 3)}])",
+      f"(95% intervals from {signed(min(w.low for w in activations), 3)} to {signed(max(w.high for w in activations), 3)} NLL)",
+  ]
+  assert sum(significance.significant(c.adjusted) for c in pre.values()) == 2
+  assert not significance.significant(found[("gelu", "Final loss")].adjusted) and all(g > 0 for g in gains)
+  prose = " ".join((repo / "docs" / "findings.md").read_text(encoding="utf-8").split())
+  assert [s for s in quoted if s not in prose] == []
