@@ -1,6 +1,6 @@
 """notebooks/quickstart.ipynb runs top to bottom on the real Multi30k: it trains a small model
-(2 to 6 minutes on the 2-core CPU), its own cells assert that the demo translations hold the
-expected German words, that the validation BLEU and loss are sensible and that the attention
+(3 to 6 minutes on the 2-core CPU, as the notebook says), its own cells assert that the demo
+translations hold the expected German words, that the validation BLEU and loss are sensible and that the attention
 rows are distributions, and it shows its two figures."""
 
 import re
@@ -44,3 +44,18 @@ def test_quickstart_notebook_runs(real_data_dir, monkeypatch, tmp_path):
     assert all(w in found.group(1) for w in words), f"{source!r} -> {found.group(1)!r} lacks one of {words}"
   bleu = re.search(r"^BLEU ([\d.]+) ", text, re.MULTILINE)
   assert bleu and float(bleu.group(1)) > 12
+
+
+def test_results_md_quotes_the_notebooks_saved_figures():
+  """docs/results.md's line on the notebook quotes its saved output: the BLEU of its 300
+  validation sentences (rounded) and the minutes its own first cell says training takes."""
+  import json
+
+  notebook = json.loads((REPO / "notebooks" / "quickstart.ipynb").read_text(encoding="utf-8"))
+  text = lambda cell: "\n".join(["".join(cell.get("source", []))] + [
+      "".join(out.get("text", [])) for out in cell.get("outputs", [])])
+  every = "\n".join(text(cell) for cell in notebook["cells"])
+  (bleu,) = re.findall(r"^BLEU (\d+\.\d)  chrF", every, flags=re.M)
+  (minutes,) = re.findall(r"Training takes about (\d+ to \d+) minutes on a 2-core CPU", every)
+  page = " ".join((REPO / "docs" / "results.md").read_text(encoding="utf-8").split())
+  assert f"({minutes} minutes on the 2-core CPU; about {round(float(bleu))} BLEU on 300 validation sentences" in page
