@@ -126,29 +126,3 @@ def test_a_lost_ctrl_c_stops_a_translation_at_its_next_batch(monkeypatch):
     bar.update(4)
   bar.update(2)  # raised once: an interactive session goes on after it
   assert bar.done == 6
-
-
-def test_a_ctrl_c_swallowed_where_it_was_raised_is_still_recorded():
-  """A Ctrl-C whose KeyboardInterrupt native code swallowed (a Python callback it ran) let a
-  translation run on and exit 0 (CI, 2026-12-02): the commands' SIGINT handler records it
-  before raising, so the next safe point stops; a handled one can be forgotten."""
-  import signal
-
-  from seq2seq import interrupts
-
-  previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-  try:
-    interrupts.install()
-    handler = signal.getsignal(signal.SIGINT)
-    assert handler is not signal.default_int_handler
-    with pytest.raises(KeyboardInterrupt):  # it still interrupts where it lands, as Python's does
-      handler(signal.SIGINT, None)
-    with pytest.raises(KeyboardInterrupt):  # and, swallowed there, at the next check
-      interrupts.check()
-    interrupts.check()  # once
-    with pytest.raises(KeyboardInterrupt):
-      handler(signal.SIGINT, None)
-    interrupts.clear()
-    interrupts.check()  # handled: nothing left
-  finally:
-    signal.signal(signal.SIGINT, previous)

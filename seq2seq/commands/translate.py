@@ -36,7 +36,7 @@ import sys
 
 from absl import flags
 
-from seq2seq import cli, files, interrupts
+from seq2seq import cli, files
 
 cli.version_before_imports(__name__, "seq2seq-translate")
 
@@ -125,7 +125,6 @@ def interactive(translator: Translator) -> None:
     try:
       evaluate.interactive(lambda lines: lines_of(translator, lines, progress=False), sys.stdin, out)
     except KeyboardInterrupt:  # Ctrl-C ends the session as Ctrl-D does: what was translated is kept
-      interrupts.clear()  # handled here: the output is put in place, the command ends as after Ctrl-D
       print(file=sys.stderr)
     out.flush()
 
