@@ -243,9 +243,16 @@ def test_ctrl_c_while_translating_is_one_line_and_keeps_an_older_output(tiny_run
   """Ctrl-C printed a 40-line KeyboardInterrupt traceback."""
   (tmp_path / "in.en").write_text("".join(f"A man rides bike number {i}.\n" for i in range(3000)))
   (tmp_path / "out.de").write_text("older\n")
-  proc = subprocess.Popen([sys.executable, "-m", TRANSLATE, f"--workdir={tiny_run}", "--input=in.en",
-                           "--output=out.de", "--max_programs=1"], cwd=tmp_path, stderr=subprocess.PIPE, text=True,
-                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  # A shell's background job (`cmd &`) ignores SIGINT and its children inherit that, where a user's
+  # terminal does not: a handled signal is reset to its default in a new program, an ignored one stays
+  # ignored. So SIGINT is handled here while the child starts, whatever ran the tests.
+  previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+  try:
+    proc = subprocess.Popen([sys.executable, "-m", TRANSLATE, f"--workdir={tiny_run}", "--input=in.en",
+                             "--output=out.de", "--max_programs=1"], cwd=tmp_path, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  finally:
+    signal.signal(signal.SIGINT, previous)
   for line in proc.stderr:  # interrupted once translating has started (its progress shows)
     if "sentences" in line or "compiling" in line:
       break
