@@ -8,6 +8,11 @@ import pathlib
 TESTED = ("Final loss", "BLEU test_2016_flickr", "BLEU test_2017_flickr")
 
 
+def signed(x: float, digits: int = 3) -> str:
+  """How the reports and prose quote a difference: its sign always, a minus sign (U+2212)."""
+  return f"{x:+.{digits}f}".replace("-", "\u2212")
+
+
 def cells(line: str) -> list[str]:
   """The cells of one markdown table row."""
   return [c.strip() for c in line.strip().strip("|").split("|")]

@@ -11,6 +11,7 @@ import statistics
 
 import pytest
 import report_tables
+from report_tables import signed
 from scipy import stats
 
 from seq2seq import configs
@@ -370,7 +371,6 @@ def test_the_prose_quoting_studies_with_records_is_what_the_records_make():
     val = {v: statistics.mean(r.val_bleu for r in kept.results if r.variant == v) for v in {r.variant for r in kept.results}}
     return (lambda v, column="Final loss": found[(v, column)]), val
 
-  signed = lambda x, d=3: f"{x:+.{d}f}".replace("-", "−")
   interval = lambda c: f"[{signed(c.welch.low)}, {signed(c.welch.high)}]"
   t16, t17 = "BLEU test_2016_flickr", "BLEU test_2017_flickr"
 
@@ -428,7 +428,6 @@ def test_the_grids_reading_in_findings_md_is_what_its_records_make():
   assert len(order) == 12 and all(found[(v, c)].welch.n == 3 for v in order for c in report_tables.TESTED)
   d = lambda v, column=nll: found[(v, column)].welch.difference
   reading = lambda v, column=nll: found[(v, column)].reading
-  signed = lambda x, digits=3: f"{x:+.{digits}f}".replace("-", "−")
   interval = lambda v, column=nll, digits=3: (f"[{signed(found[(v, column)].welch.low, digits)}, "
                                               f"{signed(found[(v, column)].welch.high, digits)}]")
   listing = lambda items: " and ".join([", ".join(items[:-1]), items[-1]] if len(items) > 1 else items)
@@ -517,7 +516,6 @@ def scaling_reading(results, family_claims) -> list[str]:
   adjusted = dict(zip(family_claims, significance.holm([c.p for c in family_claims])))
   holm = next(a for c, a in adjusted.items() if c.source == family.SCALING and "best size" in c.comparison)
   mean = scaling_mean
-  signed = lambda x: f"{x:+.3f}".replace("-", "−")
   ratio = next(m for m in multiplier.multipliers(results) if m.size == small).weak_max
   # At the base size, each at its best rate: the report's modifications test, one of the family's.
   (pp, pp_runs), (_, vanilla_runs) = (multiplier.best_by_size(results, a)["base"] for a in ("transformer++", "vanilla"))
@@ -609,7 +607,6 @@ def test_the_familys_reading_in_findings_md_is_what_the_family_and_the_reports_m
   holm = dict(zip(found, significance.holm([c.p for c in found.values()])))
   grid = records.read(repo / "docs" / "runs" / "ablations.jsonl")
   in_grid = {c.variant: c for c in ablations.comparisons(grid.results, baseline=grid.baseline) if c.column == "Final loss"}
-  signed = lambda x, d: f"{x:+.{d}f}".replace("-", "−")
   gelu, reglu, swish = (found[f"`{v}` − `vanilla`"] for v in ("gelu", "reglu", "swish"))
   tests = sum(1 for c in ablations.comparisons(grid.results, baseline=grid.baseline) if c.welch.tested)
   shipped = next(name for name in found if name.startswith("main job as shipped"))
@@ -664,7 +661,6 @@ def test_the_grid_and_prenorm_readings_in_findings_md_are_their_records():
   from seq2seq.research import records
 
   repo = pathlib.Path(__file__).resolve().parents[1]
-  signed = lambda x, d: f"{x:+.{d}f}".replace("-", "−")
 
   def study(name):
     kept = records.read(repo / "docs" / "runs" / f"{name}.jsonl")

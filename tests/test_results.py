@@ -6,6 +6,7 @@ import sys
 
 import pytest
 from conftest import REPO
+from report_tables import signed
 
 from seq2seq.inference.settings import SearchSettings
 from seq2seq.research import plot, results
@@ -348,10 +349,6 @@ def side(values, digits: int) -> str:
   from seq2seq.research import significance
 
   return "{0:.{2}f} ± {1:.{2}f}".format(*significance.summary(values)[:2], digits)
-
-
-def signed(x: float, digits: int) -> str:
-  return f"{x:+.{digits}f}".replace("-", "−")
 
 
 def test_the_re_tuned_rates_figures_in_results_md_are_its_records():

@@ -123,10 +123,6 @@ def comparisons(by_kind: dict[str, list[list[dict]]], baseline: str = "sinusoida
   return significance.correct(out)
 
 
-def _count(values: list[int]) -> str:
-  return str(values[0]) if len(set(values)) == 1 else f"{min(values)}–{max(values)}"
-
-
 def bucket_table(by_kind: dict[str, list[list[dict]]], key: str, fmt: str, found: list[dict],
                  baseline: str = "sinusoidal") -> str:
   """Markdown: one row per bucket (its sentences and joined pairs, a range where the runs'
@@ -139,7 +135,7 @@ def bucket_table(by_kind: dict[str, list[list[dict]]], key: str, fmt: str, found
   lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
   every = [scores for runs in by_kind.values() for scores in runs]
   for b, label in enumerate(r["label"] for r in first):
-    cells = [label, _count([s[b]["sentences"] for s in every]), _count([s[b]["joined"] for s in every])]
+    cells = [label, records.span([s[b]["sentences"] for s in every]), records.span([s[b]["joined"] for s in every])]
     for kind, runs in by_kind.items():
       ref = None if kind == baseline or baseline not in by_kind else [s[b][key] for s in by_kind[baseline]]
       ref = ref if ref and summary(ref)[2] else None  # an empty bucket in every baseline run: no difference
@@ -181,8 +177,10 @@ def plot(by_kind: dict[str, list[list[dict]]], path: pathlib.Path, train_len: in
   return True
 
 
-def scope(runs: list[Run], upper: tuple[int, ...], tested: int, baseline: str = "sinusoidal") -> list[str]:
-  """The report's question, protocol and the limits its runs set, from the runs themselves."""
+def scope(runs: list[Run], by_kind: dict[str, list[list[dict]]], upper: tuple[int, ...], tested: int,
+          baseline: str = "sinusoidal") -> list[str]:
+  """The report's question, protocol and the limits its runs set, from the runs themselves
+  (`by_kind`: their `per_run` buckets)."""
   if not runs:
     return []
   limit, kinds = upper[0], ordered(runs)
@@ -190,7 +188,7 @@ def scope(runs: list[Run], upper: tuple[int, ...], tested: int, baseline: str = 
   tested_n = [n for n in seeds if n >= 2]
   rates = sorted({r.learning_rate for r in runs if math.isfinite(r.learning_rate)})
   steps = sorted({r.steps for r in runs if r.steps})
-  scored = next(iter(per_run(runs, upper).values()))[0]
+  scored = next(iter(by_kind.values()))[0]
   past = scored[1:]
   joined = sum(b["joined"] for b in past) / max(1, sum(b["sentences"] for b in past))
   tables = sorted({r.table for r in runs if r.table})
@@ -207,13 +205,13 @@ def scope(runs: list[Run], upper: tuple[int, ...], tested: int, baseline: str = 
       f"{joined:.0%} of the sources past {limit} tokens are consecutive pairs joined into one, not sentences",
       *([" and ".join(untrained) + " were never trained: the runs measure a model meeting untrained parameters, as "
          "the claims suppose, not one trained for length generalisation"] if untrained else []),
-      (f"{_count(seeds)} seeds a side: Welch's degrees of freedom are {tested_n[0] - 1} to {2 * tested_n[-1] - 2}, "
+      (f"{records.span(seeds)} seeds a side: Welch's degrees of freedom are {tested_n[0] - 1} to {2 * tested_n[-1] - 2}, "
        "so only large differences count" if tested_n else "one seed a side: nothing is tested"),
   ]
   return [f"**Question.** Do {others} positions translate sources as long as the training pairs, and longer, "
           f"better or worse than `{baseline}` positions, in BLEU and in NLL per target token, bucket by bucket?", "",
-          f"**Protocol.** {len(kinds)} position types x {_count(seeds)} seeds ({len(runs)} runs), each trained "
-          + (f"{_count(steps)} steps" if steps else "its config's steps")
+          f"**Protocol.** {len(kinds)} position types x {records.span(seeds)} seeds ({len(runs)} runs), each trained "
+          + (f"{records.span(steps)} steps" if steps else "its config's steps")
           + (f" at a peak rate of {', '.join(f'{x:g}' for x in rates)}" if rates else "")
           + f" on pairs of at most {limit} tokens a side, then evaluated by source length in {len(scored)} buckets; "
           f"Welch's t-test of each type against `{baseline}` per bucket and metric, Holm's correction over the "
@@ -261,7 +259,7 @@ def markdown(runs: list[Run], missing: list[str], commands: list[str], command: 
   by_kind = per_run(runs, upper)
   found = comparisons(by_kind, baseline)
   tested = sum(c.welch.tested for c in found)
-  out += scope(runs, upper, tested, baseline)
+  out += scope(runs, by_kind, upper, tested, baseline)
   note = (f"Mean ± standard deviation over seeds (n: runs); in brackets the difference to `{baseline}`, * where "
           + (f"Welch's t-test gives p < 0.05 after Holm's correction over the {tested} tests below (both metrics, "
              "every bucket and position type). Fewer than 2 runs a side: no test, no mark." if tested else

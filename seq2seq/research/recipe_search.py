@@ -149,6 +149,7 @@ METRICS = [  # the first is the primary metric
     Metric("validation BLEU, 1014 sentences", "BLEU", lambda r: r.full("bleu"), 2, 0.5),
     Metric("validation chrF, 1014 sentences", "chrF", lambda r: r.full("chrf"), 2, None),
 ]
+MARGINS_TEXT = " or ".join(f"±{m.margin:g} {m.name}" for m in METRICS if m.margin)  # the TOST margins, as reports say them
 
 
 def comparison(records: list[Record], runs: str = CHOSEN, against: str = BASELINE
@@ -204,13 +205,12 @@ def scope(records: list[Record]) -> list[str]:
   sides = [sum(r.run.startswith(prefix) for r in records) for pair in made for prefix in pair]
   where = sorted({r.call.split(" ", 1)[-1].split(" call")[0].removeprefix("CPU, ") for r in records})
   tokens = sorted({r.val_tokens for r in records})
-  margins = " or ".join(f"±{m.margin:g} {m.name}" for m in METRICS if m.margin)
   limits = [f"each table is its own family of {len(METRICS)} tests (Holm over its metrics), not the page's "
             f"{len(METRICS) * len(made)}: the README's claims are corrected in one family of their own "
             "(docs/findings.md#one-family)",
-            f"{len(records) - len(confirm)} of the {len(records)} runs are in no comparison: single runs, each read as "
-            "a direction for the next stage, never as a finding",
-            *([f"{_span(sides)} seeds a side: Welch's degrees of freedom are {min(sides) - 1} to "
+            f"{len(records) - len(confirm)} of the {len(records)} runs are in no comparison: single runs (a stage's "
+            "probes, reruns and reproductions), untested: none is read as a finding",
+            *([f"{records_lib.span(sides, ' to ')} seeds a side: Welch's degrees of freedom are {min(sides) - 1} to "
                f"{2 * max(sides) - 2}, so only large differences count"] if made else []),
             f"the runs trained on {len(where)} kinds of machine ({', '.join(where)}): wall times compare only "
             "within one sitting on one machine",
@@ -226,12 +226,8 @@ def scope(records: list[Record]) -> list[str]:
           "`eval.py --split=val`); no record holds a test-set figure, so no choice read one. A setting is chosen "
           "by seed 0 and tested by seeds that did not choose it; each comparison below is "
           "Welch's t-test per metric on those seeds with Holm's correction over its three metrics, and the "
-          f"equivalence test (TOST) at {margins}.", "",
+          f"equivalence test (TOST) at {MARGINS_TEXT}.", "",
           "**Limits.** " + "; ".join(limits)[0].upper() + "; ".join(limits)[1:] + ".", ""]
-
-
-def _span(values: list[int]) -> str:
-  return str(min(values)) if min(values) == max(values) else f"{min(values)} to {max(values)}"
 
 
 def survives(records: list[Record]) -> list[str]:
@@ -249,10 +245,9 @@ def report(records: list[Record]) -> str:
   """The search's question, protocol and limits, the runs' table, then each comparison whose
   runs exist and what survives of them."""
   made = _made(records)
-  margins = " or ".join(f"±{m.margin:g} {m.name}" for m in METRICS if m.margin)
   return ("\n".join(scope(records)) + "\n" + runs_table(records)
           + "".join("\n" + comparison_table(records, *pair) for pair in made)
-          + (f"\nReading: differs (Holm p < 0.05), equivalent (TOST within {margins}) or inconclusive.\n\n"
+          + (f"\nReading: differs (Holm p < 0.05), equivalent (TOST within {MARGINS_TEXT}) or inconclusive.\n\n"
              + "\n".join(survives(records)) if made else ""))
 
 

@@ -131,6 +131,12 @@ def path_for(output: str | pathlib.Path) -> pathlib.Path:
   return output.parent / "runs" / f"{output.stem}.jsonl"
 
 
+def span(values: Iterable[int], sep: str = "–") -> str:
+  """How a report quotes counts that may differ between runs: "3", or "3–4" (`sep` between)."""
+  values = sorted(values)
+  return str(values[0]) if values[0] == values[-1] else f"{values[0]}{sep}{values[-1]}"
+
+
 def one_tokenization(runs: Iterable[tuple[str, int]], where: str | pathlib.Path) -> int:
   """The one count of validation tokens of the (name, val_tokens) `runs` (0: not recorded,
   ignored; 0 if none is), else a DataError: each NLL is a mean over them, so runs of other
