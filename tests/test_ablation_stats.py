@@ -560,6 +560,31 @@ def test_the_scaling_reading_in_findings_md_is_its_records():
   assert (f"It ends at {longer.final_nll:.3f} final NLL, and its validation NLL passes Transformer++ small's "
           f"{target:.3f} between {longer.curve[after - 1][0] / spent:.2f}x and {longer.curve[after][0] / spent:.2f}x "
           "Transformer++ small's training FLOPs") in text
+  # The BLEU of the base-size comparison is the report's, and the time is the records' (the report's Time: line
+  # sums all 24; the commits split them into the sittings that made them).
+  report = {(row[0], row[1]): row for row in report_tables.rows((repo / "docs" / "ablations_scaling.md").read_text())}
+  (pp, _), _ = (multiplier.best_by_size(results, a)["base"] for a in ("transformer++", "vanilla"))
+  t16, t17 = (report[(f"`{pp}`", column)][4] for column in report_tables.TESTED[1:])
+  assert f"In BLEU, secondary, {t16} / {t17} on test_2016_flickr / test_2017_flickr (the report's correction)" in text
+  minutes = lambda runs, key: f"{sum(getattr(r, key) for r in runs) / 60:.1f}"
+  by_commit = {}
+  for r in results:
+    by_commit.setdefault(r.commit, []).append(r)
+  first, base, confirm = sorted(by_commit.values(), key=len, reverse=True)
+  assert ({r.size for r in confirm}, {r.size for r in base}, len(first)) == ({"small"}, {"base"}, 15)
+  assert (f"{minutes(results, 'train_seconds')} minutes of training and {minutes(results, 'eval_seconds')} of "
+          f"test-set translation for the {len(results)} runs, on a 2-core Intel Xeon, from three commits: "
+          f"{len(first)} runs from `{first[0].commit}` ({minutes(first, 'train_seconds')} minutes of training), "
+          f"vanilla small's three confirmatory seeds from `{confirm[0].commit}` ({minutes(confirm, 'train_seconds')}) "
+          f"and Transformer++ base's six, its search and seeds 1 to 3, from `{base[0].commit}` "
+          f"({minutes(base, 'train_seconds')})") in text
+  assert {r.hardware for r in results} == {"2-core Intel(R) Xeon(R) Processor @ 2.80GHz"}
+  # A rerun of the large size by this protocol: as many runs as the base size took, at twice its width.
+  from seq2seq.research import variants
+
+  assert variants.SIZES["large"] == 2 * variants.SIZES["base"]
+  assert (f"A rerun by this protocol is {sum(r.size == 'base' for r in results)} runs at the large size (twice the "
+          "base width") in text
   # docs/sweeps.md's protocol: the grid's rate, 0.002, is also the rerun's seed-0 choice for vanilla at its size.
   searched = {f"{multiplier.base_rate(r):g}": f"{r.final_nll:.3f}" for r in vanilla if r.size == "base" and r.seed == 0}
   chosen, kept = multiplier.best_rate([r for r in vanilla if r.size == "base"])
