@@ -423,3 +423,32 @@ def test_the_pages_counts_of_sources_are_the_records_buckets():
   assert f"That gives {sum(sentences)} sources in all." in page
   assert (f"They hold {', '.join(map(str, sentences[:-1]))} and {sentences[-1]} sources; joined pairs make up "
           f"{joined[0]} of the first, {joined[1]} of the second") in page
+
+
+def test_the_pages_budget_is_the_records_time():
+  """docs/positions.md's intro and Budget quote the records' time (the report's Time: line, per
+  run, in all), the first report's training time as docs/history.md keeps it, the runs' steps
+  and rows, and the sources each evaluation translates."""
+  import importlib
+
+  runs, _ = positions_report.read_records(REPO / "docs" / "runs" / "positions.jsonl")
+  page = " ".join((REPO / "docs" / "positions.md").read_text(encoding="utf-8").split())
+  history = " ".join((REPO / "docs" / "history.md").read_text(encoding="utf-8").split())
+  train, evaluate = (sum(getattr(r, key) for r in runs) / 60 for key in ("train_seconds", "eval_seconds"))
+  (hardware,) = {r.hardware for r in runs}
+  assert f"Time: {train:.1f} min of training and {evaluate:.1f} min of the study's translation" in page
+  assert (f"Measured ({hardware}): the report's `Time:` line sums {train:.1f} minutes of training and {evaluate:.1f} "
+          f"minutes of translation and scoring for the {len(runs)} runs, {train / len(runs):.1f} and "
+          f"{evaluate / len(runs):.1f} minutes a run") in page
+  assert f"({len(runs)} runs, {train + evaluate:.0f} minutes of training and evaluation on 2 cores)" in page
+  first = 50.6  # the first report's training, in minutes, as docs/history.md says it
+  assert f"{len(runs)} runs on a {hardware}, {first} minutes of training" in history
+  assert f"the same {len(runs)} runs on the same kind of machine in {first} minutes, {first / len(runs):.1f} a run" in page
+  sweep, study = (importlib.import_module(f"configs.{name}").get_config() for name in ("multi30k_sweep",
+                                                                                       "multi30k_positions"))
+  assert {r.steps for r in runs} == {sweep.train.steps} == {study.train.steps}
+  assert study.data.pack_length == sweep.data.pack_length
+  assert (f"(the same model, {sweep.train.steps} steps, rows of the same {sweep.data.pack_length} packed tokens)"
+          in page)
+  (sources,) = {sum(b["sentences"] for b in r.scores) for r in runs}
+  assert f"the evaluation translates {sources} sources and scores them by teacher forcing" in page
