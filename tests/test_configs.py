@@ -11,6 +11,7 @@ import re
 import pytest
 
 from conftest import REPO
+import report_tables
 
 from seq2seq.model.config import ModelConfig
 from seq2seq.model.transformer import count_params
@@ -165,6 +166,24 @@ def test_multi30k_row_length_figures_are_the_cpu_profiles():
   assert (f"attention and its elementwise work take {rows['128']['attention_share']:.0%} of the step in rows of 128 and "
           f"{rows['64']['attention_share']:.0%} in rows of 64, and the step takes {rows['128']['step_ms_untraced']:.0f} "
           f"against {rows['64']['step_ms_untraced']:.0f} ms ({speedup:.2f}x)") in words("docs/results.md")
+  # Its time paragraph: the ratio, and each run's train time and machine as the results table gives them.
+  from seq2seq.research import recipe_search
+
+  (former,) = [r for r in recipe_search.load(REPO / "docs" / "runs" / "main_job_search.jsonl")
+               if r.run == "m30k_3600_readme"]
+  assert (former.settings["data"]["pack_length"], former.steps, former.overrides) == (128, 3600, [])
+  header = "| run | test set | BLEU | chrF | checkpoint | decoding | training | last logged step | train time then |"
+  page = (REPO / "docs" / "results.md").read_text(encoding="utf-8")
+  table = {row[0]: row for row in report_tables.table_rows(page[page.index(header):])}
+  when = lambda run: f"{table[f'`{run}`'][8]} (`{run}`)"
+  machine = lambda run: table[f"`{run}`"][10]
+  assert machine("m30k_p64_readme") == machine("m30k_fresh") == "2-core Intel(R) Xeon(R) Processor"
+  assert machine("m30k_3600_readme") == "2-core AMD EPYC" and table["`m30k_3600_readme`"][7] == "3600"
+  assert (f"**Time.** {config.train.steps} steps are {config.train.steps / 3600:.2f}x 3600, and the step in rows of 64 runs {speedup:.2f}x as fast, "
+          f"so at that ratio the job takes {cost:.2f}x the former one's time. Its runs trained for "
+          f"{when('m30k_p64_readme')} and {when('m30k_fresh')} on the 2-core Xeon (the table's time column); the former "
+          f"main job's README run took {when('m30k_3600_readme')} on the 2-core AMD EPYC, another machine") in words(
+              "docs/results.md")
 
 
 def test_the_sweep_config_is_what_its_reports_were_made_with():
