@@ -553,3 +553,31 @@ def test_the_bf16_first_moments_figures_in_scaling_md_are_their_records():
   assert (f"validation NLL is {bf16.nll:.3f} and BLEU on all 1014 sentences {bf16.full('bleu'):.2f}, against "
           f"{f32.nll:.3f} and {f32.full('bleu'):.2f} for the same seed with f32 moments: a difference of "
           f"{signed(bf16.nll - f32.nll, 3)} NLL against a seed spread of ±{spread:.3f}") in page
+
+
+def test_the_earlier_d128_runs_bullet_is_historys_table():
+  """docs/results.md's bullet on the earlier CPU runs of the d_model 128 recipe quotes their
+  validation rows in docs/history.md's table (beam 4), and their compute against the plain
+  recipe's 7000 steps: the steps of each checkpoint an ensemble joins."""
+  import re
+
+  import report_tables
+
+  history = (REPO / "docs" / "history.md").read_text(encoding="utf-8")
+  header = "| run | test set | BLEU | chrF | checkpoint | decoding | training | last logged step |"
+  rows = [r for r in report_tables.table_rows(history[history.index(header):]) if r[1] == "val" and "beam 4" in r[5]]
+  val = lambda run, ensemble=False: next(r for r in rows if r[0] == f"`{run}`" and ("ensemble" in r[4]) == ensemble)
+  bleu = lambda row: row[2].strip("*")
+  steps = lambda row: sum(int(s) for s in re.findall(r"step(\d+)", row[4]))
+  plain = val("m30k_d128_s1")
+  assert steps(plain) == 7000
+  ahead = [val("m30k_d128_11k"), val("m30k_d128_s1", True), val("m30k_d128_11k", True)]
+  ratios = sorted(steps(r) / steps(plain) for r in ahead)
+  assert steps(ahead[0]) == 11000
+  below = [val("m30k_d128_sr"), val("m30k_d128_v4k")]
+  assert all(float(bleu(r)) < float(bleu(plain)) for r in below) and all(float(bleu(r)) > float(bleu(plain)) for r in ahead)
+  text = " ".join(pages_prose())
+  assert (f"subword regularization 0.1 ({bleu(below[0])}) and a 4000-piece vocabulary ({bleu(below[1])}) ended below "
+          f"the plain recipe's second seed ({bleu(plain)}), label smoothing 0.2 ({bleu(val('m30k_d128_ls02'))}) within "
+          f"seed noise; 11,000 steps ({bleu(ahead[0])}) and two-run ensembles ({bleu(ahead[1])}, {bleu(ahead[2])}) ended "
+          f"above it at {ratios[0]:.1f} to {ratios[-1]:.1f} times the compute, outside the budget") in text
