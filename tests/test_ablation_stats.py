@@ -719,3 +719,50 @@ def test_the_grid_and_prenorm_readings_in_findings_md_are_their_records():
   assert not significance.significant(found[("gelu", "Final loss")].adjusted) and all(g > 0 for g in gains)
   prose = " ".join((repo / "docs" / "findings.md").read_text(encoding="utf-8").split())
   assert [s for s in quoted if s not in prose] == []
+
+
+def test_sweeps_md_quotes_its_records_and_history():
+  """docs/sweeps.md's commands say what each study cost as its records sum it (each report's Time:
+  line), which runs the pre-norm study shares with the norms study, the tokenization its reports
+  share, the main job's time a run as docs/results.md's table gives it, and the config's history
+  as docs/history.md tells it."""
+  from seq2seq.research import records, sweep, variants
+
+  repo = pathlib.Path(__file__).resolve().parents[1]
+  words = lambda name: " ".join((repo / name).read_text(encoding="utf-8").split())
+  page, history = words("docs/sweeps.md").replace(" # ", " "), words("docs/history.md")
+  study = {name: records.read(repo / "docs" / "runs" / f"{name}.jsonl").results
+           for name in ("ablations", "ablations_prenorm", "ablations_prenorm_norms")}
+  minutes = lambda runs, key: sum(getattr(r, key) for r in runs) / 60
+  for name, runs in study.items():
+    assert {r.hardware for r in runs} == {"2-core AMD EPYC"}, name
+    assert (f"Time: {minutes(runs, 'train_seconds'):.1f} min of training and {minutes(runs, 'eval_seconds'):.1f} min "
+            f"of test-set translation for {len(runs)} runs") in words(f"docs/{name}.md"), name
+  grid, pre, norms = study.values()
+  assert len(variants.DEFAULT) == 13 and sweep._SEEDS.default == 2
+  assert (f"The default grid: {len(variants.DEFAULT)} variants x 3 seeds of configs/multi30k_sweep.py, 720 steps: "
+          f"docs/ablations.md (2 CPU cores: {minutes(grid, 'train_seconds'):.1f} minutes of training and "
+          f"{minutes(grid, 'eval_seconds'):.1f} of translation for the {len(grid)} runs on a 2-core AMD EPYC, "
+          f"{(minutes(grid, 'train_seconds') + minutes(grid, 'eval_seconds')) / len(grid):.1f} minutes a run in all; "
+          f"without --seeds a sweep makes 2 seeds, {2 * len(variants.DEFAULT)} runs)") in page
+  shared = {(r.name, r.final_nll) for r in pre} & {(r.name, r.final_nll) for r in norms}
+  assert {name for name, _ in shared} == {"prenorm-s0", "prenorm-s1", "prenorm-s2"}
+  assert (f"{len(pre) - len(shared)} new runs, RoPE's first ({minutes(pre, 'train_seconds'):.1f} minutes of training "
+          f"for the {len(pre)} and {minutes(pre, 'eval_seconds'):.1f} of translation on a 2-core AMD EPYC)") in page
+  assert (f"docs/ablations_prenorm_norms.md and its records, {len(norms)} runs ({minutes(norms, 'train_seconds'):.1f} "
+          f"minutes of training and {minutes(norms, 'eval_seconds'):.1f} of test-set translation on a 2-core AMD EPYC)"
+          ) in page
+  (tokens,) = {r.val_tokens for runs in study.values() for r in runs}
+  assert f"the reports with records were made under it ({tokens:,} tokens)" in page
+  results = (repo / "docs" / "results.md").read_text(encoding="utf-8")
+  header = "| run | test set | BLEU | chrF | checkpoint | decoding | training | last logged step | train time then |"
+  (main,) = {row[8] for row in report_tables.table_rows(results[results.index(header):])
+             if row[0] == "`m30k_p64_readme`"}
+  assert f"the main job's config ({main} a run on 2 CPU cores, as docs/results.md's main job" in page
+  # The config's history, quoted.
+  for quoted, source in [("3.5 after 500 steps: too slow; d_model 256: 10 minutes a run), its 720 steps by the "
+                          "3-hour budget for the grid", ("alike, 3.5 after 500 (7.7 greedy BLEU): too slow.",
+                                                         "(25.2), but 10 minutes a run.", "over the 3-hour budget")),
+                         ("The rate between (0.003 at 720 steps) has only a test BLEU (24.95)",
+                          ("720 steps at 0.003: 24.95 BLEU",))]:
+    assert quoted in page and all(s in history for s in source), quoted
