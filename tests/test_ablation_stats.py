@@ -649,6 +649,14 @@ def test_the_familys_reading_in_findings_md_is_what_the_family_and_the_reports_m
       f"({signed(found[shipped].difference, 3)}, raw p = {found[shipped].p:.3f}, Holm p = {holm[shipped]:.3f})",
       f"(+{rows[1][3].difference:.1f} BLEU, Holm p = {adjusted[0]:.3f} for both)",
   ]
+  # "Until 2026-12-01 the family held the main job as it was then": the same family with the 3600-step
+  # runs' comparison in the shipped one's place.
+  then_rows, _ = recipe_search.comparison(recipe_search.load(repo / "docs" / "runs" / "main_job_search.jsonl"),
+                                          recipe_search.SHIPPED, recipe_search.BASELINE)
+  then = then_rows[0][3]
+  then_holm = significance.holm([then.p if name == shipped else c.p for name, c in found.items()])
+  quoted.append(f"(rows of 128, 3600 steps: {signed(then.difference, 3)}, raw p = {then.p:.3f}, "
+                f"Holm p = {then_holm[list(found).index(shipped)]:.3f})")
   assert not significance.significant(in_grid["gelu"].adjusted) and significance.significant(holm["`gelu` − `vanilla`"])
   assert not significance.significant(holm["`swish` − `vanilla`"]) and swish.difference < 0
   prose = " ".join((repo / "docs" / "findings.md").read_text(encoding="utf-8").split())
