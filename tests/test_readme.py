@@ -297,6 +297,18 @@ def test_the_tiny_models_size_and_steps_are_its_configs():
   assert re.search(r"mostly wrong \(under (\d+) BLEU\)", README.read_text())  # what .ci/user_path reads
 
 
+def test_the_readmes_notebook_time_is_the_notebooks_and_the_soak_kills_ten_times():
+  """The layout's line on quickstart.ipynb quotes the training time the notebook states (the
+  notebook's run, tests/test_notebook.py, is a long test); `pytest -m long`'s soak is the one that
+  kills a run ten times (tests/test_faults.py)."""
+  notebook = (REPO / "notebooks" / "quickstart.ipynb").read_text(encoding="utf-8")
+  (span,) = set(re.findall(r"(\d+ to \d+) minutes on a 2-core CPU", notebook))
+  assert f"quickstart.ipynb (trains a translator in {span} minutes)" in README.read_text()
+  faults = (REPO / "tests" / "test_faults.py").read_text(encoding="utf-8")
+  assert "def test_soak_ten_sigkills_at_seeded_moments" in faults and "size=10, replace=False" in faults
+  assert "a 10-kill soak" in README.read_text()
+
+
 # --- links ------------------------------------------------------------------------------
 
 
@@ -400,3 +412,18 @@ def test_the_readmes_description_of_the_grid_is_its_records():
   holm = dict(zip((c.comparison for c in found), significance.holm([c.p for c in found])))
   assert f"(primary, {len(found)} tests:" in prose and ", Swish inconclusive;" in prose
   assert not significance.significant(holm["`swish` − `vanilla`"])
+
+
+def test_the_readmes_description_of_the_main_job_is_its_config():
+  """The recipe and its row length as the README describes them are configs/multi30k.py's, and
+  the decoder's compiled searches are at most eval.max_programs (the layout's line on programs.py)."""
+  from seq2seq import configs
+
+  config = configs.get("multi30k")
+  text = " ".join(README.read_text(encoding="utf-8").split())
+  m, data = config.model, config.data
+  assert (f"The recipe (d_model {m.d_model}, {m.num_encoder_layers}+{m.num_decoder_layers} layers, dropout "
+          f"{m.dropout_rate:g}) was chosen on the validation set only") in text
+  assert (f"The config trains it for {config.train.steps} steps in packed rows of {data.pack_length} tokens, in the "
+          "time of 3600 in rows of 128") in text
+  assert f"which compiled searches a call needs (at most {config.eval.max_programs})" in text
