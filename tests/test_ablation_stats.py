@@ -4,6 +4,7 @@ hand-worked example, no test for a side with one seed, the marks meaning "signif
 the correction", the compute multiplier's aggregation and interval, and the report built from
 run files on disk carrying the new columns."""
 
+import importlib
 import json
 import math
 import pathlib
@@ -774,3 +775,73 @@ def test_sweeps_md_quotes_its_records_and_history():
                          ("The rate between (0.003 at 720 steps) has only a test BLEU (24.95)",
                           ("720 steps at 0.003: 24.95 BLEU",))]:
     assert quoted in page and all(s in history for s in source), quoted
+
+
+def test_the_asides_of_findings_md_are_the_records_and_history():
+  """The figures findings.md repeats or mentions in passing: each recomputed from the records
+  (docs/runs/), the configs, or quoted from docs/history.md where that is their only source."""
+  from seq2seq.research import family, recipe_search, records, variants
+
+  repo = pathlib.Path(__file__).resolve().parents[1]
+  words = lambda name: " ".join((repo / name).read_text(encoding="utf-8").split())
+  prose, history = words("docs/findings.md"), words("docs/history.md")
+  kept = {name: records.read(repo / "docs" / "runs" / f"{name}.jsonl")
+          for name in ("ablations", "ablations_prenorm", "ablations_prenorm_norms", "ablations_scaling")}
+  tests = {name: {(c.variant, c.column): c for c in ablations.comparisons(k.results, baseline=k.baseline)}
+           for name, k in kept.items()}
+  nll = "Final loss"
+  grid, pre, norms = (tests[n] for n in ("ablations", "ablations_prenorm", "ablations_prenorm_norms"))
+  expected = []
+  # The pre-norm GELU of the report made before records, as history keeps it.
+  assert "([−0.041, −0.014], raw p 0.009, corrected 0.064)" in history
+  expected.append("GELU on the pre-norm base, which the report made before records put at raw p = 0.009")
+  # Three seeds a side, 36 tests: Welch's degrees of freedom and Holm's thresholds.
+  seeds = {sum(r.variant == v for r in kept["ablations"].results) for v in {r.variant for r in kept["ablations"].results}}
+  tested = [c for c in grid.values() if c.welch.tested]
+  assert seeds == {3} and len(tested) == 36
+  expected.append(f"with 3 seeds a side Welch has {3 - 1} to {2 * 3 - 2} degrees of freedom, and {len(tested)} tests "
+                  f"ask for raw p below {0.05 / len(tested):.4f} to 0.05")
+  n_family = len(family.claims(repo))
+  expected += [f"In the README's family of {n_family} final-NLL tests", f"surviving the family of {n_family} NLL tests"]
+  # BLEU left untested by the grid's correction.
+  bleu = [c for c in tested if c.column != nll]
+  open_ = [c for c in bleu if not significance.significant(c.adjusted)]
+  expected.append(f"leaves {len(open_)} of the grid's {len(bleu)} BLEU differences, up to "
+                  f"{max(abs(c.welch.difference) for c in open_):.2f} points, untested after a correction over "
+                  f"{len(tested)} tests")
+  # Where the grid's runs end, against the main job's confirmatory runs.
+  ends = [r.final_nll for r in kept["ablations"].results]
+  searched = recipe_search.load(repo / "docs" / "runs" / "main_job_search.jsonl")
+  confirm = [r.nll for r in searched if r.run.startswith((recipe_search.CHOSEN, recipe_search.SHIPPED,
+                                                          recipe_search.ROWS64))]
+  expected.append(f"end at a validation NLL of {min(ends):.2f} to {max(ends):.2f}, against {min(confirm):.2f} to "
+                  f"{max(confirm):.2f} for the main job's confirmatory runs")
+  # Repeats of the reports' differences.
+  expected += [f"to GELU {signed(pre[('prenorm+rope+gelu', nll)].welch.difference)} and SwiGLU "
+               f"{signed(pre[('prenorm+rope+swiglu', nll)].welch.difference)} NLL, inconclusive",
+               f"RoPE on the same base beat sinusoidal positions by {pre[('prenorm', nll)].welch.difference:.3f} NLL",
+               f"the grid's Transformer++ row ({signed(grid[('transformer++', nll)].welch.difference)} NLL"]
+  # AdaNorm is behind LayerNorm at the first quarter's validation too.
+  early = lambda v: statistics.fmean(r.early_nll for r in kept["ablations_prenorm_norms"].results if r.variant == v)
+  assert early("adanorm-xu") > early("prenorm") and norms[("adanorm-xu", nll)].welch.difference > 0
+  expected.append("It is already behind at 25% of the steps")
+  # The norms rerun: its runs, its tokenization and its vocabulary.
+  runs = kept["ablations_prenorm_norms"].results
+  (tokens,) = {r.val_tokens for r in runs}
+  vocab = importlib.import_module("configs.multi30k_sweep").get_config().data.vocab_size
+  expected.append(f"The {len(runs)} runs were made on 2026-11-28 with the command in [docs/sweeps.md](sweeps.md#commands), "
+                  f"under the pinned sentencepiece 0.2.2 ({tokens:,} validation target tokens in this {vocab}-piece "
+                  "vocabulary)")
+  # The scaling study at the base size: parameters, and Transformer++ small's seeds.
+  scaling = kept["ablations_scaling"].results
+  params = lambda v: {r.params for r in scaling if r.variant == v and r.size == "base"}
+  ((pp,), (vanilla,)) = params("transformer+++lr0.004"), params("vanilla")
+  _, strong, _, _ = multiplier.smallest_against_best(scaling)
+  expected += [f"Equal parameters ({pp / 1e6:.2f}M against {vanilla / 1e6:.2f}M)",
+               f"Transformer++ small ({scaling_mean(strong)}; untested)"]
+  # The sizes not rerun, as history describes them.
+  assert "(d_model 384) and R / 2 at xlarge (d_model 768, vanilla only, on a GPU)" in history
+  assert "vanilla at d_model 768 (xlarge), on one H100" in history
+  assert variants.SIZES["large"] == 2 and variants.SIZES["xlarge"] == 4
+  expected.append("of the first study (d_model 384 on the CPU, 768 on an H100")
+  assert [s for s in expected if s not in prose] == []
