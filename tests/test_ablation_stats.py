@@ -845,3 +845,46 @@ def test_the_asides_of_findings_md_are_the_records_and_history():
   assert variants.SIZES["large"] == 2 and variants.SIZES["xlarge"] == 4
   expected.append("of the first study (d_model 384 on the CPU, 768 on an H100")
   assert [s for s in expected if s not in prose] == []
+
+
+def test_the_rest_of_sweeps_md_is_the_records_the_configs_and_the_formulas():
+  """docs/sweeps.md's other figures: RoPE's pre-norm difference, where learned positions lose
+  significantly (the positions study's records), the sweep config's schedule, Welch's degrees of
+  freedom and interval widths for 2 and 3 seeds a side (scipy's t quantiles), and the rates per
+  size (variants.size_learning_rate)."""
+  from seq2seq.research import positions_report, records, variants
+
+  repo = pathlib.Path(__file__).resolve().parents[1]
+  words = lambda name: " ".join((repo / name).read_text(encoding="utf-8").split())
+  page, history = words("docs/sweeps.md"), words("docs/history.md")
+  pre = records.read(repo / "docs" / "runs" / "ablations_prenorm.jsonl")
+  (sin,) = [c for c in ablations.comparisons(pre.results, baseline=pre.baseline)
+            if (c.variant, c.column) == ("prenorm", "Final loss")]
+  assert sin.adjusted < 0.001
+  expected = [f"sinusoidal positions {signed(sin.welch.difference)} final NLL, corrected p < 0.001, the pre-norm "
+              "study's records"]
+  # Learned positions: the significant differences are in the buckets up to twice the training length.
+  runs, head = positions_report.read_records(repo / "docs" / "runs" / "positions.jsonl")
+  by_kind = positions_report.per_run(runs, tuple(head["upper"]))
+  labels = [s["label"] for s in by_kind["sinusoidal"][0]]
+  lost = {c.cells[1] for c in positions_report.comparisons(by_kind)
+          if c.variant == "learned" and significance.significant(c.adjusted) and c.welch.difference < 0}
+  assert head["upper"][1] == 2 * head["upper"][0] and lost == set(labels[:2])
+  expected.append("lose significantly only on sources up to twice the training length")
+  # The schedule.
+  config = importlib.import_module("configs.multi30k_sweep").get_config()
+  assert "calibrated for vanilla to pass 25 BLEU in the least time" in history
+  expected.append(f"**The schedule.** {config.train.steps} steps at a peak rate of {config.train.learning_rate:g}, "
+                  f"decoding to source + {config.eval.max_len_b} tokens")
+  expected.append("It was calibrated for vanilla to pass 25 BLEU in the least time, on test BLEU")
+  # Welch: degrees of freedom n - 1 to 2n - 2, and the 95% interval's half-width in standard errors.
+  width = lambda df: stats.t.ppf(0.975, df)
+  expected.append(f"With 2 seeds a side Welch's degrees of freedom are between 1 and 2: the 95% interval is "
+                  f"{width(2):.1f} to {width(1):.1f} standard errors wide on each side")
+  expected.append(f"With 3 a side they are 2 to 4, and the interval {width(4):.1f} to {width(2):.1f} standard errors wide")
+  # The peak rate per size.
+  rate = lambda size, base: variants.size_learning_rate(size, base).get("train.learning_rate", base)
+  expected.append(f"on the Multi30k grid {' / '.join(f'{rate(s, 0.002):.3g}' for s in ('small', 'base', 'large'))}, "
+                  f"and {' / '.join(f'{rate(s, 0.003):.3g}' for s in ('small', 'base', 'large'))} on the 800-step one")
+  assert "800 steps at peak rate 0.003" in history and config.train.learning_rate == 0.002
+  assert [s for s in expected if s not in page] == []
