@@ -452,3 +452,87 @@ def test_the_pages_budget_is_the_records_time():
           in page)
   (sources,) = {sum(b["sentences"] for b in r.scores) for r in runs}
   assert f"the evaluation translates {sources} sources and scores them by teacher forcing" in page
+
+
+def test_the_pages_description_of_the_study_is_its_configs_model_and_records():
+  """docs/positions.md's description: the sweep's config as it states it, the learned table's
+  rows and the relative buckets (seq2seq.model.layers.relative_bucket) that training on L tokens
+  reaches, the test count, the seeds' degrees of freedom, the records' size, the model's size,
+  and the repeats of the Conclusion's and the pre-norm study's figures."""
+  import dataclasses
+  import importlib
+
+  import jax.numpy as jnp
+  import numpy as np
+
+  from seq2seq.model import transformer
+  from seq2seq.model.config import ModelConfig
+  from seq2seq.model.layers import relative_bucket
+  from seq2seq.research import ablations, records
+
+  page = " ".join((REPO / "docs" / "positions.md").read_text(encoding="utf-8").split())
+  sweep, study = (importlib.import_module(f"configs.{name}").get_config() for name in ("multi30k_sweep",
+                                                                                       "multi30k_positions"))
+  m = sweep.model
+  expected = [f"(`multi30k_sweep.py`: {sweep.train.steps} steps, d_model {m.d_model}, {m.num_encoder_layers}+"
+              f"{m.num_decoder_layers} layers, {sweep.data.vocab_size} pieces) with `data.max_len = {study.data.max_len}`",
+              f"decoding (beam {sweep.eval.beam_size}, alpha {sweep.eval.alpha:g}, outputs up to source + "
+              f"{sweep.eval.max_len_b} tokens)"]
+  assert (study.train.steps, study.eval.beam_size, study.eval.alpha, study.eval.max_len_b) == (
+      sweep.train.steps, sweep.eval.beam_size, sweep.eval.alpha, sweep.eval.max_len_b)
+  L, rows = study.data.max_len, study.model.max_len
+  expected += [f"The learned table has {rows} rows (`model.max_len`)",
+               f"Only rows 0 to {L - 1} are trained; rows {L} to {rows - 1} keep their initial values"]
+  # T5's buckets with the model's defaults, and those that offsets below L reach.
+  cfg = ModelConfig.from_config(study.model, vocab_size=study.data.vocab_size)
+  defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
+  n, far = cfg.relative_buckets, cfg.relative_max_distance
+  assert (n, far) == (defaults["relative_buckets"], defaults["relative_max_distance"])
+  offsets = np.arange(far)
+  enc = np.asarray(relative_bucket(jnp.asarray(offsets), bidirectional=True, num_buckets=n, max_distance=far))
+  dec = np.asarray(relative_bucket(-jnp.asarray(offsets), bidirectional=False, num_buckets=n, max_distance=far))
+  half, exact = n // 2, n // 4
+  assert sorted(set(enc)) == list(range(half, n))  # keys after the query: one direction's half
+  assert all(len(set(enc[offsets == d])) == 1 for d in range(exact)) and len(set(enc[:exact])) == exact
+  assert len(set(dec[:half])) == half and len(set(dec)) == n
+  unreached = half - len(set(enc[:L]))
+  expected += [f"With the model's defaults ({n} buckets, maximum distance {far})",
+               f"The encoder gives each direction {half} buckets: offsets 0 to {exact - 1} have one each, and offsets "
+               f"{exact} to {far - 1} share {half - exact} log-spaced ones",
+               f"its {n} buckets all count backwards: offsets 0 to {half - 1} have one each, and offsets {half} to "
+               f"{far - 1} share the other {n - half}",
+               f"never reaches an offset past {L - 1}",
+               f"the encoder's buckets for offsets of {L} and more ({unreached} of each direction's {half})",
+               f"T5's bias has {n} buckets up to a distance of {far}"]
+  # The tests, the seeds, the records.
+  runs, head = positions_report.read_records(REPO / "docs" / "runs" / "positions.jsonl")
+  by_kind = positions_report.per_run(runs, tuple(head["upper"]))
+  found = positions_report.comparisons(by_kind)
+  buckets, kinds = len(by_kind["sinusoidal"][0]), len(by_kind)
+  assert len(found) == (kinds - 1) * buckets * 2
+  (seeds,) = {sum(r.positions == k for r in runs) for k in by_kind}
+  expected += [f"({kinds - 1} types x {buckets} buckets x 2 metrics = {len(found)} with the four types)",
+               f"With {seeds} seeds a side, Welch's degrees of freedom are {seeds - 1} to {2 * seeds - 2}",
+               f"after Holm's correction over the report's {len(found)} tests",
+               f"None is significant over {len(found)} tests with {seeds} seeds"]
+  lines = (REPO / "docs" / "runs" / "positions.jsonl").read_text().splitlines()[1:]
+  assert {round(len(line) / 1000) for line in lines} == {2}
+  expected.append("not its sentences: about 2 kB a run")
+  assert {tuple(r.record["splits"]) for r in runs} == {("val", "test_2016_flickr", "test_2017_flickr")}
+  single = sum(b["sentences"] - b["joined"] for b in runs[0].scores)
+  expected.append(f"Each run is evaluated on the validation set and both test sets ({single} sentences)")
+  # The model's size and schedule.
+  base = next(r for r in runs if r.positions == "sinusoidal")
+  params = transformer.count_params(dataclasses.replace(cfg, norm_position="pre"))
+  expected.append(f"The model is small ({params / 1e6:.1f}M parameters) and trained for {base.steps} steps")
+  # The pre-norm study's RoPE, repeated.
+  pre = records.read(REPO / "docs" / "runs" / "ablations_prenorm.jsonl")
+  (sin,) = [c for c in ablations.comparisons(pre.results, baseline=pre.baseline)
+            if (c.variant, c.column) == ("prenorm", "Final loss")]
+  assert sin.adjusted < 0.001
+  expected.append(f"(+{sin.welch.difference:.3f} final NLL, corrected p < 0.001")
+  # Relative positions' NLL past L, as the Conclusion quotes it, repeated for Press et al.
+  nll = [c.welch.difference for c in found if c.variant == "relative" and c.cells[2] == "NLL"][1:]
+  expected.append(f"Our relative bias's lower NLL past L ({-max(nll):.3f} to {-min(nll):.3f} below sinusoidal's, "
+                  "inconclusive)")
+  assert [s for s in expected if s not in page] == []
