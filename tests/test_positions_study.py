@@ -489,10 +489,10 @@ def test_the_pages_description_of_the_study_is_its_configs_model_and_records():
   n, far = cfg.relative_buckets, cfg.relative_max_distance
   assert (n, far) == (defaults["relative_buckets"], defaults["relative_max_distance"])
   offsets = np.arange(far)
-  enc = np.asarray(relative_bucket(jnp.asarray(offsets), bidirectional=True, num_buckets=n, max_distance=far))
+  enc = np.asarray(relative_bucket(-jnp.asarray(offsets), bidirectional=True, num_buckets=n, max_distance=far))
   dec = np.asarray(relative_bucket(-jnp.asarray(offsets), bidirectional=False, num_buckets=n, max_distance=far))
   half, exact = n // 2, n // 4
-  assert sorted(set(enc)) == list(range(half, n))  # keys after the query: one direction's half
+  assert sorted(set(enc)) == list(range(half))  # keys before the query: one direction's half
   assert all(len(set(enc[offsets == d])) == 1 for d in range(exact)) and len(set(enc[:exact])) == exact
   assert len(set(dec[:half])) == half and len(set(dec)) == n
   unreached = half - len(set(enc[:L]))
