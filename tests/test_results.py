@@ -9,7 +9,7 @@ from conftest import REPO
 from report_tables import signed
 
 from seq2seq.inference.settings import SearchSettings
-from seq2seq.research import plot, results
+from seq2seq.research import plot, recipe_search, results
 
 OLD_SIG = "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.5.0"
 NEW_SIG = "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0"  # the one fake_run's result has
@@ -581,3 +581,87 @@ def test_the_earlier_d128_runs_bullet_is_historys_table():
           f"the plain recipe's second seed ({bleu(plain)}), label smoothing 0.2 ({bleu(val('m30k_d128_ls02'))}) within "
           f"seed noise; 11,000 steps ({bleu(ahead[0])}) and two-run ensembles ({bleu(ahead[1])}, {bleu(ahead[2])}) ended "
           f"above it at {ratios[0]:.1f} to {ratios[-1]:.1f} times the compute, outside the budget") in text
+
+
+def _results_table() -> dict[str, list[list[str]]]:
+  """docs/results.md's results table: each run's rows (cells)."""
+  import report_tables
+
+  page = (REPO / "docs" / "results.md").read_text(encoding="utf-8")
+  header = "| run | test set | BLEU | chrF | checkpoint | decoding | training | last logged step | train time then |"
+  found = {}
+  for row in report_tables.table_rows(page[page.index(header):]):
+    found.setdefault(row[0].strip("`"), []).append(row)
+  return found
+
+
+def test_the_main_jobs_paragraphs_quote_its_table_rows_and_records():
+  """docs/results.md's account of the main job: the README run's test rows, steps, time and speed
+  (the results table), its validation NLL, tokens and BLEU (its record), the seeds' times, and
+  the search's stages as the records' calls, steps and curves hold them."""
+  table = _results_table()
+  records = {r.run: r for r in recipe_search.load(REPO / "docs" / "runs" / "main_job_search.jsonl")}
+  text = " ".join(pages_prose())
+  row = lambda run, split: next(r for r in table[run] if r[1] == split)
+  t16, t17, val = (row("m30k_p64_readme", s) for s in ("test_2016_flickr", "test_2017_flickr", "val"))
+  readme = records["m30k_p64_readme"]
+  assert (f"**{t16[2].strip('*')} on test_2016_flickr and {t17[2].strip('*')} on test_2017_flickr**, chrF {t16[3]} / "
+          f"{t17[3]}, after {t16[7]} steps in {t16[8].replace(' min', ' minutes')} ({t16[9]} target tokens/s). On "
+          f"validation: NLL {readme.nll:.3f} at the end ({readme.val_tokens:,} tokens), BLEU {readme.full('bleu'):.2f} "
+          f"on all {readme.val_eval['latest']['sentences']} sentences ({readme.val_curve[-1]['bleu500']:.2f} on the "
+          "first 500 during training)") in text
+  assert val[2].strip("*") == f"{readme.full('bleu'):.2f}" and readme.reached == int(t16[7])
+  fresh = row("m30k_fresh", "test_2016_flickr")
+  assert f"and 41.38 BLEU on all of val, in {fresh[8].replace(' min', ' minutes')}: the figures" in text
+  seeds = {table[f"m30k_p64_s{s}"][0][8] for s in (1, 2)}
+  assert len(seeds) == 1 and f"alone but for two minutes of tests beside seed 1; {seeds.pop().replace(' min', ' minutes')} each)" in text
+  assert max(int(table[run][0][8].split()[0]) for run in ("m30k_p64_readme", "m30k_fresh", "m30k_3600_readme")) < 40
+  assert "Both are within the 40 minutes" in text
+  # The search: the former default and the chosen recipe, as their records' settings hold them.
+  former, chosen = records["default_s1"], records["d128_drop02_s1"]
+  shape = lambda r: (f"d_model {r.settings['model']['d_model']}, {r.settings['model']['num_encoder_layers']}+"
+                     f"{r.settings['model']['num_decoder_layers']} layers, dropout {r.settings['model']['dropout_rate']:g}")
+  assert (f"from {shape(former)}, {former.steps} steps (run `m30k_rope`, [docs/history.md](history.md)) to "
+          f"{shape(chosen)}, {chosen.steps} steps") in text
+  # Its stages: six runs a call on the GPUs, where stage 1 stopped, and its leader at step 4000.
+  calls = {}
+  for r in records.values():
+    calls.setdefault(r.call, []).append(r)
+  gpu = {call: runs for call, runs in calls.items() if "H100" in call or "H200" in call}
+  assert {len(runs) for runs in gpu.values()} == {6}
+  assert "On lent GPUs, six runs at a time on one device" in text
+  (first,) = [runs for call, runs in gpu.items() if call.startswith("2026-11-27")]
+  at = lambda r, step: next(c["nll"] for c in r.val_curve if c["step"] == step)
+  lead = min((r for r in first if r.reached == 4000), key=lambda r: at(r, 4000))
+  assert lead.run == "d128_drop02" and "--config.model.dropout_rate=0.2" in lead.overrides
+  assert (f"six variations with seed 0, stopped by the call's time at steps {min(r.reached for r in first)} to "
+          f"{max(r.reached for r in first)}; dropout 0.2 led ({at(lead, 4000):.3f} NLL against `multi30k_d128`'s "
+          f"{at(records['d128_s0'], 4000):.3f} at step 4000)") in text
+  (third,) = [runs for call, runs in gpu.items() if call.startswith("2026-11-28 H100 call 2")]
+  assert sum(r.reached < r.steps for r in third) == 1
+  assert "but all but one reached their last validation step" in text
+
+
+@pytest.mark.data
+def test_the_rows_of_64_figures_are_the_data_commands(real_data_dir, session_cache):
+  """The longest target, the padding in rows of 128 and of 64, and the target tokens a batch, as
+  `python -m seq2seq.data --config=multi30k` prints them on the real corpus."""
+  import os
+  import re
+
+  def described(*overrides):
+    out = subprocess.run([sys.executable, "-m", "seq2seq.data", "--config=multi30k", f"--config.data.dir={real_data_dir}",
+                          f"--config.data.cache_dir={session_cache}", *overrides], capture_output=True, text=True,
+                         cwd=REPO, env={k: v for k, v in os.environ.items() if k != "SEQ2SEQ_DATA_DIR"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+  rows64, rows128 = described(), described("--config.data.pack_length=128")
+  longest = int(re.search(r"target length p50/p90/p95/p99/max: [\d/]+/(\d+)", rows64)[1])
+  padding = [float(re.search(r"padding fraction: ([\d.]+)%", out)[1]) for out in (rows128, rows64)]
+  tokens = int(re.search(r"tokens: source=\d+ target=(\d+)", rows64)[1])
+  batches = int(re.search(r"batches per epoch: (\d+)", rows64)[1])
+  assert longest <= 64 and round(tokens / batches, -2) == 2000
+  text = " ".join(pages_prose())
+  assert (f"(the longest target has {longest} tokens: `python -m seq2seq.data --config=multi30k`), and padding rises "
+          f"from {padding[0]:.1f}% to {padding[1]:.1f}%, so a batch still holds about 2000 target tokens") in text
