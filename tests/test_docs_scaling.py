@@ -1,0 +1,272 @@
+"""docs/scaling.md quotes the committed records in benchmarks/results/: each figure here is
+computed from its JSON (derived figures too: differences, ratios, sums) in the page's own
+format and found in the page, and each table is rebuilt row by row. Figures the page calls
+"about" are given to 2 significant figures; a record's decimals are rounded half up."""
+
+import ast
+import json
+import math
+from decimal import ROUND_HALF_UP, Decimal
+
+from conftest import REPO
+
+RESULTS = REPO / "benchmarks" / "results"
+GIB = 2**30
+SHORT_DTYPE = {"bfloat16": "bf16", "float32": "f32"}
+
+
+def _record(name: str):
+  return json.loads((RESULTS / name).read_text(encoding="utf-8"))
+
+
+def _raw() -> str:
+  return (REPO / "docs" / "scaling.md").read_text(encoding="utf-8")
+
+
+def _page() -> str:
+  return " ".join(_raw().split())
+
+
+def _fixed(x, places: int) -> str:
+  """x to `places` decimals, half up on its decimal digits (1.615 -> 1.62, not float's 1.61)."""
+  x = x if isinstance(x, Decimal) else Decimal(repr(x))
+  return str(x.quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP))
+
+
+def _about(x: float) -> str:
+  """An "about" figure: 2 significant figures (660.7 -> 660, 103.3 -> 100, 15.27 -> 15)."""
+  return f"{float(f'{x:.2g}'):.0f}"
+
+
+def _table_lines(raw: str, header: str) -> list[str]:
+  """The body rows of the markdown table that starts with `header`."""
+  lines = raw[raw.index(header):].splitlines()[2:]
+  return lines[:next((i for i, line in enumerate(lines) if not line.startswith("|")), len(lines))]
+
+
+def test_the_dry_run_table_and_its_readings_are_dry_run_wmt14_json():
+  """The dry-run table is dry_run_wmt14.json row by row; bf16's CPU temporaries, the FLOP agreement and
+  the recommended settings' GiB figures are computed from its rows."""
+  from seq2seq import configs
+
+  rows = _record("dry_run_wmt14.json")
+  raw, page = _raw(), _page()
+  config_tokens = {name: configs.get(name).data.max_tokens for name in ("wmt14_base", "wmt14_big")}
+  assert set(config_tokens.values()) == {25000} and "the config's 25,000" in page
+
+  def tokens(r) -> str:
+    n = config_tokens[r["config"]] if r["max_tokens"] == "config" else int(r["max_tokens"])
+    assert n % 1000 == 0
+    return f"{n // 1000}k"
+
+  def params_adam(r) -> float:
+    return (r["param_bytes"] + r["opt_state_bytes"]) / GIB
+
+  expected = []
+  for r in rows:
+    mesh = ", ".join(str(r["mesh"][a]) for a in ("data", "fsdp", "tensor"))
+    fits = " | ".join("yes" if r["total_gib"] <= m else "no" for m in (16, 32, 80))
+    expected.append(f"| {r['config']} | {tokens(r)} | {SHORT_DTYPE[r['dtype']]} | {mesh} | {params_adam(r):.2f} | "
+                    f"{r['temp_bytes'] / GIB:.2f} | {r['total_gib']:.2f} | {fits} | "
+                    f"{r['flops_xla'] / 1e12:.2f} / {r['flops_model'] / 1e12:.2f} |")
+  header = ("| config | tokens/batch | dtype | mesh (data, fsdp, tensor) | params + Adam GiB | temporaries GiB | total GiB "
+            "| fits 16 GiB | fits 32 GiB | fits 80 GiB | TFLOP/step/device (XLA / formula) |")
+  assert _table_lines(raw, header) == expected
+
+  by = {(r["config"], tokens(r), r["dtype"], tuple(r["mesh"][a] for a in ("data", "fsdp", "tensor"))): r for r in rows}
+  # bf16 costs XLA:CPU temporaries for wmt14_base on every mesh; the page quotes data parallelism
+  base = [key for key in by if key[0] == "wmt14_base" and key[2] == "bfloat16"]
+  assert all(by[k]["temp_bytes"] > by[(k[0], k[1], "float32", k[3])]["temp_bytes"] for k in base)
+  bf16, f32 = by[("wmt14_base", "25k", "bfloat16", (8, 1, 1))], by[("wmt14_base", "25k", "float32", (8, 1, 1))]
+  assert (f"bf16 *costs* the CPU temporaries here ({bf16['temp_bytes'] / GIB:.2f} GiB against "
+          f"{f32['temp_bytes'] / GIB:.2f} GiB in f32 for wmt14_base)") in page
+
+  excess = [r["flops_xla"] / r["flops_model"] - 1 for r in rows]
+  assert min(excess) > 0 and f"XLA's FLOP count exceeds the formula's by {min(excess):.1%} to {max(excess):.1%}." in page
+
+  # wmt14_base fits 16 GiB on every mesh; its parameters and Adam state under data parallelism
+  assert all(r["total_gib"] <= 16 for r in rows if r["config"] == "wmt14_base")
+  assert "any of 16/32/80 GiB:** plain data parallelism" in page
+  assert f"Parameters and Adam take {params_adam(bf16):.1f} GiB" in page
+  # wmt14_big: 25k tokens fit 16 GiB with data parallelism; 100k tokens in one step
+  assert all(by[("wmt14_big", "25k", d, (8, 1, 1))]["total_gib"] <= 16 for d in ("bfloat16", "float32"))
+  big = [r for r in rows if r["config"] == "wmt14_big" and tokens(r) == "100k"]
+  assert min(r["temp_bytes"] for r in big) / GIB > 16
+  assert f"At 100k tokens in one step, temporaries alone need {min(r['temp_bytes'] for r in big) / GIB:.0f} GiB." in page
+  totals = [r["total_gib"] for r in big]
+  assert max(totals) <= 32 and f"fits on any mesh ({min(totals):.1f} to {max(totals):.1f} GiB)" in page
+  big100 = lambda mesh: by[("wmt14_big", "100k", "bfloat16", mesh)]
+  freed = params_adam(big100((8, 1, 1))) - params_adam(big100((1, 8, 1)))
+  assert f"`mesh.fsdp=8` at this size: it frees {freed:.1f} GiB of parameters and Adam state" in page
+
+  # tensor=2 against the same devices with fsdp in its place: one figure per model and batch, any dtype
+  added = {}
+  for (config, tok, dtype, (data, fsdp, tensor)), r in by.items():
+    if tensor == 2:
+      added.setdefault((config, tok), set()).add(
+          f"{(r['temp_bytes'] - by[(config, tok, dtype, (data, fsdp * 2, 1))]['temp_bytes']) / GIB:.1f}")
+  assert all(len(v) == 1 for v in added.values()), added
+  (base_gib,), (big_gib,) = added[("wmt14_base", "25k")], added[("wmt14_big", "25k")]
+  (big100_gib,) = added[("wmt14_big", "100k")]
+  assert (f"temporaries: against the mesh with fsdp in its place, {base_gib} GiB per device for wmt14_base and "
+          f"{big_gib} GiB for wmt14_big at 25k tokens ({big100_gib} GiB at 100k)") in page
+
+
+def test_the_h100_figures_are_the_device_check_records():
+  """The H100 versions, the flash kernel's accuracy and speed, the train step's tokens/s and MFU, the
+  check's time budget and its run's date and length are device_check's script and JSONs."""
+  check = _record("device_check_nvidia_h100_80gb_hbm3.json")
+  rerun = _record("device_check_nvidia_h100_80gb_hbm3_flash_decode.json")
+  page = _page()
+  versions = check["versions"]
+  assert rerun["versions"] == versions and check["device_kind"].startswith("NVIDIA H100")
+  assert (f"The H100 figures in [results](../benchmarks/results/) were measured with jax {versions['jax']} and flax "
+          f"{versions['flax']}.") in page
+  assert f"On one H100 (`benchmarks/device_check.py`, jax {versions['jax']};" in page
+
+  # outputs within 2 ulps (of each dtype, at the output's largest magnitude) in every case
+  flash = check["sections"]["flash"]
+  mantissa = {"bfloat16": 7, "float16": 10}
+  ulp = lambda x, dtype: 2.0**(math.frexp(x)[1] - 1 - mantissa[dtype])
+  for row in flash["checks"]:
+    assert row["out_within_2_bf16_ulps"] and row["out_max_abs_err"] <= 2 * ulp(row["out_max_abs"], row["dtype"]), row
+  assert {r["dtype"] for r in flash["checks"]} == {"bfloat16", "float16"}
+  assert {r["case"] for r in flash["checks"]} == {"self", "causal", "cross"}
+  assert "its outputs are within 2 ulps of explicit attention's in bf16 and fp16 (self, causal and cross)" in page
+  timing = flash["timing"]
+  assert timing["flash"]["shape"] == timing["xla"]["shape"]
+  b, t, heads, head_dim = timing["flash"]["shape"]
+  assert (f"A causal packed forward and backward at {b}x{t}, {heads} heads of {head_dim}, takes "
+          f"{timing['flash']['causal_packed_fwd_bwd_ms']:.2f} ms against XLA's "
+          f"{timing['xla']['causal_packed_fwd_bwd_ms']:.2f} ms.") in page
+
+  steps = check["sections"]["steps_bfloat16"]
+  packed, unpacked = steps["packed"], steps["unpacked"]
+  assert (packed["attention"], unpacked["attention"]) == ("flash", "cudnn")
+  assert packed["shape"] == unpacked["shape"] == check["shape"] and check["config"] == "configs/wmt14_base.py"
+  shape = "x".join(map(str, check["shape"]))
+  assert (f"The wmt14_base bf16 train step at {shape} runs at {packed['target_tokens_per_s'] / 1e3:.0f}k target "
+          f"tokens/s packed with flash ({packed['mfu']:.1%} MFU), against {unpacked['target_tokens_per_s'] / 1e3:.0f}k "
+          f"({unpacked['mfu']:.1%}) unpacked with cuDNN.") in page
+  assert packed["peak_tflops"] == unpacked["peak_tflops"]
+  assert f"({packed['mfu']:.1%} and {unpacked['mfu']:.1%} MFU of {packed['peak_tflops']:.0f} TFLOP/s)" in page
+
+  source = (REPO / "benchmarks" / "device_check.py").read_text(encoding="utf-8")
+  full = next(node.value for node in ast.parse(source).body
+              if isinstance(node, ast.Assign) and [getattr(t, "id", "") for t in node.targets] == ["FULL"])
+  budget_s = next(ast.literal_eval(k.value) for k in full.keywords if k.arg == "budget_s")
+  assert f"in at most {math.ceil(budget_s / 60)} minutes on one GPU" in page
+  assert f"Run on one H100 on {check['date'][:10]} ({check['elapsed_s'] / 60:.1f} minutes)" in page
+
+
+def test_the_host_overhead_table_is_host_overhead_cpu2_json():
+  """The host-overhead table is host_overhead_cpu2.json's interleaved runs, two per version, and its
+  setting (2-core CPU, about 1 ms of device work) is the record's."""
+  record = _record("host_overhead_cpu2.json")
+  raw, page = _raw(), _page()
+  runs = record["runs_interleaved"]
+  version = [r["version"].split(" ", 1)[0] for r in runs]
+  assert version == ["before", "after"] * 2  # two runs per version, interleaved
+  for r in runs:  # each figure rounded to 3 decimals on its own: the difference is the overhead's to 0.001
+    assert abs(r["loop_ms_per_step"] - r["dispatch_ms_per_step"] - r["overhead_ms_per_step"]) <= 0.001 + 1e-12, r
+  labels = {"before": "before: the guard read the loss every step", "after": "after: checks at log/eval/checkpoint steps"}
+  expected = []
+  for name, label in labels.items():
+    mine = [r for r, v in zip(runs, version) if v == name]
+    cells = [", ".join(_fixed(r[key], 2) for r in mine) for key in ("loop_ms_per_step", "dispatch_ms_per_step",
+                                                                     "overhead_ms_per_step")]
+    expected.append(f"| {label} | " + " | ".join(cells) + " |")
+  assert _table_lines(raw, "| loop | loop ms/step | bare step ms/step | host overhead ms/step |") == expected
+  assert "~1 ms of work per step" in record["model"] and record["machine"].startswith("2-core")
+  assert ("on a model so small that the device's work is about 1 ms (`benchmarks/host_overhead.py`; 2-core CPU; two "
+          "runs per version, interleaved; results in `benchmarks/results/host_overhead_cpu2.json`)") in page
+
+
+def test_the_h200_profile_table_and_bullets_are_profile_h200_json():
+  """The H200 profile's table, matmul sites and bullets are profile_h200.json; the step's FLOPs are XLA's
+  (loss_bytes_cpu.json, the GPU's one-pass loss) and the model formula's (dry_run_wmt14.json)."""
+  from seq2seq import configs
+  from seq2seq.model import flops
+  from seq2seq.model.config import ModelConfig
+
+  profile = _record("profile_h200.json")
+  raw, page = _raw(), _page()
+  packed, unpacked = profile["layouts"]["packed"], profile["layouts"]["unpacked"]
+  assert (packed["attention"], unpacked["attention"]) == ("flash", "cudnn")
+  b, s, t = profile["shape"]
+  assert (f"{profile['config'].removeprefix('configs/').removesuffix('.py')}, {SHORT_DTYPE[profile['dtype']]}, "
+          f"{b}x{s}x{t}, one {profile['device_kind'].removeprefix('NVIDIA ')}, jax {profile['versions']['jax']}, "
+          f"{profile['date']} ([benchmarks/results/profile_h200.json]") in page
+
+  lines = {  # the page's line: the record's categories it sums
+      "matmuls": ["matmul"], "attention kernels": ["attention"],
+      "attention elementwise (biases, RoPE/layout, gradient sums)": ["attention elementwise (biases, layout)"],
+      "loss and logits (softmax over 37000, bf16 casts of the logits' gradient)": ["loss and logits (softmax, casts)"],
+      "norms": ["norm"], "FFN elementwise (bias, ReLU)": ["FFN elementwise (bias, activation)"],
+      "optimizer (Adam, gradient norm)": ["optimizer"], "dropout (masks and their use)": ["dropout"],
+      "residual adds": ["residual adds"], "embedding, memsets, other": ["embedding", "memsets/copies", "other elementwise"],
+      "idle gaps on the device": ["idle gaps (device)"]}
+  for layout in (packed, unpacked):  # every category is a line, but host-to-device copies (a bullet quotes them)
+    assert set(layout["table"]["ms_per_step"]) == {c for cs in lines.values() for c in cs} | {"host-to-device copies"}
+  ms = lambda layout, line: sum(Decimal(repr(layout["table"]["ms_per_step"][c])) for c in lines[line])
+  expected = [f"| {line} | {_fixed(ms(packed, line), 2)} | {_fixed(ms(unpacked, line), 2)} |" for line in lines]
+  expected.append(f"| **step (device span)** | **{_fixed(packed['table']['step_ms'], 1)}** | "
+                  f"**{_fixed(unpacked['table']['step_ms'], 1)}** |")
+  expected.append(f"| kernel launches per step | {packed['table']['kernel_launches_per_step']:.0f} | "
+                  f"{unpacked['table']['kernel_launches_per_step']:.0f} |")
+  assert _table_lines(raw, "| category | packed rows (flash kernel) | unpacked rows (cuDNN) |") == expected
+
+  sites = packed["table"]["matmul_sites_ms_per_step"]
+  named = {"FFN": "FFN", "vocabulary projection": "vocabulary projection", "QKV": "QKV projection",
+           "attention output": "attention output", "cross-attention K/V": "KV projection", "Q": "Q projection"}
+  assert set(sites) == {f"{site}{end}" for site in named.values() for end in ("", " (backward)")}
+  pair = lambda site: f"{_fixed(sites[site], 2)} / {_fixed(sites[site + ' (backward)'], 2)}"
+  listed = [f"{name} {pair(site)}" for name, site in named.items()]
+  assert (f"Matmuls by site, packed rows (forward / backward): {', '.join(listed[:-1])} and {listed[-1]}. "
+          "What it says:") in page
+
+  table, other = packed["table"], packed["table"]["ms_per_step"]
+  matmul = other["matmul"]
+  assert (f"{_fixed(other['idle gaps (device)'], 2)} ms of {_fixed(table['step_ms'], 1)} is idle, host-to-device "
+          f"copies take {other['host-to-device copies'] * 1e3:.0f} µs.") in page
+  assert f"The {table['busy_ms'] - matmul:.0f} ms that are not matmuls are kernels" in page
+
+  # the step's FLOPs: XLA's count (the loss a GPU compiles, one_pass) and the model formula's
+  step = _record("loss_bytes_cpu.json")["losses"]["one_pass"]["step"]
+  assert step["shape"] == profile["shape"] and step["dtype"] == profile["dtype"]
+  xla = step["flops"]
+  formula_row = next(r for r in _record("dry_run_wmt14.json") if r["config"] == "wmt14_base" and r["dtype"] == "bfloat16"
+                     and r["max_tokens"] == "config" and r["compiled_shape"] == profile["shape"])
+  formula = formula_row["flops_model"] * formula_row["devices"]  # per device, the batch split over them
+  cfg = ModelConfig.from_config(configs.get("wmt14_base").model, vocab_size=step["vocab"])
+  assert math.isclose(formula, flops.train_step_flops(cfg, b, s, t), rel_tol=1e-12)
+  scores = lambda q, k: 2 * 2 * b * q * k * cfg.num_heads * cfg.head_size  # q k^T and weights v, forward
+  attention = 3 * (cfg.num_encoder_layers * scores(s, s) + cfg.num_decoder_layers * (scores(t, t) + scores(t, s)))
+  rate = (xla - attention) / (matmul * 1e-3)
+  assert (f"The matmuls run at about {_about(rate / 1e12)} TFLOP/s (XLA's {xla / 1e12:.1f} TFLOP for the step less "
+          f"the {attention / 1e12:.1f} of attention scores, in {_fixed(matmul, 1)} ms)") in page
+  peak = flops.nominal_peak(profile["device_kind"], profile["dtype"]) * 1e12
+  mfu, target = formula / (table["step_ms"] * 1e-3 * peak), formula_row["mfu"]
+  assert (f"At that rate the step's matmuls and attention together need about {_about(xla / rate * 1e3)} ms; the rest "
+          f"of the {_fixed(table['step_ms'], 1)} ms is what stands between {mfu:.0%} and {target:.0%} MFU "
+          f"({formula / (target * peak) * 1e3:.1f} ms a step; MFU counts the model formula's {formula / 1e12:.1f} "
+          "TFLOP).") in page
+
+  att_p, att_u = other["attention"], unpacked["table"]["ms_per_step"]["attention"]
+  rest = max(abs(ms(packed, line) - ms(unpacked, line)) for line in lines
+             if line not in ("attention kernels", "idle gaps on the device"))
+  assert (f"({_fixed(att_p, 2)} against {_fixed(att_u, 2)} ms; every other category agrees within {_fixed(rest, 2)} ms): "
+          f"the project's flash kernel takes {att_p / att_u:.2f}x cuDNN's time (about "
+          f"{_about(attention / (att_p * 1e-3) / 1e12)} against {_about(attention / (att_u * 1e-3) / 1e12)} TFLOP/s on "
+          f"the scores' {attention / 1e12:.1f} TFLOP).") in page
+
+  logits = _record("loss_bytes_cpu.json")["losses"]["one_pass"]["loss"]["shape"]
+  assert logits == [b * t, step["vocab"]]
+  vocabulary = sites["vocabulary projection"] + sites["vocabulary projection (backward)"]
+  assert (f"(a [{logits[0]}, {logits[1]}] tensor) cost {_fixed(other['loss and logits (softmax, casts)'], 1)} ms, and "
+          f"the vocabulary projection's matmuls {vocabulary:.1f} ms.") in page
+  elementwise = sum(ms(packed, line) for line in ("attention elementwise (biases, RoPE/layout, gradient sums)", "norms",
+                                                  "FFN elementwise (bias, ReLU)", "dropout (masks and their use)",
+                                                  "residual adds"))
+  assert (f"norms, FFN bias and ReLU, dropout and residuals add up to {_fixed(elementwise, 1)} ms, in many small "
+          f"kernels (the step launches {table['kernel_launches_per_step']:.0f} in all).") in page
