@@ -3,7 +3,11 @@ the README's and docs' prose to them."""
 
 from __future__ import annotations
 
+import json
 import pathlib
+from decimal import ROUND_HALF_UP, Decimal
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 TESTED = ("Final loss", "BLEU test_2016_flickr", "BLEU test_2017_flickr")
 
@@ -43,3 +47,21 @@ def printed_tests(path: pathlib.Path) -> dict[tuple[str, str], list[str]]:
   backquotes."""
   return {(row[0].strip("`"), row[1]): row for row in rows(path.read_text(encoding="utf-8"))
           if len(row) in (9, 11) and row[1] in TESTED}
+
+
+def record(name: str):
+  """A committed benchmark record, benchmarks/results/NAME."""
+  return json.loads((REPO / "benchmarks" / "results" / name).read_text(encoding="utf-8"))
+
+
+def fixed(x, places: int) -> str:
+  """x to `places` decimals, half up on its decimal digits (1.615 -> 1.62, not float's 1.61): how
+  the pages round a record's figures."""
+  x = x if isinstance(x, Decimal) else Decimal(repr(x))
+  return str(x.quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP))
+
+
+def table_lines(raw: str, header: str) -> list[str]:
+  """The body rows, as lines, of the markdown table in `raw` that starts with `header`."""
+  lines = raw[raw.index(header):].splitlines()[2:]
+  return lines[:next((i for i, line in enumerate(lines) if not line.startswith("|")), len(lines))]

@@ -6,20 +6,17 @@ docs/history.md, not here."""
 
 import ast
 import importlib
-import json
 import re
 import statistics
-from decimal import ROUND_HALF_UP, Decimal
+from decimal import Decimal
 
 from conftest import REPO
+from report_tables import fixed as _fixed
+from report_tables import record as _record
+from report_tables import table_lines as _table_lines
 
-RESULTS = REPO / "benchmarks" / "results"
 CONFIG_NAMES = sorted(p.stem for p in (REPO / "configs").glob("*.py") if p.stem != "__init__")
 WORDS = {3: "three", 4: "four", 6: "six", 7: "seven"}
-
-
-def _record(name: str):
-  return json.loads((RESULTS / name).read_text(encoding="utf-8"))
 
 
 def _raw() -> str:
@@ -30,22 +27,10 @@ def _page() -> str:
   return " ".join(_raw().split())
 
 
-def _fixed(x, places: int) -> str:
-  """x to `places` decimals, half up on its decimal digits (1.615 -> 1.62, not float's 1.61)."""
-  x = x if isinstance(x, Decimal) else Decimal(repr(x))
-  return str(x.quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP))
-
-
 def _sci(x, places: int) -> str:
   """x as the page writes a small number: 1.4e-6, 1e-4."""
   x = Decimal(repr(x))
   return f"{_fixed(x.scaleb(-x.adjusted()), places)}e{x.adjusted()}"
-
-
-def _table_lines(raw: str, header: str) -> list[str]:
-  """The body rows of the markdown table that starts with `header`."""
-  lines = raw[raw.index(header):].splitlines()[2:]
-  return lines[:next((i for i, line in enumerate(lines) if not line.startswith("|")), len(lines))]
 
 
 def _config(name: str):

@@ -4,19 +4,16 @@ format and found in the page, and each table is rebuilt row by row. Figures the 
 "about" are given to 2 significant figures; a record's decimals are rounded half up."""
 
 import ast
-import json
 import math
-from decimal import ROUND_HALF_UP, Decimal
+from decimal import Decimal
 
 from conftest import REPO
+from report_tables import fixed as _fixed
+from report_tables import record as _record
+from report_tables import table_lines as _table_lines
 
-RESULTS = REPO / "benchmarks" / "results"
 GIB = 2**30
 SHORT_DTYPE = {"bfloat16": "bf16", "float32": "f32"}
-
-
-def _record(name: str):
-  return json.loads((RESULTS / name).read_text(encoding="utf-8"))
 
 
 def _raw() -> str:
@@ -27,21 +24,9 @@ def _page() -> str:
   return " ".join(_raw().split())
 
 
-def _fixed(x, places: int) -> str:
-  """x to `places` decimals, half up on its decimal digits (1.615 -> 1.62, not float's 1.61)."""
-  x = x if isinstance(x, Decimal) else Decimal(repr(x))
-  return str(x.quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP))
-
-
 def _about(x: float) -> str:
   """An "about" figure: 2 significant figures (660.7 -> 660, 103.3 -> 100, 15.27 -> 15)."""
   return f"{float(f'{x:.2g}'):.0f}"
-
-
-def _table_lines(raw: str, header: str) -> list[str]:
-  """The body rows of the markdown table that starts with `header`."""
-  lines = raw[raw.index(header):].splitlines()[2:]
-  return lines[:next((i for i, line in enumerate(lines) if not line.startswith("|")), len(lines))]
 
 
 def test_the_dry_run_table_and_its_readings_are_dry_run_wmt14_json():
