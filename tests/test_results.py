@@ -624,7 +624,7 @@ def test_the_main_jobs_paragraphs_quote_its_table_rows_and_records():
   fresh = row("m30k_fresh", "test_2016_flickr")
   assert f"and 41.38 BLEU on all of val, in {fresh[8].replace(' min', ' minutes')}: the figures" in text
   seeds = {table[f"m30k_p64_s{s}"][0][8] for s in (1, 2)}
-  assert len(seeds) == 1 and f"alone but for two minutes of tests beside seed 1; {seeds.pop().replace(' min', ' minutes')} each)" in text
+  assert len(seeds) == 1 and f"alone but for a few minutes of tests beside seed 1; {seeds.pop().replace(' min', ' minutes')} each)" in text
   assert max(int(table[run][0][8].split()[0]) for run in ("m30k_p64_readme", "m30k_fresh", "m30k_3600_readme")) < 40
   assert "Both are within the 40 minutes" in text
   # The search: the former default and the chosen recipe, as their records' settings hold them.
@@ -655,7 +655,8 @@ def test_the_main_jobs_paragraphs_quote_its_table_rows_and_records():
 @pytest.mark.data
 def test_the_rows_of_64_figures_are_the_data_commands(real_data_dir, session_cache):
   """The longest target, the padding in rows of 128 and of 64, and the target tokens a batch, as
-  `python -m seq2seq.data --config=multi30k` prints them on the real corpus."""
+  `python -m seq2seq.data --config=multi30k` prints them on the real corpus (and the training
+  pairs findings.md counts)."""
   import os
   import re
 
@@ -672,6 +673,9 @@ def test_the_rows_of_64_figures_are_the_data_commands(real_data_dir, session_cac
   tokens = int(re.search(r"tokens: source=\d+ target=(\d+)", rows64)[1])
   batches = int(re.search(r"batches per epoch: (\d+)", rows64)[1])
   assert longest <= 64 and round(tokens / batches, -2) == 2000
+  read = int(re.search(r"pairs: read=(\d+)", rows64)[1])
+  findings = " ".join((REPO / "docs" / "findings.md").read_text(encoding="utf-8").split())
+  assert f"Translation on {read // 1000}k Multi30k pairs" in findings
   text = " ".join(pages_prose())
   assert (f"(the longest target has {longest} tokens: `python -m seq2seq.data --config=multi30k`), and padding rises "
           f"from {padding[0]:.1f}% to {padding[1]:.1f}%, so a batch still holds about 2000 target tokens") in text
