@@ -65,3 +65,21 @@ def table_lines(raw: str, header: str) -> list[str]:
   """The body rows, as lines, of the markdown table in `raw` that starts with `header`."""
   lines = raw[raw.index(header):].splitlines()[2:]
   return lines[:next((i for i, line in enumerate(lines) if not line.startswith("|")), len(lines))]
+
+
+def words(name: str) -> str:
+  """The text of REPO/name with its whitespace normalised, as prose is matched against it."""
+  return " ".join((REPO / name).read_text(encoding="utf-8").split())
+
+
+# The results table's header (docs/results.md, and docs/history.md's table of earlier runs).
+RESULTS_HEADER = "| run | test set | BLEU | chrF | checkpoint | decoding | training | last logged step | train time then |"
+
+
+def results_table(name: str = "docs/results.md") -> dict[str, list[list[str]]]:
+  """The results table of docs/NAME: each run's rows (cells), by run name without backticks."""
+  page = (REPO / name).read_text(encoding="utf-8")
+  found = {}
+  for row in table_rows(page[page.index(RESULTS_HEADER):]):
+    found.setdefault(row[0].strip("`"), []).append(row)
+  return found

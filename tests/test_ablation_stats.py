@@ -4,7 +4,6 @@ hand-worked example, no test for a side with one seed, the marks meaning "signif
 the correction", the compute multiplier's aggregation and interval, and the report built from
 run files on disk carrying the new columns."""
 
-import importlib
 import json
 import math
 import pathlib
@@ -12,7 +11,7 @@ import statistics
 
 import pytest
 import report_tables
-from report_tables import signed
+from report_tables import signed, words
 from scipy import stats
 
 from seq2seq import configs
@@ -738,7 +737,6 @@ def test_sweeps_md_quotes_its_records_and_history():
   from seq2seq.research import records, sweep, variants
 
   repo = pathlib.Path(__file__).resolve().parents[1]
-  words = lambda name: " ".join((repo / name).read_text(encoding="utf-8").split())
   page, history = words("docs/sweeps.md").replace(" # ", " "), words("docs/history.md")
   study = {name: records.read(repo / "docs" / "runs" / f"{name}.jsonl").results
            for name in ("ablations", "ablations_prenorm", "ablations_prenorm_norms")}
@@ -763,10 +761,7 @@ def test_sweeps_md_quotes_its_records_and_history():
           ) in page
   (tokens,) = {r.val_tokens for runs in study.values() for r in runs}
   assert f"the reports with records were made under it ({tokens:,} tokens)" in page
-  results = (repo / "docs" / "results.md").read_text(encoding="utf-8")
-  header = "| run | test set | BLEU | chrF | checkpoint | decoding | training | last logged step | train time then |"
-  (main,) = {row[8] for row in report_tables.table_rows(results[results.index(header):])
-             if row[0] == "`m30k_p64_readme`"}
+  (main,) = {row[8] for row in report_tables.results_table()["m30k_p64_readme"]}
   assert f"the main job's config ({main} a run on 2 CPU cores, as docs/results.md's main job" in page
   # The config's history, quoted.
   for quoted, source in [("3.5 after 500 steps: too slow; d_model 256: 10 minutes a run), its 720 steps by the "
@@ -783,7 +778,6 @@ def test_the_asides_of_findings_md_are_the_records_and_history():
   from seq2seq.research import family, recipe_search, records, variants
 
   repo = pathlib.Path(__file__).resolve().parents[1]
-  words = lambda name: " ".join((repo / name).read_text(encoding="utf-8").split())
   prose, history = words("docs/findings.md"), words("docs/history.md")
   kept = {name: records.read(repo / "docs" / "runs" / f"{name}.jsonl")
           for name in ("ablations", "ablations_prenorm", "ablations_prenorm_norms", "ablations_scaling")}
@@ -828,7 +822,7 @@ def test_the_asides_of_findings_md_are_the_records_and_history():
   # The norms rerun: its runs, its tokenization and its vocabulary.
   runs = kept["ablations_prenorm_norms"].results
   (tokens,) = {r.val_tokens for r in runs}
-  vocab = importlib.import_module("configs.multi30k_sweep").get_config().data.vocab_size
+  vocab = configs.get("multi30k_sweep").data.vocab_size
   expected.append(f"The {len(runs)} runs were made on 2026-11-28 with the command in [docs/sweeps.md](sweeps.md#commands), "
                   f"under the pinned sentencepiece 0.2.2 ({tokens:,} validation target tokens in this {vocab}-piece "
                   "vocabulary)")
@@ -855,7 +849,6 @@ def test_the_rest_of_sweeps_md_is_the_records_the_configs_and_the_formulas():
   from seq2seq.research import positions_report, records, variants
 
   repo = pathlib.Path(__file__).resolve().parents[1]
-  words = lambda name: " ".join((repo / name).read_text(encoding="utf-8").split())
   page, history = words("docs/sweeps.md"), words("docs/history.md")
   pre = records.read(repo / "docs" / "runs" / "ablations_prenorm.jsonl")
   (sin,) = [c for c in ablations.comparisons(pre.results, baseline=pre.baseline)
@@ -872,7 +865,7 @@ def test_the_rest_of_sweeps_md_is_the_records_the_configs_and_the_formulas():
   assert head["upper"][1] == 2 * head["upper"][0] and lost == set(labels[:2])
   expected.append("lose significantly only on sources up to twice the training length")
   # The schedule.
-  config = importlib.import_module("configs.multi30k_sweep").get_config()
+  config = configs.get("multi30k_sweep")
   assert "calibrated for vanilla to pass 25 BLEU in the least time" in history
   expected.append(f"**The schedule.** {config.train.steps} steps at a peak rate of {config.train.learning_rate:g}, "
                   f"decoding to source + {config.eval.max_len_b} tokens")

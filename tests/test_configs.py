@@ -172,13 +172,11 @@ def test_multi30k_row_length_figures_are_the_cpu_profiles():
   (former,) = [r for r in recipe_search.load(REPO / "docs" / "runs" / "main_job_search.jsonl")
                if r.run == "m30k_3600_readme"]
   assert (former.settings["data"]["pack_length"], former.steps, former.overrides) == (128, 3600, [])
-  header = "| run | test set | BLEU | chrF | checkpoint | decoding | training | last logged step | train time then |"
-  page = (REPO / "docs" / "results.md").read_text(encoding="utf-8")
-  table = {row[0]: row for row in report_tables.table_rows(page[page.index(header):])}
-  when = lambda run: f"{table[f'`{run}`'][8]} (`{run}`)"
-  machine = lambda run: table[f"`{run}`"][10]
+  table = {run: rows[0] for run, rows in report_tables.results_table().items()}
+  when = lambda run: f"{table[run][8]} (`{run}`)"
+  machine = lambda run: table[run][10]
   assert machine("m30k_p64_readme") == machine("m30k_fresh") == "2-core Intel(R) Xeon(R) Processor"
-  assert machine("m30k_3600_readme") == "2-core AMD EPYC" and table["`m30k_3600_readme`"][7] == "3600"
+  assert machine("m30k_3600_readme") == "2-core AMD EPYC" and table["m30k_3600_readme"][7] == "3600"
   assert (f"**Time.** {config.train.steps} steps are {config.train.steps / 3600:.2f}x 3600, and the step in rows of 64 runs {speedup:.2f}x as fast, "
           f"so at that ratio the job takes {cost:.2f}x the former one's time. Its runs trained for "
           f"{when('m30k_p64_readme')} and {when('m30k_fresh')} on the 2-core Xeon (the table's time column); the former "

@@ -2,18 +2,18 @@
 cite (benchmarks/results/*.json, docs/history.md, the configs and constants), each computed
 with the page's own rounding; the pages' tables are rebuilt row by row from their records."""
 
-import json
 import re
 
 from conftest import REPO
+import report_tables
+from report_tables import words
 
 
 def page(name: str) -> str:
-  return " ".join((REPO / "docs" / name).read_text(encoding="utf-8").split())
+  return words(f"docs/{name}")
 
 
-def result(name: str) -> dict:
-  return json.loads((REPO / "benchmarks" / "results" / name).read_text())
+result = report_tables.record
 
 
 def section(text: str, heading: str) -> str:

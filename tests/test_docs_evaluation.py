@@ -5,7 +5,6 @@ record's decimals are rounded half up. Figures timed by hand, with no record, ar
 docs/history.md, not here."""
 
 import ast
-import importlib
 import re
 import statistics
 from decimal import Decimal
@@ -14,6 +13,8 @@ from conftest import REPO
 from report_tables import fixed as _fixed
 from report_tables import record as _record
 from report_tables import table_lines as _table_lines
+
+from seq2seq.configs import get as _config
 
 CONFIG_NAMES = sorted(p.stem for p in (REPO / "configs").glob("*.py") if p.stem != "__init__")
 WORDS = {3: "three", 4: "four", 6: "six", 7: "seven"}
@@ -31,10 +32,6 @@ def _sci(x, places: int) -> str:
   """x as the page writes a small number: 1.4e-6, 1e-4."""
   x = Decimal(repr(x))
   return f"{_fixed(x.scaleb(-x.adjusted()), places)}e{x.adjusted()}"
-
-
-def _config(name: str):
-  return importlib.import_module(f"configs.{name}").get_config()
 
 
 def test_the_search_settings_quoted_are_the_configs():

@@ -4,18 +4,12 @@ signature, a committed record) and found in the page's sentence, so changing one
 other fails here."""
 
 import ast
-import importlib
 import inspect
 
 from conftest import REPO
+from report_tables import words
 
-
-def words(name: str) -> str:
-  return " ".join((REPO / name).read_text(encoding="utf-8").split())
-
-
-def config(name: str):
-  return importlib.import_module(f"configs.{name}").get_config()
+from seq2seq.configs import get as config
 
 
 def source(name: str) -> str:

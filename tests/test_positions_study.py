@@ -16,6 +16,7 @@ import pytest
 from sacrebleu.metrics import BLEU
 
 from conftest import REPO
+import report_tables
 from seq2seq.errors import ConfigError, DataError
 from seq2seq.inference.settings import SearchSettings
 from seq2seq.research import lengths, positions_report, significance, variants
@@ -391,7 +392,7 @@ def test_the_pages_conclusion_is_what_the_committed_records_make():
       f"Past 48 tokens all four are at {span([mean(k, b) for k in kinds for b in (3, 4)])} BLEU",
       f"spreads {span([spread('sinusoidal', b, 'nll') for b in past], 3, ' to ±').replace('', '±', 1)} over its seeds",
   ]
-  page = " ".join((REPO / "docs" / "positions.md").read_text(encoding="utf-8").split())
+  page = report_tables.words("docs/positions.md")
   assert [s for s in expected if s not in page] == []
   sweeps = " ".join((REPO / "docs" / "sweeps.md").read_text(encoding="utf-8").split())
   assert f"losing {span(drops.values(), 1)} BLEU in the first bucket past it" in sweeps
@@ -417,7 +418,7 @@ def test_the_pages_counts_of_sources_are_the_records_buckets():
   (buckets,) = counts
   sentences, joined = [s for s, _ in buckets], [j for _, j in buckets]
   single = [s - j for s, j in buckets]
-  page = " ".join((REPO / "docs" / "positions.md").read_text(encoding="utf-8").split())
+  page = report_tables.words("docs/positions.md")
   assert head["upper"] == [16, 32, 48, 64] and single[-1] == 0
   assert (f"only {sum(single[2:])} of the {sum(single)} sources exceed 32 tokens and none exceeds 64") in page
   assert f"That gives {sum(sentences)} sources in all." in page
@@ -429,11 +430,11 @@ def test_the_pages_budget_is_the_records_time():
   """docs/positions.md's intro and Budget quote the records' time (the report's Time: line, per
   run, in all), the first report's training time as docs/history.md keeps it, the runs' steps
   and rows, and the sources each evaluation translates."""
-  import importlib
+  from seq2seq import configs
 
   runs, _ = positions_report.read_records(REPO / "docs" / "runs" / "positions.jsonl")
-  page = " ".join((REPO / "docs" / "positions.md").read_text(encoding="utf-8").split())
-  history = " ".join((REPO / "docs" / "history.md").read_text(encoding="utf-8").split())
+  page = report_tables.words("docs/positions.md")
+  history = report_tables.words("docs/history.md")
   train, evaluate = (sum(getattr(r, key) for r in runs) / 60 for key in ("train_seconds", "eval_seconds"))
   (hardware,) = {r.hardware for r in runs}
   assert f"Time: {train:.1f} min of training and {evaluate:.1f} min of the study's translation" in page
@@ -444,8 +445,7 @@ def test_the_pages_budget_is_the_records_time():
   first = 50.6  # the first report's training, in minutes, as docs/history.md says it
   assert f"{len(runs)} runs on a {hardware}, {first} minutes of training" in history
   assert f"the same {len(runs)} runs on the same kind of machine in {first} minutes, {first / len(runs):.1f} a run" in page
-  sweep, study = (importlib.import_module(f"configs.{name}").get_config() for name in ("multi30k_sweep",
-                                                                                       "multi30k_positions"))
+  sweep, study = configs.get("multi30k_sweep"), configs.get("multi30k_positions")
   assert {r.steps for r in runs} == {sweep.train.steps} == {study.train.steps}
   assert study.data.pack_length == sweep.data.pack_length
   assert (f"(the same model, {sweep.train.steps} steps, rows of the same {sweep.data.pack_length} packed tokens)"
@@ -460,19 +460,18 @@ def test_the_pages_description_of_the_study_is_its_configs_model_and_records():
   reaches, the test count, the seeds' degrees of freedom, the records' size, the model's size,
   and the repeats of the Conclusion's and the pre-norm study's figures."""
   import dataclasses
-  import importlib
 
   import jax.numpy as jnp
   import numpy as np
 
+  from seq2seq import configs
   from seq2seq.model import transformer
   from seq2seq.model.config import ModelConfig
   from seq2seq.model.layers import relative_bucket
   from seq2seq.research import ablations, records
 
-  page = " ".join((REPO / "docs" / "positions.md").read_text(encoding="utf-8").split())
-  sweep, study = (importlib.import_module(f"configs.{name}").get_config() for name in ("multi30k_sweep",
-                                                                                       "multi30k_positions"))
+  page = report_tables.words("docs/positions.md")
+  sweep, study = configs.get("multi30k_sweep"), configs.get("multi30k_positions")
   m = sweep.model
   expected = [f"(`multi30k_sweep.py`: {sweep.train.steps} steps, d_model {m.d_model}, {m.num_encoder_layers}+"
               f"{m.num_decoder_layers} layers, {sweep.data.vocab_size} pieces) with `data.max_len = {study.data.max_len}`",

@@ -6,6 +6,7 @@ import sys
 
 import pytest
 from conftest import REPO
+import report_tables
 from report_tables import signed
 
 from seq2seq.inference.settings import SearchSettings
@@ -571,11 +572,8 @@ def test_the_earlier_d128_runs_bullet_is_historys_table():
   recipe's 7000 steps: the steps of each checkpoint an ensemble joins."""
   import re
 
-  import report_tables
-
-  history = (REPO / "docs" / "history.md").read_text(encoding="utf-8")
-  header = "| run | test set | BLEU | chrF | checkpoint | decoding | training | last logged step |"
-  rows = [r for r in report_tables.table_rows(history[history.index(header):]) if r[1] == "val" and "beam 4" in r[5]]
+  rows = [r for runs in report_tables.results_table("docs/history.md").values() for r in runs
+          if r[1] == "val" and "beam 4" in r[5]]
   val = lambda run, ensemble=False: next(r for r in rows if r[0] == f"`{run}`" and ("ensemble" in r[4]) == ensemble)
   bleu = lambda row: row[2].strip("*")
   steps = lambda row: sum(int(s) for s in re.findall(r"step(\d+)", row[4]))
@@ -593,23 +591,11 @@ def test_the_earlier_d128_runs_bullet_is_historys_table():
           f"above it at {ratios[0]:.1f} to {ratios[-1]:.1f} times the compute, outside the budget") in text
 
 
-def _results_table() -> dict[str, list[list[str]]]:
-  """docs/results.md's results table: each run's rows (cells)."""
-  import report_tables
-
-  page = (REPO / "docs" / "results.md").read_text(encoding="utf-8")
-  header = "| run | test set | BLEU | chrF | checkpoint | decoding | training | last logged step | train time then |"
-  found = {}
-  for row in report_tables.table_rows(page[page.index(header):]):
-    found.setdefault(row[0].strip("`"), []).append(row)
-  return found
-
-
 def test_the_main_jobs_paragraphs_quote_its_table_rows_and_records():
   """docs/results.md's account of the main job: the README run's test rows, steps, time and speed
   (the results table), its validation NLL, tokens and BLEU (its record), the seeds' times, and
   the search's stages as the records' calls, steps and curves hold them."""
-  table = _results_table()
+  table = report_tables.results_table()
   records = {r.run: r for r in recipe_search.load(REPO / "docs" / "runs" / "main_job_search.jsonl")}
   text = " ".join(pages_prose())
   row = lambda run, split: next(r for r in table[run] if r[1] == split)
@@ -674,7 +660,7 @@ def test_the_rows_of_64_figures_are_the_data_commands(real_data_dir, session_cac
   batches = int(re.search(r"batches per epoch: (\d+)", rows64)[1])
   assert longest <= 64 and round(tokens / batches, -2) == 2000
   read = int(re.search(r"pairs: read=(\d+)", rows64)[1])
-  findings = " ".join((REPO / "docs" / "findings.md").read_text(encoding="utf-8").split())
+  findings = report_tables.words("docs/findings.md")
   assert f"Translation on {read // 1000}k Multi30k pairs" in findings
   text = " ".join(pages_prose())
   assert (f"(the longest target has {longest} tokens: `python -m seq2seq.data --config=multi30k`), and padding rises "
