@@ -14,9 +14,10 @@ from report_tables import fixed as _fixed
 from report_tables import record as _record
 from report_tables import table_lines as _table_lines
 
+from seq2seq import configs
 from seq2seq.configs import get as _config
 
-CONFIG_NAMES = sorted(p.stem for p in (REPO / "configs").glob("*.py") if p.stem != "__init__")
+CONFIG_NAMES = sorted(configs.names())
 WORDS = {3: "three", 4: "four", 6: "six", 7: "seven"}
 
 
