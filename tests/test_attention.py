@@ -348,10 +348,10 @@ def test_on_a_gpu_packed_rows_take_the_flash_kernel_unless_it_does_not_compile(m
   ran = []
   monkeypatch.setattr(attention_module, "flash_attention",
                       lambda *a, **kw: ran.append(1) or flash_attention(*a, **kw, interpret=True))
-  monkeypatch.setattr(flash, "compiles", lambda dtype, head_dim: None)
+  monkeypatch.setattr(flash, "compiles", lambda dtype, head_dim, blocks: None)
   got = run("auto")
   assert ran and np.allclose(got, want, **TOLERANCE[jnp.bfloat16])
-  monkeypatch.setattr(flash, "compiles", lambda dtype, head_dim: "TritonError: unsupported")
+  monkeypatch.setattr(flash, "compiles", lambda dtype, head_dim, blocks: "TritonError: unsupported")
   ran.clear()
   got = run("auto")
   assert not ran and np.array_equal(got, want)
@@ -374,6 +374,88 @@ def test_flash_gradients_equal_explicit_on_packed_rows(causal):
     grads[name] = vjp(dz)
   for got, want in zip(grads["flash"], grads["explicit"]):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+# Asymmetric tiles, as the Triton tutorial's backward has them (outer 64, inner 16 here, to keep
+# the interpreter fast): the forward's query block is below its key block, the backward's above.
+ASYMMETRIC = "forward=16x64,dkdv=64x16,dq=64x16,warps=8,stages=3"
+# case -> (query segments, key segments, causal). 96 is not a multiple of 64: those blocks fall
+# back to 32. "causal_cross" has more queries than keys: the last query blocks see every key.
+BLOCK_CASES = {
+    "self": (segment_ids([(30, 50, 20), (128,)], 128), segment_ids([(30, 50, 20), (128,)], 128), False),
+    "causal": (segment_ids([(20, 40, 10), (96,)], 96), segment_ids([(20, 40, 10), (96,)], 96), True),
+    "cross": (segment_ids([(30, 40, 10), (96,)], 96), segment_ids([(50, 20, 40), (128,)], 128), False),
+    "causal_cross": (segment_ids([(100, 20), (128,)], 128), segment_ids([(40, 20), (64,)], 64), True),
+}
+
+
+@pytest.mark.parametrize("case", list(BLOCK_CASES))
+def test_flash_with_asymmetric_blocks_equals_explicit(case):
+  """Values and gradients of the kernel at tiles other than the defaults, several segments a
+  row and padding, equal autodiff through the explicit softmax on real queries."""
+  from seq2seq.model.flash import Blocks
+
+  q_segments_bt, k_segments_bs, causal = BLOCK_CASES[case]
+  mask = SegmentMask(q_segments_bt, k_segments_bs, causal=causal)
+  (b, t), s = q_segments_bt.shape, k_segments_bs.shape[1]
+  rng = np.random.default_rng(7)
+  q, dz = (jnp.asarray(rng.standard_normal((b, t, 2, 16)), jnp.float32) for _ in range(2))
+  k, v = (jnp.asarray(rng.standard_normal((b, s, 2, 16)), jnp.float32) for _ in range(2))
+  real = (q_segments_bt != 0)[:, :, None, None]
+  kernels = {"flash": lambda q, k, v: flash_attention(q, k, v, mask, interpret=True, blocks=Blocks.parse(ASYMMETRIC)),
+             "explicit": lambda q, k, v: KERNELS["explicit"](q, k, v, mask)}
+  outs = {}
+  for name, kernel in kernels.items():
+    out, vjp = jax.vjp(lambda q, k, v: jnp.where(real, kernel(q, k, v), 0.0), q, k, v)
+    outs[name] = (out, *vjp(dz))
+  for what, got, want in zip(("out", "dq", "dk", "dv"), outs["flash"], outs["explicit"]):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=what)
+
+
+def test_flash_blocks_parse_spec_and_defaults(monkeypatch):
+  """The defaults are the tiles the kernel always ran; the command-line form round-trips; a
+  block a length does not divide falls back to a smaller power of two; `flash.BLOCKS` is read
+  when a call is traced, not when the module is imported."""
+  from seq2seq.model import flash
+  from seq2seq.model.flash import Blocks
+
+  default = Blocks()
+  assert default == Blocks.parse("") and flash.BLOCKS == default
+  fitted = default.fitted(256, 256)
+  assert (fitted.forward, fitted.dkdv, fitted.dq) == ((64, 64), (32, 32), (32, 32))
+  assert (default.forward_warps(64), default.forward_warps(128), default.backward_warps, default.stages) == (4, 8, 4, 2)
+  assert str(default) == default.spec() == "forward=64x64,dkdv=32x32,dq=32x32,warps=auto,backward_warps=4,stages=2"
+  blocks = Blocks.parse(" forward=128x64, dkdv=128x32,dq=128x32 ,stages=3")
+  assert blocks == Blocks(forward=(128, 64), dkdv=(128, 32), dq=(128, 32), stages=3)
+  assert Blocks.parse(blocks.spec()) == blocks and Blocks.parse(str(Blocks(warps=2))).warps == 2
+  assert blocks.forward_warps(64) == 4 and blocks.largest() == 128
+  fitted = blocks.fitted(96, 80)  # 96 = 32 * 3, 80 = 16 * 5
+  assert (fitted.forward, fitted.dkdv, fitted.dq) == ((32, 16), (16, 32), (32, 16))
+
+  q_bt, k_bs = jnp.ones((2, 64), jnp.int32), jnp.ones((2, 64), jnp.int32)
+  x = jnp.zeros((2, 64, 2, 16), jnp.float32)
+
+  def grids():  # of the forward, dK/dV and dQ kernels, traced anew (a traced function keeps its tiles)
+    grad = jax.grad(lambda x: jnp.sum(flash.flash_attention(x, x, x, q_bt, k_bs, True, True)))
+    return [line.split("grid=")[1].split(")")[0] + ")" for line in str(jax.make_jaxpr(grad)(x)).split("\n")
+            if "grid=" in line]
+
+  assert grids() == ["(1, 2, 2)", "(2, 2, 2)", "(2, 2, 2)"]  # 64 / 64, 64 / 32, 64 / 32 blocks
+  monkeypatch.setattr(flash, "BLOCKS", Blocks.parse("forward=16x32,dkdv=32x16,dq=64x16"))
+  assert grids() == ["(4, 2, 2)", "(2, 2, 2)", "(1, 2, 2)"]
+
+
+@pytest.mark.parametrize("text, match", [
+    ("forward=128", "'forward=128'.*AxB"), ("forward=128x64x32", "'forward=128x64x32'.*AxB"),
+    ("dq=96x32", "dq must be two powers of two >= 16, got \\(96, 32\\)"), ("dkdv=8x8", "dkdv must be two powers"),
+    ("fwd=64x64", "'fwd=64x64'.*no such field"), ("forward=64x64,stages=two", "'stages=two'.*an integer"),
+    ("stages=0", "stages must be a positive integer"), ("warps=3", "warps must be powers of two"),
+    ("dq=32x32,dq=64x64", "'dq=64x64'.*given twice"), ("forward", "'forward'.*AxB")])
+def test_flash_blocks_refuse_a_bad_string_naming_the_bad_part(text, match):
+  from seq2seq.model.flash import Blocks
+
+  with pytest.raises(ValueError, match=match):
+    Blocks.parse(text)
 
 
 def test_transformer_takes_the_packed_flag_and_the_implementation_setting():

@@ -171,11 +171,14 @@ def splash_attention(q_btnh, k_bsnh, v_bsnh, mask: SegmentMask, *, interpret: bo
   return _per_device(local, q_btnh, k_bsnh, v_bsnh, mask)
 
 
-def flash_attention(q_btnh, k_bsnh, v_bsnh, mask: SegmentMask, *, interpret: bool = False) -> jax.Array:
+def flash_attention(q_btnh, k_bsnh, v_bsnh, mask: SegmentMask, *, interpret: bool = False,
+                    blocks: flash.Blocks | None = None) -> jax.Array:
   """The GPU flash kernel of `seq2seq.model.flash` (packed or not, causal or not, self or
-  cross), per device inside the train step's mesh."""
+  cross), per device inside the train step's mesh. `blocks`: its tiles; None takes
+  `flash.BLOCKS` (the defaults, unless a benchmark set others)."""
   def local(q_btnh, k_bsnh, v_bsnh, q_segments_bt, k_segments_bs):
-    return flash.flash_attention(q_btnh, k_bsnh, v_bsnh, q_segments_bt, k_segments_bs, mask.causal, interpret)
+    return flash.flash_attention(q_btnh, k_bsnh, v_bsnh, q_segments_bt, k_segments_bs, mask.causal, interpret,
+                                 blocks)
   return _per_device(local, q_btnh, k_bsnh, v_bsnh, mask)
 
 
@@ -304,7 +307,7 @@ def attention(q_btnh: jax.Array, k_bsnh: jax.Array, v_bsnh: jax.Array, mask: Seg
       _warn_once(f"cuDNN attention unavailable ({err}); using XLA")
       out_btnh = dot_product_attention(q_btnh, k_bsnh, v_bsnh, dense_b1ts())
   elif choice == "flash":
-    problem = flash.compiles(jnp.dtype(q_btnh.dtype).name, h)
+    problem = flash.compiles(jnp.dtype(q_btnh.dtype).name, h, flash.BLOCKS)  # the tiles the call below runs
     if problem and impl == "flash":
       raise ConfigError(f"config.model.attention_impl='flash' does not compile on this GPU: {problem}")
     if problem:

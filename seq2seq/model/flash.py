@@ -22,10 +22,16 @@ key block). A query with no key of its segment (a padding query of a row without
 keys) gets finite uniform weights; callers zero padding queries' outputs. The ops are those
 the shipped Triton kernel uses (`plgpu.load`/`dot`/`store`, `exp2`, `lax.fori_loop`).
 `interpret=True` runs the kernels in Pallas' interpreter on any platform (tests).
+
+Tiles, warps and pipeline stages are a `Blocks`; the defaults (forward 64x64, backward 32s,
+4 or 8 warps forward, 2 stages) are what the kernel has always run. A benchmark times other
+tiles by setting `flash.BLOCKS = Blocks.parse("forward=128x64,dkdv=128x32,stages=3")` in its
+process before tracing (a function already traced keeps its tiles), or by passing `blocks=`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -46,12 +52,107 @@ HEAD_DIMS = (16, 32, 64, 128)  # Triton's dot needs power-of-two tiles of at lea
 BLOCK = 16  # lengths must be multiples of this (the smallest tile)
 
 
-def _block(length: int, largest: int = 64) -> int:
-  return next(b for b in (largest, 32, BLOCK) if length % b == 0)
+def _block(length: int, largest: int) -> int:
+  """The largest power of two <= `largest` (one itself) that divides `length`, at least BLOCK."""
+  block = largest
+  while length % block:
+    if block <= BLOCK:
+      raise ValueError(f"the flash kernel needs lengths that are multiples of {BLOCK}, got {length}")
+    block //= 2
+  return block
 
 
-def _params(num_warps: int = 4, num_stages: int = 2):
+def _power_of_two(x) -> bool:
+  return isinstance(x, int) and x > 0 and x & (x - 1) == 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Blocks:
+  """The kernels' tiles and Triton settings: a static argument, so each setting traces its own
+  kernels. A block is the most a kernel takes; at a length it does not divide, the kernel
+  takes the largest power of two below it that does (`fitted`). The defaults are the tiles
+  the kernel shipped with; `parse` / `spec` are the command-line form a benchmark sweeps."""
+
+  forward: tuple[int, int] = (64, 64)  # (query block, key block) of the forward kernel
+  dkdv: tuple[int, int] = (32, 32)  # (outer key block, inner query block) of the dK/dV kernel
+  dq: tuple[int, int] = (32, 32)  # (outer query block, inner key block) of the dQ kernel
+  warps: int | None = None  # forward warps; None: 4 if the head dim is <= 64, else 8
+  backward_warps: int = 4  # warps of both backward kernels
+  stages: int = 2  # Triton pipeline stages of all three kernels
+
+  TILES = ("forward", "dkdv", "dq")
+
+  def __post_init__(self):
+    for name in self.TILES:
+      pair = tuple(getattr(self, name))
+      if len(pair) != 2 or not all(_power_of_two(x) and x >= BLOCK for x in pair):
+        raise ValueError(f"Blocks.{name} must be two powers of two >= {BLOCK}, got {getattr(self, name)!r}")
+      object.__setattr__(self, name, pair)
+    if not (self.warps is None or _power_of_two(self.warps)) or not _power_of_two(self.backward_warps):
+      raise ValueError(f"warps must be powers of two, got warps={self.warps!r}, backward_warps={self.backward_warps!r}")
+    if not (isinstance(self.stages, int) and self.stages >= 1):
+      raise ValueError(f"stages must be a positive integer, got {self.stages!r}")
+
+  @classmethod
+  def parse(cls, text: str) -> Blocks:
+    """From "forward=128x64,dkdv=128x32,dq=128x32,warps=8,backward_warps=4,stages=3"; fields
+    not named keep their defaults ("" is the defaults; warps=auto is None)."""
+    fields = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+      name, _, value = (s.strip() for s in part.partition("="))
+      if name not in cls.TILES + ("warps", "backward_warps", "stages"):
+        raise ValueError(f"{part!r} in blocks {text!r}: no such field (forward, dkdv, dq, warps, backward_warps, "
+                         "stages)")
+      if name in fields:
+        raise ValueError(f"{part!r} in blocks {text!r}: {name} given twice")
+      try:
+        if name in cls.TILES:
+          outer, inner = value.split("x")
+          fields[name] = (int(outer), int(inner))
+        else:
+          fields[name] = None if name == "warps" and value == "auto" else int(value)
+      except ValueError:
+        form = "two sizes AxB (forward=128x64)" if name in cls.TILES else "an integer"
+        raise ValueError(f"{part!r} in blocks {text!r}: {name} takes {form}") from None
+    try:
+      return cls(**fields)
+    except ValueError as err:
+      raise ValueError(f"blocks {text!r}: {err}") from None
+
+  def spec(self) -> str:
+    """The `parse` form of every field: Blocks.parse(b.spec()) == b."""
+    tiles = [f"{name}={getattr(self, name)[0]}x{getattr(self, name)[1]}" for name in self.TILES]
+    warps = "auto" if self.warps is None else self.warps
+    return ",".join(tiles + [f"warps={warps}", f"backward_warps={self.backward_warps}", f"stages={self.stages}"])
+
+  __str__ = spec
+
+  def fitted(self, q_len: int, kv_len: int) -> Blocks:
+    """The tiles a call at these lengths runs: each block, or the largest power of two below it
+    that divides its length (at least BLOCK)."""
+    (fq, fk), (dk, dkq), (dq, dqk) = self.forward, self.dkdv, self.dq
+    return dataclasses.replace(self, forward=(_block(q_len, fq), _block(kv_len, fk)),
+                               dkdv=(_block(kv_len, dk), _block(q_len, dkq)), dq=(_block(q_len, dq), _block(kv_len, dqk)))
+
+  def forward_warps(self, head_dim: int) -> int:
+    return self.warps if self.warps is not None else (4 if head_dim <= 64 else 8)
+
+  def largest(self) -> int:
+    return max(max(getattr(self, name)) for name in self.TILES)
+
+
+BLOCKS = Blocks()  # what `flash_attention` runs when given no blocks; read at each call, so a benchmark may set it
+
+
+def _params(num_warps: int, num_stages: int):
   return plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages) if plgpu is not None else None
+
+
+def _causal_upper(i, block_q: int, block_k: int, kv_len: int):
+  """Key blocks that query block i sees under the causal mask: those starting at or before
+  its last query, ceil(block_q (i + 1) / block_k), any block sizes; at most the key blocks
+  there are (queries past the last key, t > s, see them all)."""
+  return jnp.minimum(lax.div(block_q * (i + 1) + block_k - 1, block_k), kv_len // block_k)
 
 
 def _logits2(q, k, q_seg, k_seg, q_start, k_start, scale: float, causal: bool):
@@ -83,15 +184,14 @@ def _forward_kernel(q_ref, k_ref, v_ref, q_seg_ref, k_seg_ref, o_ref, lse_ref, *
 
   init = (jnp.zeros((block_q, q_ref.shape[1]), jnp.float32), jnp.full((block_q,), -jnp.inf, jnp.float32),
           jnp.zeros((block_q,), jnp.float32))
-  upper = lax.div(block_q * (i + 1) + block_k - 1, block_k) if causal else kv_len // block_k
-  o, m, l = lax.fori_loop(0, upper, body, init)
+  o, m, l = lax.fori_loop(0, _causal_upper(i, block_q, block_k, kv_len) if causal else kv_len // block_k, body, init)
   o_ref[...] = (o / l[:, None]).astype(o_ref.dtype)
   lse_ref[...] = m + jnp.log2(l)
 
 
-def _forward(q, k, v, q_seg, k_seg, causal: bool, interpret: bool):
+def _forward(q, k, v, q_seg, k_seg, causal: bool, interpret: bool, blocks: Blocks):
   (b, t, n, h), s = q.shape, k.shape[1]
-  block_q, block_k = _block(t), _block(s)
+  block_q, block_k = blocks.fitted(t, s).forward
   per_q = pl.BlockSpec((None, block_q, None, h), lambda i, j, k: (j, i, k, 0))
   whole_kv = pl.BlockSpec((None, s, None, h), lambda i, j, k: (j, 0, k, 0))
   out, lse = pl.pallas_call(
@@ -101,7 +201,8 @@ def _forward(q, k, v, q_seg, k_seg, causal: bool, interpret: bool):
                 pl.BlockSpec((None, s), lambda i, j, k: (j, 0))],
       out_specs=[per_q, pl.BlockSpec((None, None, block_q), lambda i, j, k: (j, k, i))],
       out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, n, t), jnp.float32)],
-      compiler_params=_params(4 if h <= 64 else 8), interpret=interpret, name="seq2seq_flash_forward",
+      compiler_params=_params(blocks.forward_warps(h), blocks.stages), interpret=interpret,
+      name="seq2seq_flash_forward",
   )(q, k, v, q_seg, k_seg)
   return out, lse
 
@@ -144,20 +245,22 @@ def _dq_kernel(q_ref, k_ref, v_ref, q_seg_ref, k_seg_ref, do_ref, lse_ref, delta
     dp = jnp.dot(do, v_ref[keys, :].T, preferred_element_type=jnp.float32) - delta[:, None]
     return dq + jnp.dot((p * dp * scale).astype(k.dtype), k, preferred_element_type=jnp.float32)
 
-  upper = lax.div(block_q * (i + 1) + block_k - 1, block_k) if causal else kv_len // block_k
+  upper = _causal_upper(i, block_q, block_k, kv_len) if causal else kv_len // block_k
   dq_ref[...] = lax.fori_loop(0, upper, body, jnp.zeros((block_q, q_ref.shape[1]), jnp.float32)).astype(dq_ref.dtype)
 
 
-def _backward(causal: bool, interpret: bool, residuals, d_out):
+def _backward(causal: bool, interpret: bool, blocks: Blocks, residuals, d_out):
   q, k, v, q_seg, k_seg, out, lse = residuals
   (b, t, n, h), s = q.shape, k.shape[1]
-  block_q, block_k = _block(t, 32), _block(s, 32)
+  fitted = blocks.fitted(t, s)
+  params = _params(blocks.backward_warps, blocks.stages)
   delta = jnp.einsum("btnh,btnh->bnt", out.astype(jnp.float32), d_out.astype(jnp.float32))
   whole = lambda length: pl.BlockSpec((None, length, None, h), lambda x, j, k: (j, 0, k, 0))
   block = lambda length: pl.BlockSpec((None, length, None, h), lambda x, j, k: (j, x, k, 0))
   seg_whole = lambda length: pl.BlockSpec((None, length), lambda x, j, k: (j, 0))
   stat_whole = pl.BlockSpec((None, None, t), lambda x, j, k: (j, k, 0))
   args = (q, k, v, q_seg, k_seg, d_out, lse, delta)
+  block_k, block_q = fitted.dkdv  # one program per key block, a loop over query blocks
   dk, dv = pl.pallas_call(
       functools.partial(_dkdv_kernel, scale=h**-0.5, causal=causal, block_q=block_q),
       grid=(s // block_k, b, n),
@@ -165,8 +268,9 @@ def _backward(causal: bool, interpret: bool, residuals, d_out):
                 pl.BlockSpec((None, block_k), lambda x, j, k: (j, x)), whole(t), stat_whole, stat_whole],
       out_specs=[block(block_k), block(block_k)],
       out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
-      compiler_params=_params(), interpret=interpret, name="seq2seq_flash_dkdv",
+      compiler_params=params, interpret=interpret, name="seq2seq_flash_dkdv",
   )(*args)
+  block_q, block_k = fitted.dq  # one program per query block, a loop over key blocks
   stat_block = pl.BlockSpec((None, None, block_q), lambda x, j, k: (j, k, x))
   dq = pl.pallas_call(
       functools.partial(_dq_kernel, scale=h**-0.5, causal=causal, block_k=block_k),
@@ -175,25 +279,31 @@ def _backward(causal: bool, interpret: bool, residuals, d_out):
                 seg_whole(s), block(block_q), stat_block, stat_block],
       out_specs=block(block_q),
       out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-      compiler_params=_params(), interpret=interpret, name="seq2seq_flash_dq",
+      compiler_params=params, interpret=interpret, name="seq2seq_flash_dq",
   )(*args)
   return dq, dk, dv, None, None
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
 def flash_attention(q_btnh, k_bsnh, v_bsnh, q_segments_bt, k_segments_bs, causal: bool = False,
-                    interpret: bool = False):
+                    interpret: bool = False, blocks: Blocks | None = None):
   """softmax(q k^T / sqrt(h), masked to equal segment ids [and causal]) v: [b, t, n, h].
-  t and s must be multiples of 16; the head dim one of HEAD_DIMS on a GPU."""
-  return _forward(q_btnh, k_bsnh, v_bsnh, q_segments_bt, k_segments_bs, causal, interpret)[0]
+  t and s must be multiples of 16; the head dim one of HEAD_DIMS on a GPU. `blocks`: the
+  tiles (static); None takes the module's BLOCKS as it is at this call."""
+  return _flash(q_btnh, k_bsnh, v_bsnh, q_segments_bt, k_segments_bs, causal, interpret,
+                BLOCKS if blocks is None else blocks)
 
 
-def _flash_fwd(q, k, v, q_seg, k_seg, causal, interpret):
-  out, lse = _forward(q, k, v, q_seg, k_seg, causal, interpret)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
+def _flash(q, k, v, q_seg, k_seg, causal: bool, interpret: bool, blocks: Blocks):
+  return _forward(q, k, v, q_seg, k_seg, causal, interpret, blocks)[0]
+
+
+def _flash_fwd(q, k, v, q_seg, k_seg, causal, interpret, blocks):
+  out, lse = _forward(q, k, v, q_seg, k_seg, causal, interpret, blocks)
   return out, (q, k, v, q_seg, k_seg, out, lse)
 
 
-flash_attention.defvjp(_flash_fwd, _backward)
+_flash.defvjp(_flash_fwd, _backward)
 
 
 def blockers(*, platform: str, dtype, head_dim: int, q_len: int, kv_len: int, segments: bool) -> list[str]:
@@ -214,16 +324,22 @@ def blockers(*, platform: str, dtype, head_dim: int, q_len: int, kv_len: int, se
   return why
 
 
+def compiles(dtype_name: str, head_dim: int, blocks: Blocks | None = None) -> str | None:
+  """None if the kernel and its gradient compile on this GPU with these tiles (None: BLOCKS),
+  else why not (a Triton or driver version, or tiles, it does not work with). Checked once
+  per process and setting, so a kernel that cannot build here costs a warning and XLA
+  attention, not the run."""
+  return _compiles(dtype_name, head_dim, BLOCKS if blocks is None else blocks)
+
+
 @functools.cache
-def compiles(dtype_name: str, head_dim: int) -> str | None:
-  """None if the kernel and its gradient compile on this GPU for a small problem, else why
-  not (a Triton or driver version it does not work with). Checked once per process, so a
-  kernel that cannot build here costs a warning and XLA attention, not the run."""
-  shape = jax.ShapeDtypeStruct((1, 32, 1, head_dim), jnp.dtype(dtype_name))
-  segments = jax.ShapeDtypeStruct((1, 32), jnp.int32)
+def _compiles(dtype_name: str, head_dim: int, blocks: Blocks) -> str | None:
+  length = blocks.largest()  # every block divides it, so each kernel runs its configured tiles
+  shape = jax.ShapeDtypeStruct((1, length, 1, head_dim), jnp.dtype(dtype_name))
+  segments = jax.ShapeDtypeStruct((1, length), jnp.int32)
 
   def loss(q, k, v, q_seg, k_seg):
-    return jnp.sum(flash_attention(q, k, v, q_seg, k_seg, True).astype(jnp.float32))
+    return jnp.sum(flash_attention(q, k, v, q_seg, k_seg, True, blocks=blocks).astype(jnp.float32))
 
   try:
     jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(shape, shape, shape, segments, segments).compile()
