@@ -9,8 +9,10 @@ for (rows, S, T) int32 batches. The loss alone is logits [rows * T, vocab] f32 -
 sums, forward and backward (the gradient of `loss_sum` with respect to the logits).
 Losses: `legacy`, the label-smoothed cross entropy before issue 45 (kept below as the
 baseline); `passes` and `one_pass`, seq2seq.training.loss with that `impl` (a CPU program
-runs `passes`, a GPU or TPU one `one_pass`: `auto`). XLA:CPU counts every operand and result
-of every instruction once, so these figures are the traffic of a machine without caches.
+runs `passes`, a GPU or TPU one `one_pass`: `auto`). With every loss (`--loss=all`) also
+`one_pass_bf16_logits`: `one_pass` on bf16 logits (`model.logits_dtype=bfloat16`, issue 62).
+XLA:CPU counts every operand and result of every instruction once, so these figures are the
+traffic of a machine without caches.
 """
 
 from __future__ import annotations
@@ -106,20 +108,21 @@ def cost(compiled) -> dict:
   return {"bytes_accessed": float(c.get("bytes accessed", 0.0)), "flops": float(c.get("flops", 0.0))}
 
 
-def loss_cost(name, tokens: int, vocab: int, label_smoothing: float = 0.1) -> dict:
-  """Cost of logits [1, tokens, vocab] f32 -> sums, with the gradient of loss_sum; `name` is
-  a loss name or a function with `cross_entropy_sums`' signature."""
+def loss_cost(name, tokens: int, vocab: int, label_smoothing: float = 0.1, dtype: str = "float32") -> dict:
+  """Cost of logits [1, tokens, vocab] in `dtype` -> sums, with the gradient of loss_sum;
+  `name` is a loss name or a function with `cross_entropy_sums`' signature."""
   sums = sums_fn(name)
 
   def fwd_bwd(logits_btv, labels_bt, weights_bt):
     f = lambda lg: (lambda s: (s["loss_sum"], s))(sums(lg, labels_bt, weights_bt, label_smoothing))
     return jax.grad(f, has_aux=True)(logits_btv)
 
-  args = (jax.ShapeDtypeStruct((1, tokens, vocab), jnp.float32), jax.ShapeDtypeStruct((1, tokens), jnp.int32),
+  args = (jax.ShapeDtypeStruct((1, tokens, vocab), jnp.dtype(dtype)), jax.ShapeDtypeStruct((1, tokens), jnp.int32),
           jax.ShapeDtypeStruct((1, tokens), jnp.bool_))
   start = time.perf_counter()
   out = cost(jax.jit(fwd_bwd).lower(*args).compile())
-  return out | {"shape": [tokens, vocab], "logits_bytes": tokens * vocab * 4, "compile_s": time.perf_counter() - start}
+  return out | {"shape": [tokens, vocab], "dtype": jnp.dtype(dtype).name,
+                "logits_bytes": tokens * vocab * jnp.dtype(dtype).itemsize, "compile_s": time.perf_counter() - start}
 
 
 def step_cost(name: str, config, rows: int, s: int, t: int) -> dict:
@@ -142,8 +145,8 @@ def step_cost(name: str, config, rows: int, s: int, t: int) -> dict:
   with using_loss(name):  # Steps traces `_loss` at lowering, inside this block
     steps = train.Steps(config, transformer.graphdef(model_cfg), shardings, mesh, tx, schedule)
     out = cost(steps.train.lower(state, batch, False).compile())
-  return out | {"shape": [rows, s, t], "dtype": model_cfg.dtype, "vocab": model_cfg.vocab_size,
-                "compile_s": time.perf_counter() - start}
+  return out | {"shape": [rows, s, t], "dtype": model_cfg.dtype, "logits_dtype": model_cfg.logits_dtype,
+                "vocab": model_cfg.vocab_size, "compile_s": time.perf_counter() - start}
 
 
 def main() -> None:
@@ -172,7 +175,19 @@ def main() -> None:
       entry["step"] = step_cost(name, config, rows, s, t)
     result["losses"][name] = entry
     print(json.dumps({name: entry}), flush=True)
-  if args.loss == "all":
+  if args.loss == "all":  # issue 62: the GPU's loss on bf16 logits (model.logits_dtype=bfloat16)
+    config = load_config(args.config)
+    config.model.update(dtype=args.dtype, logits_dtype="bfloat16")
+    entry = {}
+    if args.what in ("loss", "both"):
+      entry["loss"] = loss_cost("one_pass", rows * t, config.data.vocab_size, config.train.label_smoothing, "bfloat16")
+    if args.what in ("step", "both"):
+      entry["step"] = step_cost("one_pass", config, rows, s, t)
+    result["one_pass_bf16_logits"] = entry
+    print(json.dumps({"one_pass_bf16_logits": entry}), flush=True)
+    one_pass = result["losses"]["one_pass"]
+    result["bf16_logits_ratio_to_one_pass"] = {part: {k: v[k] / one_pass[part][k] for k in ("bytes_accessed", "flops")}
+                                               for part, v in entry.items()}
     legacy = result["losses"]["legacy"]
     result["ratio_to_legacy"] = {name: {part: {k: v[k] / legacy[part][k] for k in ("bytes_accessed", "flops")}
                                         for part, v in entry.items()} for name, entry in result["losses"].items()}

@@ -420,3 +420,41 @@ def test_the_retired_pad_id_loads_at_the_tokenizers_value_only():
   checkpoint.check_identity(current | {"model": current["model"] | {"pad_id": 0}}, current, "old")
   with pytest.raises(checkpoint.IdentityError, match="config.model.pad_id: checkpoint has 3, config has 0"):
     checkpoint.check_identity(current | {"model": current["model"] | {"pad_id": 3}}, current, "old")
+
+
+def test_the_logits_dtype_may_change_on_resume_and_runs_from_before_it_load():
+  """`model.logits_dtype` is how one product is rounded, not what the parameters mean: like
+  `attention_impl` it is no part of a checkpoint's identity, and identities written before
+  the setting existed (no such key) match a config that has it."""
+  from seq2seq.model.config import ModelConfig
+
+  cfg = ModelConfig(vocab_size=10, d_model=16, num_heads=2, logits_dtype="bfloat16")
+  current = checkpoint.identity(cfg, b"spm")
+  assert "logits_dtype" not in current["model"] and "attention_impl" not in current["model"]
+  older = checkpoint.identity(ModelConfig(vocab_size=10, d_model=16, num_heads=2), b"spm")
+  checkpoint.check_identity(older, current, "old")
+  with pytest.raises(ValueError, match="config.model.logits_dtype must be one of"):
+    ModelConfig(vocab_size=10, logits_dtype="float16")
+
+
+@pytest.mark.slow  # two short trainings per setting
+@pytest.mark.parametrize("section, key", [("model", "logits_dtype"), ("train", "adam_mu_dtype")])
+def test_the_bf16_speed_options_resume_exactly_and_change_the_run(uninterrupted, section, key, data_dir,
+                                                                 session_cache, tmp_path):
+  """bf16 logits and bf16 Adam first moments (issue 62's options): a run stopped at step 15
+  and rerun ends bit-identical to the same run uninterrupted, and its losses are not the
+  float32 run's (the option took effect)."""
+  def config(steps):
+    c = tiny(data_dir, session_cache, steps=steps)
+    c[section][key] = "bfloat16"
+    return c
+
+  train_and_evaluate(config(30), str(tmp_path / "whole"))
+  train_and_evaluate(config(15), str(tmp_path / "resumed"))
+  train_and_evaluate(config(30), str(tmp_path / "resumed"))
+  whole, resumed, f32 = ({r["step"]: r["loss"] for r in metrics.read(w)}
+                         for w in (tmp_path / "whole", tmp_path / "resumed", uninterrupted))
+  assert resumed == whole and sorted(whole) == [5, 10, 15, 20, 25, 30]
+  assert whole[30] != f32[30]
+  for x, y in zip(jax.tree.leaves(final_params(tmp_path / "whole")), jax.tree.leaves(final_params(tmp_path / "resumed"))):
+    np.testing.assert_array_equal(x, y)

@@ -86,13 +86,21 @@ def test_wmt14_configs_are_vaswani_base_and_big():
   assert abs(count_params(base_cfg) / 65e6 - 1) < 0.05
 
 
+# Settings added after the main job's records were written, with the default that every one of
+# those runs trained with (the code before the setting computed just that).
+ADDED_SINCE_THE_RECORDS = {("model", "logits_dtype"): "float32"}
+
+
 def multi30k_settings() -> dict:
-  """configs/multi30k.py as a run record holds its settings: JSON types, less the data paths."""
+  """configs/multi30k.py as a run record holds its settings: JSON types, less the data paths
+  and the settings added since the records (which must be at their defaults)."""
   import json
 
   today = json.loads(json.dumps(load("multi30k").to_dict()))
   for key in ("dir", "cache_dir"):
     today["data"].pop(key, None)
+  for (section, key), default in ADDED_SINCE_THE_RECORDS.items():
+    assert today[section].pop(key) == default, f"configs/multi30k.py sets {section}.{key}"
   return today
 
 

@@ -79,6 +79,28 @@ def test_ties_count_as_correct_and_bf16_logits_are_read_as_f32(impl):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
+def test_bf16_logits_give_the_f32_loss_of_their_rounded_values_and_a_bf16_gradient(impl):
+  """`model.logits_dtype=bfloat16`: the loss of bf16 logits is exactly the f32 loss of the
+  rounded logits, and its gradient that gradient rounded to bf16 (the loss works in f32
+  and rounds once, at the end). Against the unrounded f32 logits each token's loss moves by
+  at most 2 u max|z|: the loss's gradient, p - target, has an l1 norm of at most 2, and
+  rounding moves each logit by at most u |z| (u = 2^-8, bf16's unit roundoff)."""
+  logits, labels, weights = _inputs(3, 17, 4001, scale=8.0)
+  rounded = logits.astype(jnp.bfloat16)
+  sums = functools.partial(cross_entropy_sums, impl=impl)
+  (g16, s16), (g_ref, s_ref) = (_grad(lambda x: sums(x, labels, weights, EPS))(x)
+                                for x in (rounded, rounded.astype(jnp.float32)))
+  assert g16.dtype == jnp.bfloat16
+  np.testing.assert_array_equal(np.asarray(g16, np.float32), np.asarray(g_ref.astype(jnp.bfloat16), np.float32))
+  assert {k: float(v) for k, v in s16.items()} == {k: float(v) for k, v in s_ref.items()}
+  per_token = jax.jit(lambda x: loss_lib.smoothed_xent(x, labels, EPS, impl)[0])
+  moved = np.abs(np.asarray(per_token(rounded)) - np.asarray(per_token(logits)))
+  bound = 2 * 2.0**-8 * np.abs(np.asarray(logits)).max(-1)
+  assert np.all(moved <= bound * (1 + 1e-5)), (moved / bound).max()
+  assert moved.max() > 0  # the rounding did change the loss
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 def test_padding_contributes_nothing(impl):
   logits, labels, weights = _inputs(2, 9, 300)
   weights = weights.at[:, -3:].set(False)
@@ -200,13 +222,17 @@ def test_the_loss_moves_fewer_bytes_than_the_reference_and_the_legacy_loss():
   the logits' size. One pass: the forward pass reads the logits once, the backward pass reads
   them and writes their gradient (3). Passes: max, exp-sum and sum read them (and XLA counts
   the label gather's fusion as one more, though it reads one logit per token): 6. The loss
-  before issue 45 moved 8 (a masked label sum written out), the autodiff reference more."""
+  before issue 45 moved 8 (a masked label sum written out), the autodiff reference more.
+  On bf16 logits one pass moves 3 units of their own (half the f32 logits' bytes)."""
   bench = _loss_bytes()
   tokens, vocab = 8 * 64, 4000
   units = {name: bench.loss_cost(name, tokens, vocab)["bytes_accessed"] / (tokens * vocab * 4)
            for name in ("one_pass", "passes", "auto", "legacy", reference_sums)}
   assert units["one_pass"] < 3.1 < units["passes"] < 6.1 < 7.9 < units["legacy"] < units[reference_sums]
   assert units["auto"] == units["passes"]  # a CPU program
+  # bf16 logits (model.logits_dtype=bfloat16): the same three passes over half the bytes.
+  bf16 = bench.loss_cost("one_pass", tokens, vocab, dtype="bfloat16")
+  assert bf16["logits_bytes"] * 2 == tokens * vocab * 4 and bf16["bytes_accessed"] / bf16["logits_bytes"] < 3.1
   # Same values as the legacy loss on those inputs.
   logits, labels, weights = _inputs(1, tokens, vocab)
   for impl in IMPLS:

@@ -179,6 +179,29 @@ def test_bfloat16_compute_keeps_float32_parameters_and_logits():
   assert logits.dtype == jnp.float32 and np.all(np.isfinite(logits))
 
 
+@pytest.mark.parametrize("dtype, tie_output", [("bfloat16", True), ("float32", False)])
+def test_bf16_logits_are_the_f32_logits_rounded_and_decoding_keeps_f32(dtype, tie_output):
+  """`logits_dtype=bfloat16` writes the teacher-forced logits in bf16 from the same f32
+  accumulation: equal to the f32 logits rounded, for the tied and the untied projection.
+  Decoding steps (cached, and the uncached reference stepper) still give f32 logits, equal
+  to those of a float32-logits model."""
+  from seq2seq.inference import decode
+
+  models = {d: Transformer(small_config(dtype=dtype, tie_output=tie_output, logits_dtype=d), rngs=nnx.Rngs(0))
+            for d in ("float32", "bfloat16")}
+  full = {d: nnx.jit(lambda m: m(SRC_BS, TGT_BT))(m) for d, m in models.items()}
+  assert full["bfloat16"].dtype == jnp.bfloat16 and full["float32"].dtype == jnp.float32
+  np.testing.assert_array_equal(np.asarray(full["bfloat16"], np.float32),
+                                np.asarray(full["float32"].astype(jnp.bfloat16), np.float32))
+  for stepper in (decode.cached, decode.uncached):
+    first = {}
+    for d, m in models.items():
+      s = stepper(m, 8)
+      first[d], _ = s.step(jnp.asarray([1, 1], jnp.int32), s.init(jnp.asarray(SRC_BS)))
+    assert first["bfloat16"].dtype == jnp.float32, stepper
+    np.testing.assert_array_equal(first["bfloat16"], first["float32"])
+
+
 def test_untied_unshared_embeddings_have_their_own_parameters():
   tied = count_params(small_config())
   untied = count_params(small_config(share_embeddings=False, tie_output=False))

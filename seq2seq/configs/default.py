@@ -44,6 +44,7 @@ def get_config() -> ml_collections.ConfigDict:
       tie_output=True,
       use_bias=True,
       dtype="float32",  # compute dtype: float32 | bfloat16
+      logits_dtype="float32",  # teacher-forced logits: float32 | bfloat16 (half their bytes; loss sums in f32)
       # auto | xla | explicit | cudnn | flash | splash. auto on GPU (bf16/fp16): cuDNN for unpacked rows, the
       # Pallas flash kernel for packed ones; splash on TPU (lengths multiples of 128); else XLA; attention
       # dropout always takes explicit. See seq2seq/model/attention.py.

@@ -69,7 +69,7 @@ def uncached(model, max_len: int, tokens: SpecialTokens = SPECIAL) -> Stepper:
     ones_bl = jnp.ones_like(prefix_bl)  # later positions are hidden by the causal mask
     beams = prefix_bl.shape[0] // state.sentences["enc_bsd"].shape[0]
     enc_bsd, segments_bs = (jnp.repeat(state.sentences[k], beams, axis=0) for k in ("enc_bsd", "segments_bs"))
-    logits_blv = model.decode(prefix_bl, enc_bsd, segments_bs, tgt_segments_bt=ones_bl)
+    logits_blv = model.decode(prefix_bl, enc_bsd, segments_bs, tgt_segments_bt=ones_bl, logits_dtype="float32")
     logits_bv = jax.lax.dynamic_index_in_dim(logits_blv, state.index, axis=1, keepdims=False)
     return logits_bv, state.replace(index=state.index + 1, rows={"prefix_bl": prefix_bl})
 

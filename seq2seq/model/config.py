@@ -16,6 +16,7 @@ CHOICES = {
     "norm_position": ("pre", "post"),
     "activation": ("relu", "gelu", "swish", "glu", "reglu", "geglu", "swiglu"),  # see model/layers.py
     "dtype": ("float32", "bfloat16"),
+    "logits_dtype": ("float32", "bfloat16"),
     "attention_impl": ("auto", "xla", "explicit", "cudnn", "flash", "splash"),  # see seq2seq/model/attention.py
 }
 
@@ -49,6 +50,10 @@ class ModelConfig:
   tie_output: bool = True  # output projection = target embedding^T
   use_bias: bool = True
   dtype: str = "float32"  # compute dtype; parameters are always float32
+  # The teacher-forced logits' dtype (training, validation, scoring): bfloat16 halves the
+  # traffic of the [tokens, vocab] logits and their gradient; the loss still sums in f32.
+  # Decoding steps keep float32.
+  logits_dtype: str = "float32"
   attention_impl: str = "auto"  # auto: cuDNN (GPU) / splash (TPU) where they apply, else XLA
   # Settings that are fields no more, with the one value they may still have: the tokenizer
   # fixes them. Runs written before have them in config.json and in their checkpoints' identity.

@@ -8,6 +8,7 @@ n=heads, h=head dim, f=feed-forward width, v=vocabulary.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
@@ -103,9 +104,9 @@ class Embed(nnx.Module):
     x_btd = jnp.take(weight(self.embedding_vd), tokens_bt, axis=0)
     return (x_btd * self.scale).astype(dtype)
 
-  def attend(self, x_btd: jax.Array) -> jax.Array:
-    """Logits in f32 against the embedding matrix."""
-    return tied_logits(x_btd, weight(self.embedding_vd).astype(x_btd.dtype))
+  def attend(self, x_btd: jax.Array, out_dtype=jnp.float32) -> jax.Array:
+    """Logits (f32 unless `out_dtype`) against the embedding matrix."""
+    return tied_logits(x_btd, weight(self.embedding_vd).astype(x_btd.dtype), jnp.dtype(out_dtype).name)
 
 
 def dense(x: jax.Array, w: jax.Array, *, contract: int = 1, w_transposed: bool = False, out_dtype=None) -> jax.Array:
@@ -127,19 +128,20 @@ def dense(x: jax.Array, w: jax.Array, *, contract: int = 1, w_transposed: bool =
   return y.reshape(*lead, *out)
 
 
-@jax.custom_vjp
-def tied_logits(x_btd: jax.Array, w_vd: jax.Array) -> jax.Array:
-  """x @ w^T in f32 (from f32 or bf16 activations). The backward pass casts the logit
-  gradient to the activations' dtype once and takes the weight gradient as g^T x, which
-  lands in w's [v, d] layout without a transpose."""
-  return dense(x_btd, w_vd, w_transposed=True, out_dtype=jnp.promote_types(x_btd.dtype, jnp.float32))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def tied_logits(x_btd: jax.Array, w_vd: jax.Array, out_dtype: str = "float32") -> jax.Array:
+  """x @ w^T, accumulated in f32 and written in `out_dtype` (f32, or bf16 for half the bytes
+  of [tokens, vocab]). The backward pass casts the logit gradient to the activations' dtype
+  once and takes the weight gradient as g^T x, which lands in w's [v, d] layout without a
+  transpose."""
+  return dense(x_btd, w_vd, w_transposed=True, out_dtype=jnp.dtype(out_dtype))
 
 
-def _tied_logits_fwd(x_btd, w_vd):
-  return tied_logits(x_btd, w_vd), (x_btd, w_vd)
+def _tied_logits_fwd(x_btd, w_vd, out_dtype):
+  return tied_logits(x_btd, w_vd, out_dtype), (x_btd, w_vd)
 
 
-def _tied_logits_bwd(residuals, g_btv):
+def _tied_logits_bwd(out_dtype, residuals, g_btv):
   x_btd, w_vd = residuals
   g_btv = g_btv.astype(x_btd.dtype)
   dx_btd = dense(g_btv, w_vd)

@@ -210,13 +210,13 @@ class Transformer(nnx.Module):
   def _tgt_embed(self) -> Embed:
     return self.src_embed if self.tgt_embed is None else self.tgt_embed
 
-  def _logits(self, y_btd):
+  def _logits(self, y_btd, dtype: str = "float32"):
     if self.decoder_norm is not None:
       y_btd = self.decoder_norm(y_btd)
     if self.output_dv is None:
-      logits_btv = self._tgt_embed.attend(y_btd)
+      logits_btv = self._tgt_embed.attend(y_btd, dtype)
     else:
-      logits_btv = dense(y_btd, weight(self.output_dv), out_dtype=jnp.float32)
+      logits_btv = dense(y_btd, weight(self.output_dv), out_dtype=jnp.dtype(dtype))
     return constrain(logits_btv, ("batch", "length", "vocab"))
 
   # -- public API -----------------------------------------------------------------------
@@ -234,8 +234,9 @@ class Transformer(nnx.Module):
     return x_bsd if self.encoder_norm is None else constrain(self.encoder_norm(x_bsd), RESIDUAL)
 
   def decode(self, tgt_in_bt, enc_bsd, src_segments_bs, *, tgt_segments_bt=None, tgt_positions_bt=None,
-             dropout_rng=None, packed=None):
-    """Teacher-forced decoder: f32 logits [b, t, v] for every target position."""
+             dropout_rng=None, packed=None, logits_dtype=None):
+    """Teacher-forced decoder: logits [b, t, v] for every target position, in `logits_dtype`
+    (default config.model.logits_dtype)."""
     packed = tgt_segments_bt is not None if packed is None else packed
     given = tgt_positions_bt is not None
     tgt_segments_bt, tgt_positions_bt = self._defaults(tgt_in_bt, tgt_segments_bt, tgt_positions_bt)
@@ -246,7 +247,7 @@ class Transformer(nnx.Module):
     bias_bntt = self._self_bias(self.decoder_bias, tgt_positions_bt, given)
     for i, layer in enumerate(self.decoder_layers):
       y_btd = layer(y_btd, self_mask, tgt_positions_bt, enc_bsd, cross_mask, fold(dropout_rng, i + 1), bias_bntt)
-    return self._logits(y_btd)
+    return self._logits(y_btd, logits_dtype or self.cfg.logits_dtype)
 
   def __call__(self, src_bs, tgt_in_bt, *, src_segments_bs=None, tgt_segments_bt=None, src_positions_bs=None,
                tgt_positions_bt=None, dropout_rng=None, packed=None):
