@@ -14,10 +14,15 @@ minutes, written to one JSON (benchmarks/results/device_check_<device>.json):
   with the reason, when torch or the Flax example's models.py (`--flax_models`) is missing;
 - profile: the train step traced and tabled by benchmarks/profile_table.py (where the time goes);
 - variants (not in the default run, `--sections=variants`): the packed step with each of
-  VARIANTS, the changes issue 62's profile points to, one at a time against the baseline.
+  VARIANTS, the changes issue 62's profile points to, one at a time against the baseline,
+  then the winners together (`combined`);
+- variants_big (not in the default run): wmt14_big's packed step (`--big_config`) at the
+  baseline and with the variants section's winners (or `--big_variants`).
 
   python benchmarks/device_check.py --flax_models=PATH/models.py   # one GPU, ~7 minutes
   python benchmarks/device_check.py --sections=profile,variants --profile_dir=DIR  # ~6 minutes
+  python benchmarks/device_check.py --sections=variants,variants_big --budget_s=570 \
+    --variants=logits_bfloat16,flash_tiles_128,flash_tiles_64,cublaslt,rows_x2  # issue 62
   python benchmarks/device_check.py --smoke --out=/tmp/check.json  # CPU: tiny config, ~1.5 minutes
 
 Sections run in this order (the most wanted figures first), each in its own process (none
@@ -29,10 +34,12 @@ versions (jax, jaxlib, flax, torch), the device kind and every command.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import importlib.metadata
 import importlib.util
 import json
+import math
 import os
 import pathlib
 import re
@@ -56,8 +63,8 @@ FULL = dict(config="configs/wmt14_base.py", shape="96x256x256", timed_steps=20, 
             peak_repeats=10)
 SMOKE = dict(config="configs/tiny.py", shape="8x32x32", timed_steps=2, train_steps=10, train_pairs=3000,
              train_dtype="float32", peers="torch,flax-wmt", peer_steps=2, budget_s=480.0, peak_repeats=3)
-CAPS_S = {"flash": 90, "steps_bfloat16": 150, "profile": 150, "variants": 300, "decode": 240, "peers": 200, "train": 180,
-          "steps_float32": 150}  # each section's own limit
+CAPS_S = {"flash": 90, "steps_bfloat16": 150, "profile": 150, "variants": 420, "variants_big": 150, "decode": 240,
+          "peers": 200, "train": 180, "steps_float32": 150}  # each section's own limit
 SECTIONS = "flash,steps_bfloat16,profile,decode,peers,train,steps_float32"  # the default order
 MIN_SECTION_S = 15.0  # a section that would start with less left is skipped
 # seq2seq-train settings of the train section besides the corpus: two row lengths (two
@@ -92,29 +99,23 @@ def _attention(model_cfg, t: int, packed: bool, devices: int) -> str:
 
 
 def step_rows(config_path: str, dtype: str, shape: tuple[int, int, int], count: int, repeats: int,
-              overrides: tuple = (), layouts: str = "packed,unpacked") -> None:
+              overrides: tuple = (), layouts: str = "packed,unpacked", flash_blocks: str = "") -> None:
   """Prints one JSON line per row layout (packed, then unpacked): the train step at `shape`,
-  with `overrides` (`section.key=value`, as on the command line) applied to the config."""
+  with `overrides` (`section.key=value`, as on the command line) applied to the config and
+  the flash kernel's tiles `flash_blocks` (seq2seq.model.flash.Blocks.parse; "" its defaults)."""
   import jax
   import numpy as np
 
   from seq2seq import sharding
-  from seq2seq.model import flops
+  from seq2seq.model import flash, flops
+
+  _set_flash_blocks(flash_blocks)
 
   device, (rows, s, t) = jax.devices()[0], shape
   peak = None
   for packed in [layout == "packed" for layout in layouts.split(",")]:
     try:
-      config = accelerator.load_config(config_path)
-      config.model.dtype = dtype
-      config.data.update(fill_rows=packed, packing=False)
-      applied = {}
-      for override in overrides:
-        key, value = override.split("=", 1)
-        section, name = key.rsplit(".", 1)
-        current = config[section][name]
-        config[section][name] = value.lower() in ("1", "true") if isinstance(current, bool) else type(current)(value)
-        applied[key] = config[section][name]
+      config, applied = _configured(config_path, dtype, packed, overrides)
       model_cfg, mesh, state, steps = accelerator.build(config)
       peak = peak or flops.peak_flops(device.device_kind, device.platform, dtype, mesh.size, repeats=repeats)
       batch = accelerator.random_batch(rows, s, t, model_cfg.vocab_size, np.random.default_rng(0))
@@ -127,30 +128,57 @@ def step_rows(config_path: str, dtype: str, shape: tuple[int, int, int], count: 
              "platform": device.platform, "devices": mesh.size}
       if applied:  # as the child's config holds them
         row["config"] = applied
+      if flash_blocks:
+        row["flash_blocks"] = flash.BLOCKS.spec()
       del state, steps
     except Exception as err:  # noqa: BLE001  (the other layout still runs)
       row = {"packed": packed, "error": f"{type(err).__name__}: {err}"[:2000]}
     print(json.dumps(row), flush=True)
 
 
-def profile_capture(config_path: str, dtype: str, shape: tuple[int, int, int], count: int, out: pathlib.Path) -> None:
+def _configured(config_path: str, dtype: str, packed: bool, overrides: tuple = ()):
+  """The config at `config_path` in `dtype` and row layout, with `overrides` (`section.key=value`,
+  as on the command line) applied; and those settings as the config now holds them."""
+  config = accelerator.load_config(config_path)
+  config.model.dtype = dtype
+  config.data.update(fill_rows=packed, packing=False)
+  applied = {}
+  for override in overrides:
+    key, value = override.split("=", 1)
+    section, name = key.rsplit(".", 1)
+    current = config[section][name]
+    config[section][name] = value.lower() in ("1", "true") if isinstance(current, bool) else type(current)(value)
+    applied[key] = config[section][name]
+  return config, applied
+
+
+def _set_flash_blocks(spec: str) -> None:
+  """This process's flash tiles (the kernel reads flash.BLOCKS when a step is traced)."""
+  if spec:
+    from seq2seq.model import flash
+
+    flash.BLOCKS = flash.Blocks.parse(spec)
+
+
+def profile_capture(config_path: str, dtype: str, shape: tuple[int, int, int], count: int, out: pathlib.Path,
+                    overrides: tuple = (), flash_blocks: str = "") -> None:
   """Traces `count` train steps of each row layout (packed, then unpacked) with jax.profiler
   into out/LAYOUT/ (TensorBoard's xplane.pb and a Perfetto trace.json.gz) beside the step's
   optimized HLO (out/LAYOUT/train_step.hlo.txt, whose fusion names the trace's kernels
-  carry), and prints one JSON line per layout with the untraced step time."""
+  carry), and prints one JSON line per layout with the untraced step time. `overrides` and
+  `flash_blocks` as `step_rows` takes them."""
   import jax
   import numpy as np
 
   from seq2seq import sharding
 
+  _set_flash_blocks(flash_blocks)
   rows, s, t = shape
   for packed in (True, False):
     folder = out / ("packed" if packed else "unpacked")
     folder.mkdir(parents=True, exist_ok=True)
     try:
-      config = accelerator.load_config(config_path)
-      config.model.dtype = dtype
-      config.data.update(fill_rows=packed, packing=False)
+      config, applied = _configured(config_path, dtype, packed, overrides)
       model_cfg, mesh, state, steps = accelerator.build(config)
       batch = sharding.put_batch(accelerator.random_batch(rows, s, t, model_cfg.vocab_size, np.random.default_rng(0)),
                                  mesh)
@@ -162,7 +190,8 @@ def profile_capture(config_path: str, dtype: str, shape: tuple[int, int, int], c
         jax.block_until_ready((state, metrics))
       row = {"packed": packed, "dtype": dtype, "shape": list(shape), "step_ms": seconds * 1e3, "traced_steps": count,
              "compile_s": compile_s, "attention": _attention(model_cfg, t, packed, mesh.size),
-             "files": sorted(str(p.relative_to(out)) for p in folder.rglob("*") if p.is_file())}
+             "files": sorted(str(p.relative_to(out)) for p in folder.rglob("*") if p.is_file()),
+             **({"config": applied} if applied else {})}
       del state, steps
     except Exception as err:  # noqa: BLE001  (the other layout still runs)
       row = {"packed": packed, "error": f"{type(err).__name__}: {err}"[:2000]}
@@ -310,37 +339,82 @@ def flash_section(args, timeout: float) -> dict:
 
 
 # Changes the profile points to (issue 62), each timed alone against the baseline in the same
-# call: name -> (config overrides, XLA_FLAGS added, rows factor of the batch shape).
-VARIANTS = {
-    "baseline": ((), "", 1),
-    "adam_mu_bfloat16": (("train.adam_mu_dtype=bfloat16",), "", 1),
-    "no_command_buffers": ((), "--xla_gpu_enable_command_buffer=", 1),
-    "no_triton_gemm": ((), "--xla_gpu_enable_triton_gemm=false", 1),
-    "rows_x2": ((), "", 2),
+# call, then those that won together (`combine`).
+@dataclasses.dataclass(frozen=True)
+class Variant:
+  overrides: tuple[str, ...] = ()  # config overrides, section.key=value
+  xla_flags: str = ""  # added to XLA_FLAGS in the child only
+  rows: int = 1  # factor on the batch shape's rows
+  flash_blocks: str = ""  # seq2seq.model.flash.Blocks.parse form; "" the kernel's defaults
+  group: str = ""  # variants of one group are alternatives: a combination takes the fastest
+
+  def child_flags(self) -> list[str]:
+    """The steps / profile_capture child's flags for this variant's settings."""
+    return [*[f"--override={o}" for o in self.overrides],
+            *([f"--flash_blocks={self.flash_blocks}"] if self.flash_blocks else [])]
+
+  def child_env(self) -> dict:
+    """The environment the child adds: XLA_FLAGS with this variant's flags."""
+    return ({"XLA_FLAGS": " ".join(filter(None, [os.environ.get("XLA_FLAGS", ""), self.xla_flags]))}
+            if self.xla_flags else {})
+
+
+FLASH = ("model.attention_impl=flash",)  # tiles that do not compile fail the variant, not fall back to XLA
+VARIANTS = {  # in the order they run: the likeliest gains first
+    "baseline": Variant(),
+    "logits_bfloat16": Variant(("model.logits_dtype=bfloat16",)),  # the [tokens, vocab] logits in bf16
+    # the Triton tutorial's Hopper tiles: large outer blocks, small inner ones, more stages
+    "flash_tiles_128": Variant(FLASH, flash_blocks="forward=128x64,dkdv=128x32,dq=128x32,stages=3", group="flash"),
+    "flash_tiles_64": Variant(FLASH, flash_blocks="forward=128x128,dkdv=64x64,dq=64x64,warps=8,backward_warps=8",
+                              group="flash"),
+    "cublaslt": Variant(xla_flags="--xla_gpu_enable_cublaslt=true"),  # bias and ReLU in the GEMM's epilogue
+    "adam_mu_bfloat16": Variant(("train.adam_mu_dtype=bfloat16",)),
+    "rows_x2": Variant(rows=2),
+    "no_command_buffers": Variant(xla_flags="--xla_gpu_enable_command_buffer=", group="command_buffers"),
+    "no_triton_gemm": Variant(xla_flags="--xla_gpu_enable_triton_gemm=false", group="triton_gemm"),
 }
+MIN_GAIN = 1.02  # a variant joins the combination when at least this much faster than the baseline
+COMBINED_RESERVE_S = 75.0  # single variants stop when less is left, so that the combination runs
 
 
-def variants_section(args, timeout: float) -> dict:
-  """The packed train step with each of VARIANTS (a child process each, so that XLA_FLAGS
-  apply): step time, tokens/s and MFU, and the speed relative to `baseline`."""
+def combine(results: dict, variants: dict = VARIANTS) -> tuple[list[str], Variant]:
+  """The variants at least MIN_GAIN faster than the baseline (the fastest of each group), and
+  their union: overrides in order, XLA flags joined, row factors multiplied."""
+  best = {}
+  for name, row in results.items():
+    speed = (row.get("speed_vs_baseline") if isinstance(row, dict) else None) or 0.0  # ("seconds": a number)
+    if name != "baseline" and name in variants and speed >= MIN_GAIN:
+      group = variants[name].group or name
+      if group not in best or speed > results[best[group]]["speed_vs_baseline"]:
+        best[group] = name
+  members = [name for name in variants if name in best.values()]
+  parts = [variants[name] for name in members]
+  blocks = [v.flash_blocks for v in parts if v.flash_blocks]
+  return members, Variant(overrides=tuple(dict.fromkeys(o for v in parts for o in v.overrides)),
+                          xla_flags=" ".join(v.xla_flags for v in parts if v.xla_flags),
+                          rows=math.prod(v.rows for v in parts), flash_blocks=blocks[0] if blocks else "")
+
+
+def named(names: list[str]) -> tuple[list[str], Variant]:
+  """`combine` of the variants `names` (checked by `parse`), as if each had won."""
+  return combine({n: {"speed_vs_baseline": MIN_GAIN} for n in names})
+
+
+def _variant_row(args, config: str, variant: Variant, timeout: float, layout: str = "packed") -> dict:
+  """The train step of `config` with `variant` in row `layout`, in a child (so that XLA_FLAGS apply)."""
   rows, s, t = (int(x) for x in args.shape.split("x"))
-  deadline, result = time.monotonic() + timeout, {}
-  for name in ["baseline", *[v for v in args.variants.split(",") if v != "baseline"]]:
-    if name not in VARIANTS:
-      raise SystemExit(f"error: unknown variant {name!r}; known: {', '.join(VARIANTS)}")
-    overrides, xla_flags, factor = VARIANTS[name]
-    left = deadline - time.monotonic()
-    if left < MIN_SECTION_S:
-      result[name] = {"skipped": f"{left:.0f} s left"}
-      continue
-    command = [sys.executable, str(pathlib.Path(__file__).resolve()), "--section=steps", f"--config={args.config}",
-               f"--dtype={args.train_dtype}", f"--shape={rows * factor}x{s}x{t}", f"--timed_steps={args.timed_steps}",
-               f"--peak_repeats={args.peak_repeats}", "--layouts=packed", *[f"--override={o}" for o in overrides]]
-    env = {"XLA_FLAGS": " ".join(filter(None, [os.environ.get("XLA_FLAGS", ""), xla_flags]))} if xla_flags else {}
-    child = run_child(command, left, env=env)
-    row = next(iter(child["objects"]), {"error": _failure(child, left)})
-    row.pop("packed", None)
-    result[name] = {"overrides": list(overrides), "xla_flags": xla_flags, **row}
+  command = [sys.executable, str(pathlib.Path(__file__).resolve()), "--section=steps", f"--config={config}",
+             f"--dtype={args.train_dtype}", f"--shape={rows * variant.rows}x{s}x{t}",
+             f"--timed_steps={args.timed_steps}", f"--peak_repeats={args.peak_repeats}", f"--layouts={layout}",
+             *variant.child_flags()]
+  child = run_child(command, timeout, env=variant.child_env())
+  row = next(iter(child["objects"]), {"error": _failure(child, timeout)})
+  row.pop("packed", None)
+  return {"overrides": list(variant.overrides), "xla_flags": variant.xla_flags,
+          **({"flash_blocks": variant.flash_blocks} if variant.flash_blocks else {}), **row}
+
+
+def _speeds(result: dict) -> dict:
   base = result.get("baseline", {}).get("target_tokens_per_s")
   for row in result.values():
     if base and row.get("target_tokens_per_s"):
@@ -348,18 +422,64 @@ def variants_section(args, timeout: float) -> dict:
   return result
 
 
+def variants_section(args, timeout: float) -> dict:
+  """The packed train step with each of `--variants` (one child each) against the baseline:
+  step time, tokens/s, MFU and the speed relative to `baseline`; `unpacked`, the baseline
+  with unpacked rows (packed rows' target: at least as fast); then `combined`, the variants
+  that won (`combine`), together."""
+  deadline, result = time.monotonic() + timeout, {}
+  names = ["baseline", "unpacked", *[v for v in args.variants.split(",") if v and v != "baseline"]]
+  for name in names:
+    left = deadline - time.monotonic() - (COMBINED_RESERVE_S if name != "baseline" else 0.0)
+    if left < MIN_SECTION_S:
+      result[name] = {"skipped": f"{max(left, 0):.0f} s left"}
+    elif name == "unpacked":
+      result[name] = _variant_row(args, args.config, VARIANTS["baseline"], left, layout="unpacked")
+    else:
+      result[name] = _variant_row(args, args.config, VARIANTS[name], left)
+  members, together = combine(_speeds(result))
+  left = deadline - time.monotonic()
+  if len(members) < 2:
+    result["combined"] = {"members": members, "skipped": "fewer than two variants won"}
+  elif left < MIN_SECTION_S:
+    result["combined"] = {"members": members, "skipped": f"{max(left, 0):.0f} s left"}
+  else:
+    result["combined"] = {"members": members, **_variant_row(args, args.config, together, left)}
+  return _speeds(result)
+
+
+def variants_big_section(args, timeout: float) -> dict:
+  """wmt14_big's packed step (issue 62's 45% MFU target), at the baseline and with the
+  winners of this call's variants section (or the variants `--big_variants` names)."""
+  winners = list(filter(None, args.big_variants.split(","))) if args.big_variants else args.variant_winners
+  members, together = named(winners)
+  deadline, result = time.monotonic() + timeout, {}
+  for name, variant in (("baseline", Variant()), ("combined", together)):
+    left = deadline - time.monotonic()
+    if name == "combined" and not members:
+      result[name] = {"members": [], "skipped": "no variant won"}
+    elif left < MIN_SECTION_S:
+      result[name] = {"skipped": f"{max(left, 0):.0f} s left"}
+    else:
+      result[name] = ({"members": members} if name == "combined" else {}) | _variant_row(args, args.big_config,
+                                                                                         variant, left)
+  return _speeds(result)
+
+
 def profile_section(args, timeout: float) -> dict:
   """The train step traced (profile_capture, in a child) and tabled by benchmarks/profile_table.py
   for each row layout; --profile_dir keeps the traces and the HLO."""
   import profile_table
 
+  members, variant = named(list(filter(None, args.profile_variants.split(","))))
+  rows, s, t = (int(x) for x in args.shape.split("x"))
   with tempfile.TemporaryDirectory(prefix="device_check_profile_") as tmp:
     out = pathlib.Path(args.profile_dir or tmp)
     command = [sys.executable, str(pathlib.Path(__file__).resolve()), "--section=profile_capture",
-               f"--config={args.config}", f"--dtype={args.train_dtype}", f"--shape={args.shape}",
-               f"--timed_steps={args.profile_steps}", f"--out={out}"]
-    child = run_child(command, timeout)
-    result = {"command": shlex.join(command)}
+               f"--config={args.config}", f"--dtype={args.train_dtype}", f"--shape={rows * variant.rows}x{s}x{t}",
+               f"--timed_steps={args.profile_steps}", f"--out={out}", *variant.child_flags()]
+    child = run_child(command, timeout, env=variant.child_env())
+    result = {"command": shlex.join(command), "variants": members, "xla_flags": variant.xla_flags}
     for row in child["objects"]:
       layout = "packed" if row.pop("packed") else "unpacked"
       if "error" not in row:
@@ -508,6 +628,17 @@ def summary(sections: dict) -> dict:
       ours = out.get(f"bfloat16_{layout}_tokens_per_s")
       if ours and isinstance(row, dict) and "target_tokens_per_s" in row:
         out[f"bfloat16_{layout}_over_{peer}"] = ours / row["target_tokens_per_s"]
+  for section, prefix in (("variants", "variants"), ("variants_big", "big")):  # issue 62
+    rows = {k: v for k, v in sections.get(section, {}).items() if isinstance(v, dict)}
+    if any("speed_vs_baseline" in row for row in rows.values()):
+      out[f"{prefix}_speed_vs_baseline"] = {k: v["speed_vs_baseline"] for k, v in rows.items() if "speed_vs_baseline" in v}
+      out[f"{prefix}_mfu"] = {k: v["mfu"] for k, v in rows.items() if "mfu" in v}
+  packed_rows = sections.get("variants", {})
+  if isinstance(packed_rows, dict) and "target_tokens_per_s" in packed_rows.get("unpacked", {}):
+    unpacked = packed_rows["unpacked"]["target_tokens_per_s"]
+    out["variants_packed_over_unpacked"] = {k: packed_rows[k]["target_tokens_per_s"] / unpacked
+                                            for k in ("baseline", "combined")
+                                            if "target_tokens_per_s" in packed_rows.get(k, {})}
   for key in ("target_tokens_per_s", "data_wait_fraction"):
     if key in sections.get("train", {}):
       out[f"train_{key}"] = sections["train"][key]
@@ -527,6 +658,7 @@ def check(args) -> dict:
   deadline = start + args.budget_s
   run = {"flash": lambda s: flash_section(args, s), "steps_bfloat16": lambda s: steps_section(args, "bfloat16", s),
          "profile": lambda s: profile_section(args, s), "variants": lambda s: variants_section(args, s),
+         "variants_big": lambda s: variants_big_section(args, s),
          "decode": lambda s: decode_section(args, s),
          "peers": lambda s: peers_section(args, s),
          "train": lambda s: train_section(args, s), "steps_float32": lambda s: steps_section(args, "float32", s)}
@@ -535,6 +667,8 @@ def check(args) -> dict:
     if name not in run:
       raise SystemExit(f"error: unknown section {name!r}; known: {', '.join(run)}")
     sections[name] = guarded(name, run[name], deadline)
+    if name == "variants":  # what variants_big combines
+      args.variant_winners = combine(sections[name])[0]
   return {"check": "benchmarks/device_check.py", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
           "smoke": args.smoke, "command": shlex.join([sys.executable, *sys.argv]), "config": args.config,
           "shape": [int(x) for x in args.shape.split("x")], **device_of(sections), "versions": versions(),
@@ -553,19 +687,32 @@ def parse(argv: list[str]):
                       help="the Flax WMT example's models.py (default SHARED/bench/flax_wmt_models.py)")
   parser.add_argument("--out", default="", help="default benchmarks/results/device_check_<device>[_smoke].json")
   parser.add_argument("--variants", default=",".join(VARIANTS), help="the variants section's variants (baseline always)")
+  parser.add_argument("--big_config", default=None, help="variants_big's config (default configs/wmt14_big.py; "
+                      "configs/tiny.py with --smoke)")
+  parser.add_argument("--big_variants", default="", help="variants_big combines these (default: the variants "
+                      "section's winners in this call)")
   parser.add_argument("--profile_dir", default="", help="keep the profile section's traces and HLO here")
   parser.add_argument("--profile_steps", type=int, default=5, help="train steps the profile section traces")
+  parser.add_argument("--profile_variants", default="", help="the profile section traces the step with these "
+                      "variants together (default: the baseline)")
   parser.add_argument("--sections", default=SECTIONS, help=f"sections to run, in order (default {SECTIONS})")
   parser.add_argument("--section", default="", help=argparse.SUPPRESS)  # a child: steps or flash
   parser.add_argument("--dtype", default="bfloat16", help=argparse.SUPPRESS)
   parser.add_argument("--override", action="append", default=[], help=argparse.SUPPRESS)  # steps: config overrides
   parser.add_argument("--layouts", default="packed,unpacked", help=argparse.SUPPRESS)  # steps: which layouts
+  parser.add_argument("--flash_blocks", default="", help=argparse.SUPPRESS)  # steps: the flash kernel's tiles
   args = parser.parse_args(argv)
+  for flag in ("variants", "big_variants", "profile_variants"):
+    unknown = [n for n in getattr(args, flag).split(",") if n and n not in VARIANTS]
+    if unknown:
+      parser.error(f"--{flag}: unknown variant(s) {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
   for name, value in (SMOKE if args.smoke else FULL).items():
     if getattr(args, name) is None:
       setattr(args, name, value)
   args.flax_models = args.flax_models or args.shared / "bench" / "flax_wmt_models.py"
   args.train_flags = TRAIN_SMOKE if args.smoke else TRAIN_FULL
+  args.big_config = args.big_config or ("configs/tiny.py" if args.smoke else "configs/wmt14_big.py")
+  args.variant_winners = []
   return args
 
 
@@ -586,10 +733,10 @@ def main() -> None:
     return flash_rows()
   if args.section == "profile_capture":
     return profile_capture(str(REPO / args.config), args.dtype, tuple(int(x) for x in args.shape.split("x")),
-                           args.timed_steps, pathlib.Path(args.out))
+                           args.timed_steps, pathlib.Path(args.out), tuple(args.override), args.flash_blocks)
   if args.section == "steps":
     return step_rows(str(REPO / args.config), args.dtype, tuple(int(x) for x in args.shape.split("x")),
-                     args.timed_steps, args.peak_repeats, tuple(args.override), args.layouts)
+                     args.timed_steps, args.peak_repeats, tuple(args.override), args.layouts, args.flash_blocks)
   result = check(args)
   slug = re.sub(r"[^a-z0-9]+", "_", result["device_kind"].lower()).strip("_") + ("_smoke" if args.smoke else "")
   out = pathlib.Path(args.out or REPO / "benchmarks" / "results" / f"device_check_{slug}.json")

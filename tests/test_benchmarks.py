@@ -183,13 +183,16 @@ def test_every_benchmark_script_runs_at_a_tiny_size(script, data_dir, tmp_path, 
 @pytest.mark.slow
 def test_the_profile_section_tables_a_cpu_trace_of_the_train_step(tmp_path):
   """device_check's profile section (profile_capture, then profile_table) on XLA:CPU: every
-  thunk names its instruction, so all are attributed, and the sites of a model are there."""
+  thunk names its instruction, so all are attributed, and the sites of a model are there; the
+  step traced is the one with the variants named (`--profile_variants`)."""
   out = subprocess.run([sys.executable, "benchmarks/device_check.py", "--smoke", "--sections=profile",
-                        f"--out={tmp_path / 'check.json'}", f"--profile_dir={tmp_path / 'profile'}"], cwd=REPO,
-                       capture_output=True, text=True, timeout=600)
+                        "--profile_variants=logits_bfloat16,rows_x2", f"--out={tmp_path / 'check.json'}",
+                        f"--profile_dir={tmp_path / 'profile'}"], cwd=REPO, capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
   profile = json.loads((tmp_path / "check.json").read_text())["sections"]["profile"]
+  assert profile["variants"] == ["logits_bfloat16", "rows_x2"] and "--shape=16x32x32" in profile["command"]
   for layout in ("packed", "unpacked"):
+    assert profile[layout]["config"] == {"model.logits_dtype": "bfloat16"}
     table = profile[layout]["table"]
     assert table["attributed_fraction"] == 1.0 and table["kernel_launches_per_step"] > 0, table
     assert {"matmul", "optimizer", "loss and logits (softmax, casts)", "norm"} <= set(table["ms_per_step"]), table
@@ -199,20 +202,70 @@ def test_the_profile_section_tables_a_cpu_trace_of_the_train_step(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_variants_section_times_each_change_against_the_baseline(tmp_path):
+def test_the_variants_sections_time_each_change_against_the_baseline(tmp_path):
   """device_check's variants: a config override reaches its child (each variant is one); each
-  row is the packed step at the config's shape with its speed relative to the baseline."""
-  out = subprocess.run([sys.executable, "benchmarks/device_check.py", "--smoke", "--sections=variants",
-                        "--variants=adam_mu_bfloat16", f"--out={tmp_path / 'check.json'}"],
-                       cwd=REPO, capture_output=True, text=True, timeout=600)
+  row is the packed step at the config's shape with its speed relative to the baseline, beside
+  the baseline's unpacked rows; the combination runs only when two variants won; variants_big
+  times the baseline and the named winners together on its own config."""
+  out = subprocess.run([sys.executable, "benchmarks/device_check.py", "--smoke", "--sections=variants,variants_big",
+                        "--variants=logits_bfloat16", "--big_variants=logits_bfloat16,adam_mu_bfloat16",
+                        f"--out={tmp_path / 'check.json'}"], cwd=REPO, capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
-  variants = json.loads((tmp_path / "check.json").read_text())["sections"]["variants"]
-  assert variants.pop("seconds") > 0 and list(variants) == ["baseline", "adam_mu_bfloat16"], variants
-  assert variants["adam_mu_bfloat16"]["overrides"] == ["train.adam_mu_dtype=bfloat16"]
-  assert variants["adam_mu_bfloat16"]["config"] == {"train.adam_mu_dtype": "bfloat16"}  # as the child built it
-  for row in variants.values():
+  check = json.loads((tmp_path / "check.json").read_text())
+  variants, big = check["sections"]["variants"], check["sections"]["variants_big"]
+  assert variants.pop("seconds") > 0 and list(variants) == ["baseline", "unpacked", "logits_bfloat16", "combined"]
+  assert variants["logits_bfloat16"]["overrides"] == ["model.logits_dtype=bfloat16"]
+  assert variants["logits_bfloat16"]["config"] == {"model.logits_dtype": "bfloat16"}  # as the child built it
+  assert variants["combined"]["skipped"] == "fewer than two variants won"
+  for row in (variants["baseline"], variants["unpacked"], variants["logits_bfloat16"], big["baseline"], big["combined"]):
     assert "error" not in row and row["shape"] == [8, 32, 32] and row["speed_vs_baseline"] > 0, row
+  assert (variants["baseline"]["attention"], variants["unpacked"]["attention"]) == ("xla", "xla")  # a CPU
+  assert check["summary"]["variants_packed_over_unpacked"]["baseline"] == pytest.approx(
+      variants["baseline"]["target_tokens_per_s"] / variants["unpacked"]["target_tokens_per_s"])
   assert variants["baseline"]["speed_vs_baseline"] == 1.0
+  assert big["combined"]["members"] == ["logits_bfloat16", "adam_mu_bfloat16"]
+  assert big["combined"]["config"] == {"model.logits_dtype": "bfloat16", "train.adam_mu_dtype": "bfloat16"}
+  assert set(check["summary"]["big_mfu"]) == {"baseline", "combined"}
+
+
+def test_variants_that_won_combine_the_fastest_of_each_group():
+  """`combine`: variants at least MIN_GAIN faster than the baseline join, the fastest of a
+  group of alternatives (two flash tilings) only; overrides are merged in the table's order,
+  XLA flags joined, row factors multiplied."""
+  device_check = _device_check()
+  V = device_check.Variant
+  table = {"baseline": V(), "a": V(("model.x=1",), rows=2), "tiles_1": V(("model.impl=f",), flash_blocks="dq=64x16",
+                                                                          group="tiles"),
+           "tiles_2": V(("model.impl=f",), flash_blocks="dq=128x16", group="tiles"), "flag": V(xla_flags="--f=1"),
+           "slow": V(xla_flags="--g=0")}
+  gain = device_check.MIN_GAIN
+  speeds = {"baseline": 1.0, "a": gain, "tiles_1": gain + 0.1, "tiles_2": gain + 0.05, "flag": 1.3, "slow": gain - 1e-9}
+  members, together = device_check.combine({k: {"speed_vs_baseline": v} for k, v in speeds.items()}, table)
+  assert members == ["a", "tiles_1", "flag"]
+  assert together == V(("model.x=1", "model.impl=f"), "--f=1", 2, "dq=64x16")
+  assert device_check.combine({"baseline": {"speed_vs_baseline": 1.0}, "a": {"error": "x"}}, table) == ([], V())
+
+
+def test_the_step_child_runs_the_flash_tiles_it_is_given():
+  """--flash_blocks reaches the child's kernel setting (flash.BLOCKS, read when the step is
+  traced); the row records the tiles as the child parsed them."""
+  from seq2seq.model import flash
+
+  spec = "forward=32x16,dkdv=64x16,stages=3"
+  out = subprocess.run([sys.executable, "benchmarks/device_check.py", "--section=steps", "--config=configs/tiny.py",
+                        "--dtype=float32", "--shape=2x16x16", "--timed_steps=1", "--peak_repeats=1", "--layouts=packed",
+                        f"--flash_blocks={spec}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  (row,) = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+  assert "error" not in row and row["flash_blocks"] == flash.Blocks.parse(spec).spec() != flash.Blocks().spec(), row
+
+
+def _device_check():
+  spec = importlib.util.spec_from_file_location("device_check", REPO / "benchmarks" / "device_check.py")
+  module = importlib.util.module_from_spec(spec)
+  sys.modules["device_check"] = module  # its dataclasses look their module up
+  spec.loader.exec_module(module)
+  return module
 
 
 def _profile_table():

@@ -255,3 +255,51 @@ def test_the_h200_profile_table_and_bullets_are_profile_h200_json():
                                                   "residual adds"))
   assert (f"norms, FFN bias and ReLU, dropout and residuals add up to {_fixed(elementwise, 1)} ms, in many small "
           f"kernels (the step launches {table['kernel_launches_per_step']:.0f} in all).") in page
+
+
+def test_the_bf16_logits_paragraph_is_loss_bytes_cpu_json():
+  """Precision's `model.logits_dtype` paragraph: the logits' shape, the loss's and the CPU
+  step's bytes with bf16 logits against f32 ones (loss_bytes_cpu.json), the bound's u."""
+  record = _record("loss_bytes_cpu.json")
+  page = _page()
+  entry, ratio = record["one_pass_bf16_logits"], record["bf16_logits_ratio_to_one_pass"]
+  tokens, vocab = entry["loss"]["shape"]
+  assert entry["loss"]["dtype"] == entry["step"]["logits_dtype"] == "bfloat16"
+  assert record["losses"]["one_pass"]["loss"]["shape"] == [tokens, vocab]
+  assert f"on wmt14_base's {tokens} x {vocab} logits, forward and backward" in page
+  assert f"`one_pass_bf16_logits`): {_fixed(ratio['loss']['bytes_accessed'], 2)}x the bytes of f32 logits" in page
+  assert f"The CPU's whole step does not show it ({_fixed(ratio['step']['bytes_accessed'], 3)}x)" in page
+  import jax.numpy as jnp
+
+  assert "(u = 2^-8: bf16's unit roundoff" in page and 2.0**-8 == float(jnp.finfo(jnp.bfloat16).eps) / 2
+
+
+def test_the_variants_table_is_device_checks_variants():
+  """'The changes it points to': one row per variant of benchmarks/device_check.py (but the
+  baseline), in its order, naming its settings; MIN_GAIN and the call's budget as the script
+  has them."""
+  import importlib.util
+  import sys
+
+  spec = importlib.util.spec_from_file_location("device_check", REPO / "benchmarks" / "device_check.py")
+  device_check = importlib.util.module_from_spec(spec)
+  sys.modules["device_check"] = device_check  # its dataclasses look their module up
+  spec.loader.exec_module(device_check)
+  raw, page = _raw(), _page()
+  rows = _table_lines(raw, "| variant | what it changes | what the profile says it may save |")
+  assert [r.split("|")[1].strip().strip("`") for r in rows] == [n for n in device_check.VARIANTS if n != "baseline"]
+  for row in rows:
+    name, what = (c.strip() for c in row.split("|")[1:3])
+    variant = device_check.VARIANTS[name.strip("`")]
+    settings = [*variant.overrides, *filter(None, [variant.xla_flags, variant.flash_blocks])]
+    settings = [o for o in settings if o not in device_check.FLASH]  # the flash variants' implementation: a sentence
+    assert all(s in what for s in settings) or (variant.rows == 2 and what == "twice the rows a step"), row
+  (flash_override,) = device_check.FLASH
+  assert f"The flash variants also set `{flash_override}`" in page
+  assert f"at least `MIN_GAIN` ({device_check.MIN_GAIN}x) faster" in page
+  assert device_check.CAPS_S["variants"] + device_check.CAPS_S["variants_big"] >= 570
+  assert "--sections=variants,variants_big --budget_s=570" in page
+  compile_s = _record("device_check_nvidia_h100_80gb_hbm3.json")["sections"]["steps_bfloat16"]["packed"]["compile_s"]
+  assert f"(the H100's device check compiled the packed step in {compile_s:.0f} s)" in page
+  call = page.split("--variants=", 1)[1].split(" ", 1)[0]
+  assert len(call.split(",")) == 5 and "one call holds about eight: the five above, the baseline with packed" in page
