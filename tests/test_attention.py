@@ -458,6 +458,33 @@ def test_flash_blocks_refuse_a_bad_string_naming_the_bad_part(text, match):
     Blocks.parse(text)
 
 
+def test_flash_queries_without_keys_attend_to_nothing():
+  """Cross-attention where one target segment has no source segment: those queries give zeros
+  and no gradient, whatever their output's gradient, so the other queries' outputs and every
+  gradient are explicit attention's on the queries that have keys. (The first H100 check gave
+  such queries an output gradient: dq was off by 77 and dk by 33 where the backward pass
+  recomputed their weights as 1 each, not 1/s.)"""
+  q_segments = segment_ids([(10, 10, 12)], 32)  # segment 3 has no source
+  k_segments = segment_ids([(20, 20)], 48)
+  mask = SegmentMask(q_segments, k_segments)
+  rng = np.random.default_rng(7)
+  q, dz = (jnp.asarray(rng.standard_normal((1, 32, 2, 16)), jnp.float32) for _ in range(2))
+  k, v = (jnp.asarray(rng.standard_normal((1, 48, 2, 16)), jnp.float32) for _ in range(2))
+  has_keys = jnp.arange(32)[None, :, None, None] < 20
+
+  def outputs(name, dz):
+    out, vjp = jax.vjp(lambda q, k, v: KERNELS[name](q, k, v, mask), q, k, v)
+    return (out, *vjp(dz))
+
+  flash, flash_masked_dz = outputs("flash", dz), outputs("flash", jnp.where(has_keys, dz, 0.0))
+  explicit = outputs("explicit", jnp.where(has_keys, dz, 0.0))
+  assert float(jnp.abs(flash[0][:, 20:]).max()) == 0.0
+  np.testing.assert_allclose(flash[0][:, :20], explicit[0][:, :20], rtol=1e-5, atol=1e-5)
+  for got, same, want in zip(flash[1:], flash_masked_dz[1:], explicit[1:]):
+    np.testing.assert_array_equal(got, same)  # the output gradient of queries without keys goes nowhere
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_transformer_takes_the_packed_flag_and_the_implementation_setting():
   """The model's `packed` flag and `attention_impl` change how attention runs, not the numbers."""
   from seq2seq.model.config import ModelConfig

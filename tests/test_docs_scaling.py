@@ -303,3 +303,17 @@ def test_the_variants_table_is_device_checks_variants():
   assert f"(the H100's device check compiled the packed step in {compile_s:.0f} s)" in page
   call = page.split("--variants=", 1)[1].split(" ", 1)[0]
   assert len(call.split(",")) == 5 and "one call holds about eight: the five above, the baseline with packed" in page
+
+
+def test_the_flash_checks_gradients_are_the_two_h100_records():
+  """Attention kernels: the rerun's flash check has gradients within 2 bf16 ulps at the
+  largest gradient's magnitude (fp16's too); the first record's bf16 cross dq error is the
+  figure quoted; the test named exists."""
+  first = _record("device_check_nvidia_h100_80gb_hbm3.json")["sections"]["flash"]["checks"]
+  rerun = _record("device_check_nvidia_h100_80gb_hbm3_flash_decode.json")["sections"]["flash"]["checks"]
+  (cross,) = [c for c in first if (c["dtype"], c["case"]) == ("bfloat16", "cross")]
+  assert f"(bf16 dq by {cross['dq_max_abs_err']:.1f})" in _page()
+  for row in rerun:
+    for name in ("dq", "dk", "dv"):
+      assert row[f"{name}_max_abs_err"] <= 2 * 2.0 ** (math.floor(math.log2(row[f"{name}_max_abs"])) - 7), row
+  assert "def test_flash_queries_without_keys_attend_to_nothing" in (REPO / "tests" / "test_attention.py").read_text()

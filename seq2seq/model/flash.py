@@ -19,7 +19,9 @@ algorithm (Dao, 2023) with a segment mask built from two arrays:
 
 Causal attention skips the key blocks after the query block (and query blocks before the
 key block). A query with no key of its segment (a padding query of a row without padding
-keys) gets finite uniform weights; callers zero padding queries' outputs. The ops are those
+keys) attends to nothing: its output is zeros and it takes and gives no gradient (the masked
+softmax would give it uniform weights over masked keys; callers zero padding queries' outputs,
+and a real query always has keys of its own pair). The ops are those
 the shipped Triton kernel uses (`plgpu.load`/`dot`/`store`, `exp2`, `lax.fori_loop`).
 `interpret=True` runs the kernels in Pallas' interpreter on any platform (tests).
 
@@ -185,8 +187,11 @@ def _forward_kernel(q_ref, k_ref, v_ref, q_seg_ref, k_seg_ref, o_ref, lse_ref, *
   init = (jnp.zeros((block_q, q_ref.shape[1]), jnp.float32), jnp.full((block_q,), -jnp.inf, jnp.float32),
           jnp.zeros((block_q,), jnp.float32))
   o, m, l = lax.fori_loop(0, _causal_upper(i, block_q, block_k, kv_len) if causal else kv_len // block_k, body, init)
-  o_ref[...] = (o / l[:, None]).astype(o_ref.dtype)
-  lse_ref[...] = m + jnp.log2(l)
+  # A query with no key of its segment (every logit masked: m is MASK) attends to nothing: zeros,
+  # and an infinite log-sum-exp, so that the backward pass's weights for it are zeros too.
+  live = m > MASK
+  o_ref[...] = jnp.where(live[:, None], o / l[:, None], 0.0).astype(o_ref.dtype)
+  lse_ref[...] = jnp.where(live, m + jnp.log2(l), jnp.inf)
 
 
 def _forward(q, k, v, q_seg, k_seg, causal: bool, interpret: bool, blocks: Blocks):
@@ -216,9 +221,8 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, q_seg_ref, k_seg_ref, do_ref, lse_ref, del
   def body(i, carry):
     dk, dv = carry
     queries = pl.ds(i * block_q, block_q)
-    q, do = q_ref[queries, :], do_ref[queries, :]
-    p = jnp.exp2(_logits2(q, k, q_seg_ref[queries], k_seg, i * block_q, j * block_k, scale, causal)
-                 - lse_ref[queries][:, None])
+    q, do, lse = q_ref[queries, :], do_ref[queries, :], lse_ref[queries]
+    p = jnp.exp2(_logits2(q, k, q_seg_ref[queries], k_seg, i * block_q, j * block_k, scale, causal) - lse[:, None])
     dv = dv + jnp.dot(p.astype(do.dtype).T, do, preferred_element_type=jnp.float32)
     dp = jnp.dot(do, v.T, preferred_element_type=jnp.float32) - delta_ref[queries][:, None]
     ds = (p * dp * scale).astype(q.dtype)
