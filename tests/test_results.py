@@ -548,21 +548,23 @@ def test_the_half_length_runs_figures_in_results_md_are_its_records():
   assert f"(+{41.23 - 40.41:.2f} and +{41.24 - 40.41:.2f})" in prose  # the bullet above's ensembles and seed
 
 
-def test_the_bf16_first_moments_figures_in_scaling_md_are_their_records():
-  """docs/scaling.md's main-job check of bf16 first moments quotes its record and that of the
-  README's run of the same seed (f32 moments), and the rows-of-64 seeds' spread."""
+@pytest.mark.parametrize("run, section, key, what", [("m30k_mu_bf16", "train", "adam_mu_dtype", "moments"),
+                                                     ("m30k_logits_bf16", "model", "logits_dtype", "logits")])
+def test_the_bf16_options_figures_in_scaling_md_are_their_records(run, section, key, what):
+  """docs/scaling.md's main-job checks of bf16 first moments and bf16 logits quote their records
+  and that of the README's run of the same seed (float32), and the rows-of-64 seeds' spread."""
   import statistics
 
   from seq2seq.research import recipe_search
 
   records = {r.run: r for r in recipe_search.load(REPO / "docs" / "runs" / "main_job_search.jsonl")}
-  bf16, f32 = records["m30k_mu_bf16"], records["m30k_p64_readme"]
-  assert bf16.overrides == ["--config.train.adam_mu_dtype=bfloat16"] and bf16.settings["train"]["adam_mu_dtype"] == "bfloat16"
+  bf16, f32 = records[run], records["m30k_p64_readme"]
+  assert bf16.overrides == [f"--config.{section}.{key}=bfloat16"] and bf16.settings[section][key] == "bfloat16"
   assert (bf16.seed, bf16.steps, bf16.reached) == (f32.seed, f32.steps, f32.steps) and bf16.val_tokens == f32.val_tokens
   spread = statistics.stdev(r.nll for name, r in records.items() if name.startswith(recipe_search.ROWS64))
   page = " ".join((REPO / "docs" / "scaling.md").read_text(encoding="utf-8").split())
   assert (f"validation NLL is {bf16.nll:.3f} and BLEU on all 1014 sentences {bf16.full('bleu'):.2f}, against "
-          f"{f32.nll:.3f} and {f32.full('bleu'):.2f} for the same seed with f32 moments: a difference of "
+          f"{f32.nll:.3f} and {f32.full('bleu'):.2f} for the same seed with f32 {what}: a difference of "
           f"{signed(bf16.nll - f32.nll, 3)} NLL against a seed spread of ±{spread:.3f}") in page
 
 
