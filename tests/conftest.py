@@ -157,6 +157,19 @@ def make_config(name: str, data_dir, cache_dir, **data_overrides):
   return config
 
 
+def benchmark(name: str):
+  """benchmarks/NAME.py imported as module NAME (registered in sys.modules, where its
+  dataclasses look their module up; its own imports find benchmarks/ as it puts it on the path)."""
+  import importlib.util
+  import sys
+
+  spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[name] = module
+  spec.loader.exec_module(module)
+  return module
+
+
 def free_port() -> int:
   """A TCP port on 127.0.0.1 nothing listens on, for a multi-process run's coordinator."""
   import socket

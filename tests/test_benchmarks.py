@@ -1,20 +1,16 @@
 """Every script in benchmarks/ at a tiny size on this machine's CPU (accelerator.py, device_check.py and
 its profile parser, the others in one smoke test each); the nominal-peak table."""
 
-import importlib.util
 import json
 import subprocess
 import sys
 
 import pytest
-from conftest import REPO
+from conftest import REPO, benchmark
 
 
 def _accelerator():
-  spec = importlib.util.spec_from_file_location("accelerator", REPO / "benchmarks" / "accelerator.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return benchmark("accelerator")
 
 
 def test_nominal_peak_takes_the_most_specific_device_kind_and_the_dtype():
@@ -96,11 +92,7 @@ def test_the_save_times_docs_quote_are_those_the_benchmark_wrote():
 
 def test_the_save_time_benchmark_saves_as_the_run_does(tmp_path, monkeypatch):
   """One save of the tiny config, in process: the row's figures are positive and ordered."""
-  import importlib.util
-
-  spec = importlib.util.spec_from_file_location("save_time", REPO / "benchmarks" / "save_time.py")
-  save_time = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(save_time)
+  save_time = benchmark("save_time")
   monkeypatch.chdir(tmp_path)
   row = save_time.measure("tiny", repeats=1)
   # float32 parameters and Adam's two moments, plus four scalars (step, lr scale, Adam's count; float32/int32)
@@ -261,19 +253,11 @@ def test_the_step_child_runs_the_flash_tiles_it_is_given():
 
 
 def _device_check():
-  spec = importlib.util.spec_from_file_location("device_check", REPO / "benchmarks" / "device_check.py")
-  module = importlib.util.module_from_spec(spec)
-  sys.modules["device_check"] = module  # its dataclasses look their module up
-  spec.loader.exec_module(module)
-  return module
+  return benchmark("device_check")
 
 
 def _profile_table():
-  spec = importlib.util.spec_from_file_location("profile_table", REPO / "benchmarks" / "profile_table.py")
-  module = importlib.util.module_from_spec(spec)
-  sys.modules["profile_table"] = module  # its dataclasses look their module up
-  spec.loader.exec_module(module)
-  return module
+  return benchmark("profile_table")
 
 
 HLO = """HloModule jit_train_step, is_scheduled=true

@@ -7,7 +7,7 @@ import ast
 import math
 from decimal import Decimal
 
-from conftest import REPO
+from conftest import REPO, benchmark
 from report_tables import fixed as _fixed
 from report_tables import record as _record
 from report_tables import table_lines as _table_lines
@@ -278,13 +278,7 @@ def test_the_variants_table_is_device_checks_variants():
   """'The changes it points to': one row per variant of benchmarks/device_check.py (but the
   baseline), in its order, naming its settings; MIN_GAIN and the call's budget as the script
   has them."""
-  import importlib.util
-  import sys
-
-  spec = importlib.util.spec_from_file_location("device_check", REPO / "benchmarks" / "device_check.py")
-  device_check = importlib.util.module_from_spec(spec)
-  sys.modules["device_check"] = device_check  # its dataclasses look their module up
-  spec.loader.exec_module(device_check)
+  device_check = benchmark("device_check")
   raw, page = _raw(), _page()
   rows = _table_lines(raw, "| variant | what it changes | what the profile says it may save |")
   assert [r.split("|")[1].strip().strip("`") for r in rows] == [n for n in device_check.VARIANTS if n != "baseline"]

@@ -4,7 +4,6 @@ CPU's reductions in passes, the one-pass reduction GPUs and TPUs run), against a
 whole model), padding, a vocabulary split over devices, and the bytes XLA says it moves."""
 
 import functools
-import importlib.util
 import json
 import os
 import subprocess
@@ -14,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import REPO
+from conftest import REPO, benchmark
 
 from seq2seq.model.layers import dense, tied_logits
 from seq2seq.training import loss as loss_lib
@@ -211,10 +210,7 @@ def test_a_vocabulary_split_over_devices_gives_the_same_loss_and_moves_no_logits
 
 
 def _loss_bytes():
-  spec = importlib.util.spec_from_file_location("loss_bytes", REPO / "benchmarks" / "loss_bytes.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return benchmark("loss_bytes")
 
 
 def test_the_loss_moves_fewer_bytes_than_the_reference_and_the_legacy_loss():
