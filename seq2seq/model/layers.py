@@ -104,9 +104,9 @@ class Embed(nnx.Module):
     x_btd = jnp.take(weight(self.embedding_vd), tokens_bt, axis=0)
     return (x_btd * self.scale).astype(dtype)
 
-  def attend(self, x_btd: jax.Array, out_dtype=jnp.float32) -> jax.Array:
-    """Logits (f32 unless `out_dtype`) against the embedding matrix."""
-    return tied_logits(x_btd, weight(self.embedding_vd).astype(x_btd.dtype), jnp.dtype(out_dtype).name)
+  def attend(self, x_btd: jax.Array, out_dtype: str | None = None) -> jax.Array:
+    """Logits against the embedding matrix, in f32 (or `out_dtype`, a dtype name)."""
+    return tied_logits(x_btd, weight(self.embedding_vd).astype(x_btd.dtype), out_dtype)
 
 
 def dense(x: jax.Array, w: jax.Array, *, contract: int = 1, w_transposed: bool = False, out_dtype=None) -> jax.Array:
@@ -129,12 +129,13 @@ def dense(x: jax.Array, w: jax.Array, *, contract: int = 1, w_transposed: bool =
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def tied_logits(x_btd: jax.Array, w_vd: jax.Array, out_dtype: str = "float32") -> jax.Array:
-  """x @ w^T, accumulated in f32 and written in `out_dtype` (f32, or bf16 for half the bytes
-  of [tokens, vocab]). The backward pass casts the logit gradient to the activations' dtype
-  once and takes the weight gradient as g^T x, which lands in w's [v, d] layout without a
-  transpose."""
-  return dense(x_btd, w_vd, w_transposed=True, out_dtype=jnp.dtype(out_dtype))
+def tied_logits(x_btd: jax.Array, w_vd: jax.Array, out_dtype: str | None = None) -> jax.Array:
+  """x @ w^T, accumulated in f32 and written in `out_dtype` (a dtype name; None: f32, or the
+  activations' dtype if wider; "bfloat16": half the bytes of [tokens, vocab]). The backward
+  pass casts the logit gradient to the activations' dtype once and takes the weight gradient
+  as g^T x, which lands in w's [v, d] layout without a transpose."""
+  dtype = jnp.promote_types(x_btd.dtype, jnp.float32) if out_dtype is None else jnp.dtype(out_dtype)
+  return dense(x_btd, w_vd, w_transposed=True, out_dtype=dtype)
 
 
 def _tied_logits_fwd(x_btd, w_vd, out_dtype):
