@@ -377,9 +377,19 @@ MIN_GAIN = 1.02  # a variant joins the combination when at least this much faste
 COMBINED_RESERVE_S = 75.0  # single variants stop when less is left, so that the combination runs
 
 
+def union(names: list[str], variants: dict = VARIANTS) -> Variant:
+  """The variants `names` together: overrides in order, XLA flags joined, row factors
+  multiplied, the first flash tiles (a group's alternatives are not combined)."""
+  parts = [variants[name] for name in names]
+  blocks = [v.flash_blocks for v in parts if v.flash_blocks]
+  return Variant(overrides=tuple(dict.fromkeys(o for v in parts for o in v.overrides)),
+                 xla_flags=" ".join(v.xla_flags for v in parts if v.xla_flags),
+                 rows=math.prod(v.rows for v in parts), flash_blocks=blocks[0] if blocks else "")
+
+
 def combine(results: dict, variants: dict = VARIANTS) -> tuple[list[str], Variant]:
-  """The variants at least MIN_GAIN faster than the baseline (the fastest of each group), and
-  their union: overrides in order, XLA flags joined, row factors multiplied."""
+  """The variants at least MIN_GAIN faster than the baseline (the fastest of each group), in
+  the table's order, and their `union`."""
   best = {}
   for name, row in results.items():
     speed = (row.get("speed_vs_baseline") if isinstance(row, dict) else None) or 0.0  # ("seconds": a number)
@@ -388,16 +398,7 @@ def combine(results: dict, variants: dict = VARIANTS) -> tuple[list[str], Varian
       if group not in best or speed > results[best[group]]["speed_vs_baseline"]:
         best[group] = name
   members = [name for name in variants if name in best.values()]
-  parts = [variants[name] for name in members]
-  blocks = [v.flash_blocks for v in parts if v.flash_blocks]
-  return members, Variant(overrides=tuple(dict.fromkeys(o for v in parts for o in v.overrides)),
-                          xla_flags=" ".join(v.xla_flags for v in parts if v.xla_flags),
-                          rows=math.prod(v.rows for v in parts), flash_blocks=blocks[0] if blocks else "")
-
-
-def named(names: list[str]) -> tuple[list[str], Variant]:
-  """`combine` of the variants `names` (checked by `parse`), as if each had won."""
-  return combine({n: {"speed_vs_baseline": MIN_GAIN} for n in names})
+  return members, union(members, variants)
 
 
 def _variant_row(args, config: str, variant: Variant, timeout: float, layout: str = "packed") -> dict:
@@ -451,8 +452,8 @@ def variants_section(args, timeout: float) -> dict:
 def variants_big_section(args, timeout: float) -> dict:
   """wmt14_big's packed step (issue 62's 45% MFU target), at the baseline and with the
   winners of this call's variants section (or the variants `--big_variants` names)."""
-  winners = list(filter(None, args.big_variants.split(","))) if args.big_variants else args.variant_winners
-  members, together = named(winners)
+  members = list(filter(None, args.big_variants.split(","))) if args.big_variants else args.variant_winners
+  together = union(members)
   deadline, result = time.monotonic() + timeout, {}
   for name, variant in (("baseline", Variant()), ("combined", together)):
     left = deadline - time.monotonic()
@@ -471,7 +472,8 @@ def profile_section(args, timeout: float) -> dict:
   for each row layout; --profile_dir keeps the traces and the HLO."""
   import profile_table
 
-  members, variant = named(list(filter(None, args.profile_variants.split(","))))
+  members = list(filter(None, args.profile_variants.split(",")))  # checked by `parse`
+  variant = union(members)
   rows, s, t = (int(x) for x in args.shape.split("x"))
   with tempfile.TemporaryDirectory(prefix="device_check_profile_") as tmp:
     out = pathlib.Path(args.profile_dir or tmp)
@@ -633,12 +635,12 @@ def summary(sections: dict) -> dict:
     if any("speed_vs_baseline" in row for row in rows.values()):
       out[f"{prefix}_speed_vs_baseline"] = {k: v["speed_vs_baseline"] for k, v in rows.items() if "speed_vs_baseline" in v}
       out[f"{prefix}_mfu"] = {k: v["mfu"] for k, v in rows.items() if "mfu" in v}
-  packed_rows = sections.get("variants", {})
-  if isinstance(packed_rows, dict) and "target_tokens_per_s" in packed_rows.get("unpacked", {}):
-    unpacked = packed_rows["unpacked"]["target_tokens_per_s"]
-    out["variants_packed_over_unpacked"] = {k: packed_rows[k]["target_tokens_per_s"] / unpacked
+  variants = sections.get("variants", {})
+  if "target_tokens_per_s" in variants.get("unpacked", {}):
+    unpacked = variants["unpacked"]["target_tokens_per_s"]
+    out["variants_packed_over_unpacked"] = {k: variants[k]["target_tokens_per_s"] / unpacked
                                             for k in ("baseline", "combined")
-                                            if "target_tokens_per_s" in packed_rows.get(k, {})}
+                                            if "target_tokens_per_s" in variants.get(k, {})}
   for key in ("target_tokens_per_s", "data_wait_fraction"):
     if key in sections.get("train", {}):
       out[f"train_{key}"] = sections["train"][key]

@@ -164,33 +164,28 @@ def main() -> None:
   from accelerator import load_config
 
   rows, s, t = (int(x) for x in args.shape.split(","))
-  result = {"config": pathlib.Path(args.config).name, "jax": jax.__version__, "platform": "cpu", "losses": {}}
-  for name in (LOSSES if args.loss == "all" else (args.loss,)):
+
+  def costs(name: str, logits_dtype: str = "float32") -> dict:  # loss `name`'s entry: the loss alone, the step
     config = load_config(args.config)
-    config.model.dtype = args.dtype
+    config.model.update(dtype=args.dtype, logits_dtype=logits_dtype)
     entry = {}
     if args.what in ("loss", "both"):
-      entry["loss"] = loss_cost(name, rows * t, config.data.vocab_size, config.train.label_smoothing)
+      entry["loss"] = loss_cost(name, rows * t, config.data.vocab_size, config.train.label_smoothing, logits_dtype)
     if args.what in ("step", "both"):
       entry["step"] = step_cost(name, config, rows, s, t)
-    result["losses"][name] = entry
-    print(json.dumps({name: entry}), flush=True)
+    return entry
+
+  ratios = lambda entry, to: {part: {k: v[k] / to[part][k] for k in ("bytes_accessed", "flops")}
+                              for part, v in entry.items()}
+  result = {"config": pathlib.Path(args.config).name, "jax": jax.__version__, "platform": "cpu", "losses": {}}
+  for name in (LOSSES if args.loss == "all" else (args.loss,)):
+    result["losses"][name] = costs(name)
+    print(json.dumps({name: result["losses"][name]}), flush=True)
   if args.loss == "all":  # issue 62: the GPU's loss on bf16 logits (model.logits_dtype=bfloat16)
-    config = load_config(args.config)
-    config.model.update(dtype=args.dtype, logits_dtype="bfloat16")
-    entry = {}
-    if args.what in ("loss", "both"):
-      entry["loss"] = loss_cost("one_pass", rows * t, config.data.vocab_size, config.train.label_smoothing, "bfloat16")
-    if args.what in ("step", "both"):
-      entry["step"] = step_cost("one_pass", config, rows, s, t)
-    result["one_pass_bf16_logits"] = entry
+    result["one_pass_bf16_logits"] = entry = costs("one_pass", "bfloat16")
     print(json.dumps({"one_pass_bf16_logits": entry}), flush=True)
-    one_pass = result["losses"]["one_pass"]
-    result["bf16_logits_ratio_to_one_pass"] = {part: {k: v[k] / one_pass[part][k] for k in ("bytes_accessed", "flops")}
-                                               for part, v in entry.items()}
-    legacy = result["losses"]["legacy"]
-    result["ratio_to_legacy"] = {name: {part: {k: v[k] / legacy[part][k] for k in ("bytes_accessed", "flops")}
-                                        for part, v in entry.items()} for name, entry in result["losses"].items()}
+    result["bf16_logits_ratio_to_one_pass"] = ratios(entry, result["losses"]["one_pass"])
+    result["ratio_to_legacy"] = {name: ratios(e, result["losses"]["legacy"]) for name, e in result["losses"].items()}
   print(json.dumps(result))
   if args.out:
     pathlib.Path(args.out).write_text(json.dumps(result, indent=1) + "\n")

@@ -359,6 +359,12 @@ def test_on_a_gpu_packed_rows_take_the_flash_kernel_unless_it_does_not_compile(m
     attention(q, k, v, mask, impl="flash")
 
 
+def output_and_grads(kernel, q, k, v, dz):
+  """(out, dq, dk, dv) of kernel(q, k, v) for the output gradient dz."""
+  out, vjp = jax.vjp(kernel, q, k, v)
+  return (out, *vjp(dz))
+
+
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "self"])
 def test_flash_gradients_equal_explicit_on_packed_rows(causal):
   """Several segments a row and padding, causal or not: the kernel's backward (two Pallas
@@ -404,10 +410,8 @@ def test_flash_with_asymmetric_blocks_equals_explicit(case):
   real = (q_segments_bt != 0)[:, :, None, None]
   kernels = {"flash": lambda q, k, v: flash_attention(q, k, v, mask, interpret=True, blocks=Blocks.parse(ASYMMETRIC)),
              "explicit": lambda q, k, v: KERNELS["explicit"](q, k, v, mask)}
-  outs = {}
-  for name, kernel in kernels.items():
-    out, vjp = jax.vjp(lambda q, k, v: jnp.where(real, kernel(q, k, v), 0.0), q, k, v)
-    outs[name] = (out, *vjp(dz))
+  outs = {name: output_and_grads(lambda q, k, v, f=kernel: jnp.where(real, f(q, k, v), 0.0), q, k, v, dz)
+          for name, kernel in kernels.items()}
   for what, got, want in zip(("out", "dq", "dk", "dv"), outs["flash"], outs["explicit"]):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=what)
 
@@ -473,8 +477,7 @@ def test_flash_queries_without_keys_attend_to_nothing():
   has_keys = jnp.arange(32)[None, :, None, None] < 20
 
   def outputs(name, dz):
-    out, vjp = jax.vjp(lambda q, k, v: KERNELS[name](q, k, v, mask), q, k, v)
-    return (out, *vjp(dz))
+    return output_and_grads(lambda q, k, v: KERNELS[name](q, k, v, mask), q, k, v, dz)
 
   flash, flash_masked_dz = outputs("flash", dz), outputs("flash", jnp.where(has_keys, dz, 0.0))
   explicit = outputs("explicit", jnp.where(has_keys, dz, 0.0))
