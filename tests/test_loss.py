@@ -17,7 +17,7 @@ from conftest import REPO, benchmark
 
 from seq2seq.model.layers import dense, tied_logits
 from seq2seq.training import loss as loss_lib
-from seq2seq.training.loss import cross_entropy_sums, vocab_blocks
+from seq2seq.training.loss import chunked_cross_entropy_sums, cross_entropy_sums, vocab_blocks
 
 EPS = 0.1
 IMPLS = ("passes", "one_pass")
@@ -237,3 +237,133 @@ def test_the_loss_moves_fewer_bytes_than_the_reference_and_the_legacy_loss():
     assert float(s_new["correct"]) == float(s_old["correct"]) and float(s_new["tokens"]) == float(s_old["tokens"])
     assert float(s_new["nll_sum"]) == pytest.approx(float(s_old["nll_sum"]), rel=1e-6)
     _close(g_new, g_old)
+
+
+# -- the projection and the loss in chunks of positions (train.loss_chunk) -----------------
+def _projected(tied, logits_dtype):
+  """The unchunked path: logits made by the model's projection, then `cross_entropy_sums`."""
+  if tied:
+    return lambda h, w: tied_logits(h, w, logits_dtype)
+  return lambda h, w: dense(h, w, out_dtype=jnp.dtype(logits_dtype))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("tied", [True, False])
+def test_the_chunked_projection_and_loss_equal_the_unchunked_ones_in_float64(tied, impl):
+  """Sums and gradients (states and weight) of `chunked_cross_entropy_sums` equal the logits'
+  path to float64 rounding, for a chunk of one position, one the length does not divide
+  (padding), the whole length and more; the metrics carry no gradient and a NaN cotangent (the
+  divergence guard's poison) reaches every entry."""
+  rng = np.random.default_rng(3)
+  b, t, d, v = 3, 11, 16, 300
+  with jax.enable_x64(True):
+    h = jnp.asarray(rng.standard_normal((b, t, d)))
+    w = jnp.asarray(rng.standard_normal((v, d) if tied else (d, v)) * d**-0.5 * 4)
+    labels = jnp.asarray(rng.integers(0, v, (b, t)).astype(np.int32))
+    weights = jnp.asarray(rng.random((b, t)) < 0.8)
+    project = _projected(tied, "float64")
+    g_ref, s_ref = _grad(lambda h, w: cross_entropy_sums(project(h, w), labels, weights, EPS, impl), (0, 1))(h, w)
+    for chunk in (1, 4, 11, 16):
+      sums = lambda h, w: chunked_cross_entropy_sums(h, w, labels, weights, tied=tied, chunk=chunk, label_smoothing=EPS,
+                                                     logits_dtype="float64", impl=impl)
+      g_new, s_new = _grad(sums, (0, 1))(h, w)
+      s_primal = jax.jit(sums)(h, w)  # without jax.grad: the loop without the gradient's products
+      for k in s_ref:
+        assert float(s_new[k]) == pytest.approx(float(s_ref[k]), rel=1e-13, abs=1e-13), (chunk, k)
+        assert float(s_primal[k]) == float(s_new[k]), (chunk, k)
+      for got, want in zip(g_new, g_ref):
+        assert got.dtype == want.dtype
+        _close(got, want, rtol=1e-12)
+    metrics = jax.grad(lambda h: (lambda s: s["nll_sum"] + s["correct"])(
+        chunked_cross_entropy_sums(h, w, labels, weights, tied=tied, chunk=4)))(h)
+    assert not np.any(np.asarray(metrics))
+    poisoned = jax.grad(lambda h, w: chunked_cross_entropy_sums(h, w, labels, weights, tied=tied, chunk=4)["loss_sum"]
+                        * jnp.nan, (0, 1))(h, w)
+    assert all(np.isnan(np.asarray(g)).all() for g in poisoned)
+  with pytest.raises(ValueError, match="loss chunk 0"):
+    chunked_cross_entropy_sums(h, w, labels, weights, tied=tied, chunk=0)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_chunks_of_bf16_logits_equal_the_unchunked_bf16_logits_within_their_rounding(tied):
+  """`model.logits_dtype=bfloat16` with chunks, f32 states: the sums within f32 rounding of
+  the unchunked bf16 path, the gradients within bf16's (2^-8 of the largest): the loss runs in
+  f32, and its gradient, rounded to bf16 before the products, may round the other way. The
+  unchunked untied weight's gradient is also written in bf16 (its product's output dtype),
+  the chunks' in f32: one more bf16 rounding of each entry."""
+  rng = np.random.default_rng(4)
+  b, t, d, v = 3, 11, 16, 300
+  h = jnp.asarray(rng.standard_normal((b, t, d)), jnp.float32)
+  w = jnp.asarray(rng.standard_normal((v, d) if tied else (d, v)) * d**-0.5 * 4, jnp.float32)
+  labels, weights = jnp.asarray(rng.integers(0, v, (b, t)).astype(np.int32)), jnp.asarray(rng.random((b, t)) < 0.8)
+  project = _projected(tied, "bfloat16")
+  g_ref, s_ref = _grad(lambda h, w: cross_entropy_sums(project(h, w), labels, weights, EPS), (0, 1))(h, w)
+  g_new, s_new = _grad(lambda h, w: chunked_cross_entropy_sums(h, w, labels, weights, tied=tied, chunk=4,
+                                                               label_smoothing=EPS, logits_dtype="bfloat16"), (0, 1))(h, w)
+  assert float(s_new["correct"]) == float(s_ref["correct"]) and float(s_new["tokens"]) == float(s_ref["tokens"])
+  for k in ("loss_sum", "nll_sum"):
+    assert float(s_new[k]) == pytest.approx(float(s_ref[k]), rel=1e-6), k
+  _close(g_new[0], g_ref[0], rtol=2.0**-8)
+  dw_new, dw_ref = np.asarray(g_new[1], np.float64), np.asarray(g_ref[1], np.float64)
+  ulp = 0.0 if tied else 2.0 ** (np.floor(np.log2(np.maximum(np.abs(dw_ref), 1e-30))) - 7)  # bf16: 8 bits
+  assert np.all(np.abs(dw_new - dw_ref) <= ulp + 2.0**-8 * np.abs(dw_ref).max())
+
+
+CHUNKED_SHARDED = """
+import jax, jax.numpy as jnp, json, math, re, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+from seq2seq import sharding
+from seq2seq.training.loss import chunked_cross_entropy_sums
+rng = np.random.default_rng(0)
+b, t, d, v, chunk = 8, 12, 16, 2000, 5
+y = jnp.asarray(rng.standard_normal((b, t, d)), jnp.float32)
+labels, weights = jnp.asarray(rng.integers(0, v, (b, t)).astype(np.int32)), jnp.asarray(rng.random((b, t)) < 0.8)
+COLLECTIVE = re.compile(r"= (.*?) (all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(-start)?\\(")
+out = {}
+for tied in (True, False):
+  w = jnp.asarray(rng.standard_normal((v, d) if tied else (d, v)) * d**-0.5, jnp.float32)
+  def f(y, w):
+    sums = lambda y, w: chunked_cross_entropy_sums(y, w, labels, weights, tied=tied, chunk=chunk, label_smoothing=0.1,
+                                                   impl="one_pass")
+    return jax.grad(lambda y, w: (lambda s: (s["loss_sum"], s))(sums(y, w)), (0, 1), has_aux=True)(y, w)
+  one = jax.jit(f)(y, w)
+  for axes in ((8, 1, 1), (2, 1, 4), (2, 2, 2)):
+    mesh = sharding.make_mesh(dict(zip(("data", "fsdp", "tensor"), axes)))
+    split = jax.jit(sharding.with_activation_mesh(f, mesh))
+    ys = jax.device_put(y, NamedSharding(mesh, P(("data", "fsdp"))))
+    ws = jax.device_put(w, NamedSharding(mesh, sharding.spec_for(("vocab", "embed") if tied else ("embed", "vocab"),
+                                                                 w.shape, mesh)))
+    hlo = split.lower(ys, ws).compile().as_text()
+    got = split(ys, ws)
+    bodies = set(re.findall(r"body=%?([\\w.\\-]+)", hlo))
+    comps = dict(re.findall(r"\\n%?([\\w.\\-]+) [^\\n]*\\{\\n(.*?)\\n\\}", hlo, re.S))
+    in_loop = [(m.group(2), max(math.prod(int(x) for x in dims.split(",") if x) for dims in re.findall(r"\\[([\\d,]*)\\]", m.group(1))))
+               for name in bodies for m in COLLECTIVE.finditer(comps.get(name, ""))]
+    out[f"{tied} {axes}"] = {"grad": [float(jnp.max(jnp.abs(a - b_)) / jnp.max(jnp.abs(b_))) for a, b_ in zip(got[0], one[0])],
+                             "sums": {k: [float(got[1][k]), float(one[1][k])] for k in one[1]}, "loops": len(bodies),
+                             "in_loop": in_loop}
+print(json.dumps(out))
+"""
+
+
+def test_chunks_on_a_mesh_give_one_devices_values_and_sum_the_weight_gradient_once():
+  """On 8 CPU devices (data, data x tensor, data x fsdp x tensor): the chunked loss and its
+  gradients equal one device's. Inside the chunk loop nothing crosses devices with data
+  parallelism alone (each batch shard sums its own weight gradient, added once after the
+  loop), and with the vocabulary split over devices only per-token values and the states'
+  gradient of a chunk do ([b, chunk] and [b * chunk, d], never the [v, d] weight)."""
+  env = dict(os.environ, XLA_FLAGS=os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8",
+             PYTHONPATH=str(REPO))
+  out = subprocess.run([sys.executable, "-c", CHUNKED_SHARDED], capture_output=True, text=True, timeout=300, cwd=REPO,
+                       env=env)
+  assert out.returncode == 0, out.stderr[-3000:]
+  b, d, chunk = 8, 16, 5
+  for name, result in json.loads(out.stdout.strip().splitlines()[-1]).items():
+    assert max(result["grad"]) < 1e-5, name  # f32, sums split over devices in another order
+    for k, (got, want) in result["sums"].items():
+      assert got == pytest.approx(want, rel=1e-6), (name, k)
+    assert result["loops"] == 1, name
+    if name.endswith("(8, 1, 1)"):
+      assert result["in_loop"] == [], name
+    else:
+      assert result["in_loop"] and all(op == "all-reduce" and size <= b * chunk * d for op, size in result["in_loop"]), name

@@ -76,15 +76,15 @@ def test_mesh_sizes_from_config():
     sharding.mesh_shape({"data": -1, "fsdp": -1, "tensor": 1}, 8)
 
 
-def _steps(accum_steps):
+def _steps(accum_steps, loss_chunk=0, **model):
   from seq2seq.configs import default
 
   config = default.get_config()
   config.train.update(label_smoothing=0.1, schedule="constant", learning_rate=1e-2, warmup_steps=0, steps=5,
                       adam_b1=0.9, adam_b2=0.98, adam_eps=1e-9, weight_decay=0.0, grad_clip_norm=0.0,
-                      accum_steps=accum_steps)
-  model_cfg = ModelConfig(vocab_size=64, d_model=16, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
-                          d_ff=32, dropout_rate=0.0)
+                      accum_steps=accum_steps, loss_chunk=loss_chunk)
+  model_cfg = ModelConfig(**dict(vocab_size=64, d_model=16, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
+                                 d_ff=32, dropout_rate=0.0) | model)
   mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, jax.devices()[:1])
   tx, lr = optimizer.make(config.train, d_model=16)
   graphdef, state, shardings = init_state(model_cfg, tx, mesh, 0)
@@ -113,6 +113,51 @@ def test_accumulating_k_micro_batches_equals_one_k_times_batch():
   new_state, m = steps2.update(state2, [sharding.put_batch(h, mesh) for h in halves])
   assert int(new_state.step) == 1
   assert float(m["grad_norm"]) == pytest.approx(float(optax_global_norm(big_grads) / big_sums["tokens"]), rel=1e-5)
+
+
+@pytest.mark.parametrize("tie_output", [True, False])
+def test_a_step_with_the_loss_in_chunks_equals_the_step_without(tie_output):
+  """`train.loss_chunk`: the train step's gradients, metric sums and evaluation sums equal the
+  unchunked step's up to float32 summation order (chunks of 3 positions: 10 do not divide)."""
+  batch = batches(1, rows=8)[0]
+  runs = {}
+  for chunk in (0, 3):
+    steps, state, mesh = _steps(1, loss_chunk=chunk, tie_output=tie_output, share_embeddings=tie_output)
+    on_mesh = sharding.put_batch(batch, mesh)
+    runs[chunk] = (*steps.accumulate(None, state.params, on_mesh, state.step, 0), steps.eval(state.params, on_mesh))
+  (grads, sums, evals), (grads_0, sums_0, evals_0) = runs[3], runs[0]
+  for new, old in ((sums, sums_0), (evals, evals_0)):
+    assert float(new["tokens"]) == float(old["tokens"]) and float(new["correct"]) == float(old["correct"])
+    for k in ("loss_sum", "nll_sum"):
+      assert float(new[k]) == pytest.approx(float(old[k]), rel=1e-6), k
+  scale = max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(grads_0))
+  assert len(jax.tree.leaves(grads)) == len(jax.tree.leaves(grads_0))
+  for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_0)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6 * scale)
+
+
+def test_the_loss_in_chunks_holds_no_logits():
+  """The compiled train step's temporary memory (XLA's own figure) falls by more than the
+  f32 logits [rows, T, vocab] take, with chunks of 4 of 32 positions (the unchunked step holds
+  them for the backward pass, and their gradient after it); a negative chunk is a config error."""
+  from jax.sharding import NamedSharding, PartitionSpec
+
+  rows, length, vocab = 8, 32, 4000
+  temp = {}
+  for chunk in (0, 4):
+    steps, state, mesh = _steps(1, loss_chunk=chunk, vocab_size=vocab, d_model=32)
+    batch = {k: jax.ShapeDtypeStruct((rows, length), jnp.int32, sharding=NamedSharding(mesh, PartitionSpec()))
+             for k in batches(1)[0]}
+    temp[chunk] = steps.train.lower(state, batch, False).compile().memory_analysis().temp_size_in_bytes
+  assert temp[0] - temp[4] > rows * length * vocab * 4
+  with pytest.raises(ValueError, match=r"config.train.loss_chunk must be 0 \(all positions at once\) or positive"):
+    TrainConfig.from_config(dict(_train_defaults(), loss_chunk=-1))
+
+
+def _train_defaults() -> dict:
+  from seq2seq.configs import default
+
+  return dict(default.get_config().train.items())
 
 
 def optax_global_norm(tree):

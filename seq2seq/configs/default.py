@@ -98,6 +98,10 @@ def get_config() -> ml_collections.ConfigDict:
       warmup_steps=4000,
       end_lr_fraction=0.0,  # warmup_cosine / warmup_linear: final rate as a fraction of the peak
       label_smoothing=0.1,
+      # Target positions a step projects onto the vocabulary and scores at a time
+      # (seq2seq/training/loss.py: chunked_cross_entropy_sums): no [b, t, vocab] logits are held.
+      # 0 = all at once.
+      loss_chunk=0,
       adam_b1=0.9,
       adam_b2=0.98,
       adam_eps=1e-9,

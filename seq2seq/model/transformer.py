@@ -210,9 +210,18 @@ class Transformer(nnx.Module):
   def _tgt_embed(self) -> Embed:
     return self.src_embed if self.tgt_embed is None else self.tgt_embed
 
+  def _features(self, y_btd):
+    return y_btd if self.decoder_norm is None else self.decoder_norm(y_btd)
+
+  def output_projection(self) -> tuple[jax.Array, bool]:
+    """(the vocabulary projection's weight, tied): [v, d], the target embedding, when tied;
+    else [d, v]. What `seq2seq.training.loss.chunked_cross_entropy_sums` multiplies by."""
+    if self.output_dv is None:
+      return weight(self._tgt_embed.embedding_vd), True
+    return weight(self.output_dv), False
+
   def _logits(self, y_btd, dtype: str = "float32"):
-    if self.decoder_norm is not None:
-      y_btd = self.decoder_norm(y_btd)
+    y_btd = self._features(y_btd)
     if self.output_dv is None:
       logits_btv = self._tgt_embed.attend(y_btd, dtype)
     else:
@@ -234,9 +243,10 @@ class Transformer(nnx.Module):
     return x_bsd if self.encoder_norm is None else constrain(self.encoder_norm(x_bsd), RESIDUAL)
 
   def decode(self, tgt_in_bt, enc_bsd, src_segments_bs, *, tgt_segments_bt=None, tgt_positions_bt=None,
-             dropout_rng=None, packed=None, logits_dtype=None):
+             dropout_rng=None, packed=None, logits_dtype=None, project=True):
     """Teacher-forced decoder: logits [b, t, v] for every target position, in `logits_dtype`
-    (default config.model.logits_dtype)."""
+    (default config.model.logits_dtype). `project=False`: the states [b, t, d] the vocabulary
+    projection reads (after the final norm), for a loss that projects them in chunks."""
     packed = tgt_segments_bt is not None if packed is None else packed
     given = tgt_positions_bt is not None
     tgt_segments_bt, tgt_positions_bt = self._defaults(tgt_in_bt, tgt_segments_bt, tgt_positions_bt)
@@ -247,11 +257,14 @@ class Transformer(nnx.Module):
     bias_bntt = self._self_bias(self.decoder_bias, tgt_positions_bt, given)
     for i, layer in enumerate(self.decoder_layers):
       y_btd = layer(y_btd, self_mask, tgt_positions_bt, enc_bsd, cross_mask, fold(dropout_rng, i + 1), bias_bntt)
+    if not project:
+      return constrain(self._features(y_btd), RESIDUAL)
     return self._logits(y_btd, logits_dtype or self.cfg.logits_dtype)
 
   def __call__(self, src_bs, tgt_in_bt, *, src_segments_bs=None, tgt_segments_bt=None, src_positions_bs=None,
-               tgt_positions_bt=None, dropout_rng=None, packed=None):
-    """Logits [b, t, v] (f32) of the next target token at every position."""
+               tgt_positions_bt=None, dropout_rng=None, packed=None, project=True):
+    """Logits [b, t, v] (f32) of the next target token at every position (`project=False`:
+    the decoder's states [b, t, d] before the vocabulary projection; see `decode`)."""
     if packed is None:
       packed = src_segments_bs is not None or tgt_segments_bt is not None
     if src_segments_bs is None:
@@ -259,7 +272,8 @@ class Transformer(nnx.Module):
     enc_bsd = self.encode(src_bs, src_segments_bs=src_segments_bs, src_positions_bs=src_positions_bs,
                           dropout_rng=fold(dropout_rng, 0), packed=packed)
     return self.decode(tgt_in_bt, enc_bsd, src_segments_bs, tgt_segments_bt=tgt_segments_bt,
-                       tgt_positions_bt=tgt_positions_bt, dropout_rng=fold(dropout_rng, 1), packed=packed)
+                       tgt_positions_bt=tgt_positions_bt, dropout_rng=fold(dropout_rng, 1), packed=packed,
+                       project=project)
 
   def cross_attention_weights(self, src_bs, tgt_in_bt) -> jax.Array:
     """Cross-attention weights [layers, b, n, t, s] of a teacher-forced pass (for plots)."""

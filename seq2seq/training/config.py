@@ -29,6 +29,7 @@ class TrainConfig:
   warmup_steps: int
   end_lr_fraction: float
   label_smoothing: float
+  loss_chunk: int  # target positions projected and scored at a time; 0: all
   adam_b1: float
   adam_b2: float
   adam_eps: float
@@ -49,6 +50,8 @@ class TrainConfig:
     for key in ("steps", "checkpoint_every", "log_every", "keep_checkpoints", "accum_steps"):
       if int(getattr(self, key)) < 1:
         raise ConfigError(f"config.train.{key} must be at least 1, got {getattr(self, key)}")
+    if int(self.loss_chunk) < 0:
+      raise ConfigError(f"config.train.loss_chunk must be 0 (all positions at once) or positive, got {self.loss_chunk}")
     if int(self.eval_every) < 0:
       raise ConfigError(f"config.train.eval_every must be 0 (off) or positive, got {self.eval_every}")
     for field in dataclasses.fields(self):  # a NaN or infinite rate trains nothing but NaN

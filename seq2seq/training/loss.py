@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from seq2seq import sharding
+from seq2seq.model.layers import dense
 
 # The longest block of the vocabulary one reduction loop sums (a variadic reduction may add
 # element by element, as XLA:CPU's does): short enough that rounding stays that of a tree sum.
@@ -176,3 +177,121 @@ def summarize(sums: dict) -> dict[str, float]:
   nll = float(sums["nll_sum"]) / tokens
   return {"loss": float(sums["loss_sum"]) / tokens, "nll": nll, "accuracy": float(sums["correct"]) / tokens,
           "perplexity": float(jnp.exp(jnp.minimum(nll, 50.0))), "tokens": float(sums["tokens"])}
+
+
+# -- the vocabulary projection and the loss in chunks of target positions ----------------------
+def _batch_groups(b: int) -> int:
+  """Shards of the batch axis (data x fsdp): the weight gradient is summed per shard inside the
+  chunk loop, so no chunk sums it across devices; the shards' sums are added once after it."""
+  mesh = sharding.current_mesh()
+  if mesh is None or mesh.size == 1:
+    return 1
+  n = sharding.data_parallel_size(mesh)
+  return n if b % n == 0 else 1
+
+
+def _chunk_loop(y_btd, w, labels_bt, weights_bt, eps, chunk, tied, logits_dtype, impl, with_grads):
+  """Per-token (loss, NLL, correct) [b, t] and, `with_grads`, d loss_sum / d (y, w), from
+  logits made and used one chunk of `chunk` target positions at a time."""
+  b, t, d = y_btd.shape
+  vocab = w.shape[0] if tied else w.shape[1]
+  k = -(-t // chunk)
+  if k * chunk > t:  # padded positions: label 0, weight 0
+    pad = [(0, 0), (0, k * chunk - t)]
+    y_btd, labels_bt, weights_bt = (jnp.pad(x, pad + [(0, 0)] * (x.ndim - 2)) for x in (y_btd, labels_bt, weights_bt))
+  w_c = w.astype(y_btd.dtype)  # the compute dtype, as the unchunked projection
+  n = _batch_groups(b)
+  vocab_axes = ("batch", "length", "vocab")
+
+  def project(y_bcd):
+    out = jnp.dtype(logits_dtype)
+    z = dense(y_bcd, w_c, w_transposed=True, out_dtype=out) if tied else dense(y_bcd, w_c, out_dtype=out)
+    return sharding.constrain(z, vocab_axes)
+
+  def body(i, carry):
+    start = i * chunk
+    y_bcd, labels_bc = (jax.lax.dynamic_slice_in_dim(x, start, chunk, 1) for x in (y_btd, labels_bt))
+    z_bcv = project(y_bcd)
+    max_bc, lse_bc, label_bc, total_bc = _token_stats(_f32(z_bcv), labels_bc, impl)
+    nll_bc = lse_bc - label_bc
+    stats_bc = ((1.0 - eps) * nll_bc + eps * (lse_bc - total_bc / vocab), nll_bc,
+                (label_bc >= max_bc).astype(max_bc.dtype))
+    out = tuple(jax.lax.dynamic_update_slice_in_dim(acc, x, start, 1) for acc, x in zip(carry[:3], stats_bc))
+    if not with_grads:
+      return out
+    # d loss_sum / d z: weight * (p - (1 - eps) onehot - eps / V), as `_xent_bwd` with g_loss = weight.
+    g_bc = jax.lax.dynamic_slice_in_dim(weights_bt, start, chunk, 1)[..., None].astype(lse_bc.dtype)
+    p_bcv = jnp.exp(_f32(z_bcv) - lse_bc[..., None])
+    onehot_bcv = labels_bc[..., None] == jnp.arange(vocab, dtype=labels_bc.dtype)
+    d_bcv = g_bc * p_bcv - jnp.where(onehot_bcv, (1.0 - eps) * g_bc, 0.0) - (eps / vocab) * g_bc
+    d_bcv = sharding.constrain(d_bcv.astype(z_bcv.dtype).astype(y_bcd.dtype), vocab_axes)
+    dy_bcd = dense(d_bcv, w_c) if tied else dense(d_bcv, w_c, w_transposed=True)
+    # The weight gradient of each batch shard, [n, v, d] (tied) or [n, d, v], split over the
+    # shards: a product of [n, m, v] and [n, m, d] over m, the shard's tokens of the chunk.
+    d_nmv, y_nmd = d_bcv.reshape(n, -1, vocab), y_bcd.reshape(n, -1, d)
+    lhs, rhs = (d_nmv, y_nmd) if tied else (y_nmd, d_nmv)
+    if n == 1:  # a 2-D product: XLA:CPU runs it on its operands in place (see `dense`)
+      dw_c = jax.lax.dot_general(lhs[0], rhs[0], (((0,), (0,)), ((), ())), preferred_element_type=carry[4].dtype)[None]
+    else:
+      dw_c = jax.lax.dot_general(lhs, rhs, (((1,), (1,)), ((0,), (0,))), preferred_element_type=carry[4].dtype)
+    dw = carry[4] + dw_c
+    dw = sharding.constrain(dw, ("batch", "vocab", "embed") if tied else ("batch", "embed", "vocab"))
+    return out + (jax.lax.dynamic_update_slice_in_dim(carry[3], dy_bcd, start, 1), dw)
+
+  zeros_bt = jnp.zeros(labels_bt.shape, jnp.promote_types(logits_dtype, jnp.float32))
+  init = (zeros_bt,) * 3
+  if with_grads:
+    init += (jnp.zeros_like(y_btd), jnp.zeros((n, *w.shape), jnp.promote_types(w.dtype, jnp.float32)))
+  out = jax.lax.fori_loop(0, k, body, init)
+  stats = tuple(x[:, :t] for x in out[:3])
+  if not with_grads:
+    return stats, None
+  return stats, (out[3][:, :t], jnp.sum(out[4], axis=0).astype(w.dtype))
+
+
+def _chunked_sums(stats, weights_bt):
+  loss_bt, nll_bt, correct_bt = stats
+  w_bt = weights_bt.astype(jnp.float32)
+  return jnp.sum(loss_bt * w_bt), jnp.sum(nll_bt * w_bt), jnp.sum(correct_bt * w_bt)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7, 8))
+def _chunked_xent(y_btd, w, labels_bt, weights_bt, eps, chunk, tied, logits_dtype, impl):
+  """(loss_sum, nll_sum, correct); the gradient is that of loss_sum alone."""
+  stats, _ = _chunk_loop(y_btd, w, labels_bt, weights_bt, eps, chunk, tied, logits_dtype, impl, False)
+  return _chunked_sums(stats, weights_bt)
+
+
+def _chunked_xent_fwd(y_btd, w, labels_bt, weights_bt, eps, chunk, tied, logits_dtype, impl):
+  stats, grads = _chunk_loop(y_btd, w, labels_bt, weights_bt, eps, chunk, tied, logits_dtype, impl, True)
+  return _chunked_sums(stats, weights_bt), grads
+
+
+def _chunked_xent_bwd(eps, chunk, tied, logits_dtype, impl, grads, cotangents):
+  g_loss = cotangents[0]  # nll_sum and correct leave through stop_gradient: no cotangent
+  dy_btd, dw = grads
+  return (g_loss * dy_btd).astype(dy_btd.dtype), (g_loss * dw).astype(dw.dtype), None, None
+
+
+_chunked_xent.defvjp(_chunked_xent_fwd, _chunked_xent_bwd)
+
+
+def chunked_cross_entropy_sums(y_btd: jax.Array, w: jax.Array, labels_bt: jax.Array, weights_bt: jax.Array, *,
+                               tied: bool, chunk: int, label_smoothing: float = 0.0, logits_dtype: str = "float32",
+                               impl: str = "auto") -> dict[str, jax.Array]:
+  """`cross_entropy_sums` of the logits y @ w (w: [d, v]; `tied`: [v, d], y @ w^T), without
+  ever holding the [b, t, v] logits: they are made, reduced and differentiated `chunk` target
+  positions at a time (`train.loss_chunk`).
+
+  Under `jax.grad` the forward pass also computes each chunk's gradient with respect to y and
+  w (the loss is the program's output, so its cotangent is a scalar that scales them), which
+  takes the same three matmuls as the unchunked projection and its backward pass, not a fourth
+  to recompute the logits. What stays in memory is [b, t, d] and [v, d], not [b, t, v] f32.
+  `loss_sum` carries the gradient; `nll_sum` and `correct` are metrics and carry none.
+  """
+  if chunk < 1:
+    raise ValueError(f"loss chunk {chunk}: expected at least 1 target position")
+  loss_sum, nll_sum, correct = _chunked_xent(y_btd, w, labels_bt, weights_bt.astype(jnp.float32),
+                                             float(label_smoothing), int(chunk), bool(tied), str(logits_dtype), impl)
+  return {"loss_sum": loss_sum, "nll_sum": jax.lax.stop_gradient(nll_sum),
+          "tokens": jnp.sum(weights_bt.astype(jnp.float32)), "correct": jax.lax.stop_gradient(correct)}
