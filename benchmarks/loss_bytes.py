@@ -10,7 +10,8 @@ sums, forward and backward (the gradient of `loss_sum` with respect to the logit
 Losses: `legacy`, the label-smoothed cross entropy before issue 45 (kept below as the
 baseline); `passes` and `one_pass`, seq2seq.training.loss with that `impl` (a CPU program
 runs `passes`, a GPU or TPU one `one_pass`: `auto`). With every loss (`--loss=all`) also
-`one_pass_bf16_logits`: `one_pass` on bf16 logits (`model.logits_dtype=bfloat16`, issue 62).
+`one_pass_bf16_logits`: `one_pass` on bf16 logits (`model.logits_dtype=bfloat16`, issue 62),
+and `one_pass_chunked`: the step with the projection and loss in chunks (`train.loss_chunk`).
 XLA:CPU counts every operand and result of every instruction once, so these figures are the
 traffic of a machine without caches.
 """
@@ -81,15 +82,18 @@ LOSSES = ("legacy", "passes", "one_pass")  # before issue 45; after, as on a CPU
 
 @contextlib.contextmanager
 def using_loss(name: str):
-  """Within this block the train step (`train._loss`) uses loss `name`."""
-  from seq2seq.training import train
+  """Within this block the train step (`train._loss`) uses loss `name` (an `impl` name: also
+for the loss in chunks)."""
+  from seq2seq.training import loss, train
 
-  saved = train.cross_entropy_sums
+  saved = train.cross_entropy_sums, train.chunked_cross_entropy_sums
   train.cross_entropy_sums = sums_fn(name)
+  if isinstance(name, str) and name != "legacy":
+    train.chunked_cross_entropy_sums = functools.partial(loss.chunked_cross_entropy_sums, impl=name)
   try:
     yield
   finally:
-    train.cross_entropy_sums = saved
+    train.cross_entropy_sums, train.chunked_cross_entropy_sums = saved
 
 
 def sums_fn(name):
@@ -103,9 +107,24 @@ def sums_fn(name):
 
 
 def cost(compiled) -> dict:
+  """XLA's bytes accessed and FLOPs, and the temporary memory the program allocates."""
   c = compiled.cost_analysis()
   c = c[0] if isinstance(c, list) else c  # older JAX: one dict per program
-  return {"bytes_accessed": float(c.get("bytes accessed", 0.0)), "flops": float(c.get("flops", 0.0))}
+  return {"bytes_accessed": float(c.get("bytes accessed", 0.0)), "flops": float(c.get("flops", 0.0)),
+          "temp_bytes": float(compiled.memory_analysis().temp_size_in_bytes)}
+
+
+@contextlib.contextmanager
+def unrolled_chunks():
+  """Within this block `train.loss_chunk`'s loop is unrolled: XLA's cost analysis counts a
+  loop's body once, the unrolled program every chunk."""
+  from seq2seq.training import loss
+
+  saved, loss.UNROLL_CHUNKS = loss.UNROLL_CHUNKS, True
+  try:
+    yield
+  finally:
+    loss.UNROLL_CHUNKS = saved
 
 
 def loss_cost(name, tokens: int, vocab: int, label_smoothing: float = 0.1, dtype: str = "float32") -> dict:
@@ -157,6 +176,7 @@ def main() -> None:
   parser.add_argument("--shape", default="96,256,256", help="rows,S,T of the train step")
   parser.add_argument("--loss", default="all", choices=(*LOSSES, "auto", "all"))
   parser.add_argument("--what", default="both", choices=("step", "loss", "both"))
+  parser.add_argument("--loss_chunk", type=int, default=32, help="train.loss_chunk of the chunked entry")
   parser.add_argument("--out", default="")
   args = parser.parse_args()
 
@@ -185,6 +205,20 @@ def main() -> None:
     result["one_pass_bf16_logits"] = entry = costs("one_pass", "bfloat16")
     print(json.dumps({"one_pass_bf16_logits": entry}), flush=True)
     result["bf16_logits_ratio_to_one_pass"] = ratios(entry, result["losses"]["one_pass"])
+    # and the projection and loss in chunks (train.loss_chunk): the step's memory as compiled,
+    # its bytes and FLOPs with the chunk loop unrolled (see unrolled_chunks)
+    config = load_config(args.config)
+    config.model.dtype, config.train.loss_chunk = args.dtype, args.loss_chunk
+    entry = {"step": step_cost("one_pass", config, rows, s, t)}
+    with unrolled_chunks():
+      unrolled = step_cost("one_pass", config, rows, s, t)
+    entry["step"].update(bytes_accessed=unrolled["bytes_accessed"], flops=unrolled["flops"],
+                         loss_chunk=args.loss_chunk)
+    result["one_pass_chunked"] = entry
+    print(json.dumps({"one_pass_chunked": entry}), flush=True)
+    result["chunked_ratio_to_one_pass"] = {
+        "step": {k: entry["step"][k] / result["losses"]["one_pass"]["step"][k]
+                 for k in ("bytes_accessed", "flops", "temp_bytes")}}
     result["ratio_to_legacy"] = {name: ratios(e, result["losses"]["legacy"]) for name, e in result["losses"].items()}
   print(json.dumps(result))
   if args.out:

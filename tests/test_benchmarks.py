@@ -124,9 +124,13 @@ def test_every_benchmark_script_runs_at_a_tiny_size(script, data_dir, tmp_path, 
     data_dir = request.getfixturevalue("real_data_dir")
   if script == "train_throughput":
     stdout = _run_benchmark(script, ["--config=configs/tiny.py", "--vocab_size=300", "--batch=4", "--src_len=8",
-                                     "--tgt_len=8", "--steps=1", "--rounds=1"], data_dir, tmp_path)
-    row = json.loads(stdout[stdout.index("{"):])
-    assert row["shape"] == [4, 8, 8] and row["target_tokens_per_s"] > 0 and 0 < row["mfu"] < 1, row
+                                     "--tgt_len=8", "--steps=1", "--rounds=1", "--setting=train.loss_chunk=0,3"],
+                            data_dir, tmp_path)
+    out = json.loads(stdout[stdout.index("{"):])
+    assert out["setting"] == "train.loss_chunk" and list(out["values"]) == list(out["speed_vs_first"]) == ["0", "3"]
+    assert out["speed_vs_first"]["0"] == 1.0
+    for row in out["values"].values():
+      assert row["shape"] == [4, 8, 8] and row["target_tokens_per_s"] > 0 and 0 < row["mfu"] < 1, row
   elif script == "wmt_like":
     _run_benchmark(script, ["--pairs=200", f"--out={tmp_path}"], data_dir, tmp_path)
     for lang in ("en", "de"):
@@ -142,6 +146,11 @@ def test_every_benchmark_script_runs_at_a_tiny_size(script, data_dir, tmp_path, 
                             f"--out={result}"], data_dir, tmp_path)  # the step and the loss this machine runs
     (row,) = json.loads(result.read_text())["losses"].values()
     assert row["loss"]["bytes_accessed"] > 0 and row["step"]["flops"] > row["loss"]["flops"] > 0, row
+    _run_benchmark(script, ["--config=configs/tiny.py", "--shape=4,8,8", "--dtype=float32", "--loss_chunk=3",
+                            f"--out={result}"], data_dir, tmp_path)  # every loss, bf16 logits, the loss in chunks
+    out = json.loads(result.read_text())
+    assert out["one_pass_chunked"]["step"]["loss_chunk"] == 3 and out["one_pass_chunked"]["step"]["temp_bytes"] > 0
+    assert set(out["chunked_ratio_to_one_pass"]["step"]) == {"bytes_accessed", "flops", "temp_bytes"}
   elif script == "host_overhead":
     _run_benchmark(script, ["--steps=30", "--log_every=10", f"--out={result}"], data_dir, tmp_path)
     row = json.loads(result.read_text())

@@ -274,6 +274,62 @@ def test_the_bf16_logits_paragraph_is_loss_bytes_cpu_json():
   assert "(u = 2^-8: bf16's unit roundoff" in page and 2.0**-8 == float(jnp.finfo(jnp.bfloat16).eps) / 2
 
 
+def test_the_loss_in_chunks_section_is_its_records():
+  """'The loss in chunks': the logits it does not hold, XLA's temporaries, FLOPs and bytes of
+  wmt14_base's step with chunks against without (loss_bytes_cpu.json), and the CPU A/B's
+  shape, rounds and speed (train_throughput_loss_chunk_cpu2.json)."""
+  record, page = _record("loss_bytes_cpu.json"), _page()
+  unchunked, chunked = record["losses"]["one_pass"]["step"], record["one_pass_chunked"]["step"]
+  ratio = record["chunked_ratio_to_one_pass"]["step"]
+  rows, s, t = chunked["shape"]
+  assert chunked["shape"] == unchunked["shape"] and chunked["dtype"] == unchunked["dtype"] == "bfloat16"
+  logits = record["losses"]["one_pass"]["loss"]
+  assert logits["shape"] == [rows * t, chunked["vocab"]] and logits["dtype"] == "float32"
+  assert (f"wmt14_base's step ({rows}x{s}x{t}) keeps {rows * t} x {chunked['vocab']} f32 logits "
+          f"({_fixed(logits['logits_bytes'] / 1e9, 2)} GB)") in page
+  assert (f"`one_pass_chunked`, chunks of {chunked['loss_chunk']}): temporaries "
+          f"{_fixed(chunked['temp_bytes'] / GIB, 1)} GiB against {_fixed(unchunked['temp_bytes'] / GIB, 1)} GiB "
+          f"({_fixed(ratio['temp_bytes'], 2)}x), FLOPs {_fixed(ratio['flops'], 3)}x, "
+          f"bytes {_fixed(ratio['bytes_accessed'], 3)}x") in page
+  assert ratio["temp_bytes"] == chunked["temp_bytes"] / unchunked["temp_bytes"]
+  ab = _record("train_throughput_loss_chunk_cpu2.json")
+  assert ab["setting"] == "train.loss_chunk"
+  (base_value, chunk) = ab["values"]
+  base = ab["values"][base_value]
+  b, s, t = base["shape"]
+  assert base_value == "0" and base["config"] == "configs/multi30k.py"
+  from seq2seq import configs
+
+  main = configs.get("multi30k").data  # the main job's batches: packed rows of pack_length tokens
+  assert (main.max_tokens // main.pack_length, main.pack_length, main.pack_length, main.vocab_size) == (
+      b, s, t, base["vocab_size"])
+  assert (f"The main job's shape ({b} x {s} x {t}, {SHORT_DTYPE[base['dtype']]}, vocabulary "
+          f"{base['vocab_size']}), chunks of {chunk}, both timed in each of {base['rounds']} rounds "
+          f"(`benchmarks/train_throughput.py --setting=train.loss_chunk=0,{chunk}`") in page
+  ranges = [ab["values"][v]["step_ms_range"] for v in (chunk, base_value)]
+  assert (f"{_fixed(ab['speed_vs_first'][chunk], 2)}x the unchunked step's speed (median of the rounds' ratios; the "
+          f"step times' ranges overlap, {'-'.join(f'{x:.0f}' for x in ranges[0])} ms against "
+          f"{'-'.join(f'{x:.0f}' for x in ranges[1])})") in page
+  assert ranges[0][0] < ranges[1][1] and ranges[1][0] < ranges[0][1]  # they do overlap
+  assert "`loss_chunk_32` variant, unmeasured" in page
+
+
+def test_the_bf16_options_cpu_speeds_are_their_ab_records():
+  """Precision's bf16 moments and bf16 logits paragraphs: each option's CPU train-step speed
+  against float32, at the main job's shape, from its A/B record."""
+  page = _page()
+  for name, setting, values, words in (
+      ("train_throughput_adam_mu_cpu2.json", "train.adam_mu_dtype", ["", "bfloat16"], "the speed with f32 moments"),
+      ("train_throughput_logits_dtype_cpu2.json", "model.logits_dtype", ["float32", "bfloat16"],
+       "the f32 logits' speed")):
+    ab = _record(name)
+    assert ab["setting"] == setting and list(ab["values"]) == values, name
+    base = ab["values"][values[0]]
+    assert base["config"] == "configs/multi30k.py" and base["shape"] == [32, 64, 64] and base["dtype"] == "float32"
+    assert f"{_fixed(ab['speed_vs_first']['bfloat16'], 2)}x {words}, both timed in each of {base['rounds']} rounds" in page
+  assert "`benchmarks/train_throughput.py --setting=train.adam_mu_dtype=,bfloat16`" in page
+
+
 def test_the_variants_table_is_device_checks_variants():
   """'The changes it points to': one row per variant of benchmarks/device_check.py (but the
   baseline), in its order, naming its settings; MIN_GAIN and the call's budget as the script

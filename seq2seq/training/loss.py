@@ -180,6 +180,11 @@ def summarize(sums: dict) -> dict[str, float]:
 
 
 # -- the vocabulary projection and the loss in chunks of target positions ----------------------
+# Unroll the chunk loop (read when a step is traced). XLA's cost analysis counts a loop's body
+# once; benchmarks/loss_bytes.py unrolls it to count every chunk's bytes. Training keeps the loop.
+UNROLL_CHUNKS = False
+
+
 def _batch_groups(b: int) -> int:
   """Shards of the batch axis (data x fsdp): the weight gradient is summed per shard inside the
   chunk loop, so no chunk sums it across devices; the shards' sums are added once after it."""
@@ -242,7 +247,7 @@ def _chunk_loop(y_btd, w, labels_bt, weights_bt, eps, chunk, tied, logits_dtype,
   init = (zeros_bt,) * 3
   if with_grads:
     init += (jnp.zeros_like(y_btd), jnp.zeros((n, *w.shape), jnp.promote_types(w.dtype, jnp.float32)))
-  out = jax.lax.fori_loop(0, k, body, init)
+  out = jax.lax.fori_loop(0, k, body, init, unroll=True if UNROLL_CHUNKS else 1)
   stats = tuple(x[:, :t] for x in out[:3])
   if not with_grads:
     return stats, None
@@ -284,9 +289,9 @@ def chunked_cross_entropy_sums(y_btd: jax.Array, w: jax.Array, labels_bt: jax.Ar
   positions at a time (`train.loss_chunk`).
 
   Under `jax.grad` the forward pass also computes each chunk's gradient with respect to y and
-  w (the loss is the program's output, so its cotangent is a scalar that scales them), which
-  takes the same three matmuls as the unchunked projection and its backward pass, not a fourth
-  to recompute the logits. What stays in memory is [b, t, d] and [v, d], not [b, t, v] f32.
+  w (loss_sum is a scalar: whatever follows it, its cotangent is one number that scales them),
+  which takes the same three matmuls as the unchunked projection and its backward pass, not a
+  fourth to recompute the logits. What stays in memory is [b, t, d] and [v, d], not [b, t, v] f32.
   `loss_sum` carries the gradient; `nll_sum` and `correct` are metrics and carry none.
   """
   if chunk < 1:
