@@ -2,6 +2,8 @@
 8-device meshes, in f32 and bf16, with the fit in 16, 32 and 80 GiB per device.
 
   python benchmarks/dry_run_table.py --out=benchmarks/results/dry_run_wmt14.json   # ~10 min on 2 CPU cores
+  python benchmarks/dry_run_table.py --dtypes=bfloat16 --meshes="8,1,1;1,8,1" --loss_chunks=0,32 \
+      --out=benchmarks/results/dry_run_loss_chunk.json                            # train.loss_chunk's memory
 
 Each case is a fresh `python train.py --config=... --dry_run` process (fake CPU devices),
 so the figures are exactly what a user gets from that command.
@@ -51,6 +53,7 @@ def main() -> None:
   parser.add_argument("--dtypes", default="bfloat16,float32")
   parser.add_argument("--peak_tflops", type=float, default=989.0, help="per device (default: H100 SXM dense bf16)")
   parser.add_argument("--max_tokens", default="", help="comma-separated data.max_tokens values (default: the config's)")
+  parser.add_argument("--loss_chunks", default="", help="comma-separated train.loss_chunk values (default: the config's)")
   parser.add_argument("--meshes", default=";".join(",".join(map(str, m)) for m in MESHES),
                       help="data,fsdp,tensor sizes, ';' between meshes (default: the docs' five)")
   parser.add_argument("--out", default="")
@@ -60,11 +63,14 @@ def main() -> None:
   for config in args.configs.split(","):
     for dtype in args.dtypes.split(","):
       for max_tokens in (args.max_tokens.split(",") if args.max_tokens else [""]):
-        for mesh in meshes:
-          extra = [f"--config.data.max_tokens={max_tokens}"] if max_tokens else []
-          row = plan(config, mesh, dtype, args.peak_tflops, extra)
-          rows.append({"config": config, "max_tokens": max_tokens or "config"} | row)
-          print(markdown(rows[-1:]).splitlines()[-1], flush=True)
+        for chunk in (args.loss_chunks.split(",") if args.loss_chunks else [""]):
+          for mesh in meshes:
+            extra = [f"--config.data.max_tokens={max_tokens}"] if max_tokens else []
+            extra += [f"--config.train.loss_chunk={chunk}"] if chunk else []
+            row = plan(config, mesh, dtype, args.peak_tflops, extra)
+            rows.append({"config": config, "max_tokens": max_tokens or "config"}
+                        | ({"loss_chunk": int(chunk)} if chunk else {}) | row)
+            print(markdown(rows[-1:]).splitlines()[-1], flush=True)
   print(markdown(rows))
   if args.out:
     pathlib.Path(args.out).write_text(json.dumps(rows, indent=1) + "\n")

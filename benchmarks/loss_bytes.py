@@ -114,19 +114,6 @@ def cost(compiled) -> dict:
           "temp_bytes": float(compiled.memory_analysis().temp_size_in_bytes)}
 
 
-@contextlib.contextmanager
-def unrolled_chunks():
-  """Within this block `train.loss_chunk`'s loop is unrolled: XLA's cost analysis counts a
-  loop's body once, the unrolled program every chunk."""
-  from seq2seq.training import loss
-
-  saved, loss.UNROLL_CHUNKS = loss.UNROLL_CHUNKS, True
-  try:
-    yield
-  finally:
-    loss.UNROLL_CHUNKS = saved
-
-
 def loss_cost(name, tokens: int, vocab: int, label_smoothing: float = 0.1, dtype: str = "float32") -> dict:
   """Cost of logits [1, tokens, vocab] in `dtype` -> sums, with the gradient of loss_sum;
   `name` is a loss name or a function with `cross_entropy_sums`' signature."""
@@ -206,10 +193,12 @@ def main() -> None:
     print(json.dumps({"one_pass_bf16_logits": entry}), flush=True)
     result["bf16_logits_ratio_to_one_pass"] = ratios(entry, result["losses"]["one_pass"])
     # and the projection and loss in chunks (train.loss_chunk): the step's memory as compiled,
-    # its bytes and FLOPs with the chunk loop unrolled (see unrolled_chunks)
+    # its bytes and FLOPs with the chunk loop unrolled (seq2seq.training.loss.unrolled_chunks)
     config = load_config(args.config)
     config.model.dtype, config.train.loss_chunk = args.dtype, args.loss_chunk
     entry = {"step": step_cost("one_pass", config, rows, s, t)}
+    from seq2seq.training.loss import unrolled_chunks
+
     with unrolled_chunks():
       unrolled = step_cost("one_pass", config, rows, s, t)
     entry["step"].update(bytes_accessed=unrolled["bytes_accessed"], flops=unrolled["flops"],

@@ -312,6 +312,22 @@ def test_the_loss_in_chunks_section_is_its_records():
           f"{'-'.join(f'{x:.0f}' for x in ranges[1])})") in page
   assert ranges[0][0] < ranges[1][1] and ranges[1][0] < ranges[0][1]  # they do overlap
   assert "`loss_chunk_32` variant, unmeasured" in page
+  rows = _record("dry_run_loss_chunk.json")
+  gib = {}
+  for r in rows:
+    assert r["dtype"] == "bfloat16" and r["devices"] == 8 and r["compiled_shape"] == [96, 256, 256], r
+    gib.setdefault((r["config"], r["loss_chunk"]), set()).add(_fixed(r["temp_bytes"] / GIB, 2))
+  assert {c for _, c in gib} == {0, 32} and all(len(v) == 1 for v in gib.values())  # data or fsdp: the same
+  (base_0,), (base_32,), (big_0,), (big_32,) = (gib[k] for k in (("wmt14_base", 0), ("wmt14_base", 32),
+                                                                ("wmt14_big", 0), ("wmt14_big", 32)))
+  assert (f"The dry run on 8 fake devices, bf16, chunks of 32 ([dry_run_loss_chunk.json](../benchmarks/results/"
+          f"dry_run_loss_chunk.json)): temporaries per device {base_32} GiB against {base_0} for wmt14_base, "
+          f"{big_32} against {big_0} for wmt14_big, with data or fsdp parallelism alike; XLA's FLOPs within 0.1%.") in page
+  pairs = {(r["config"], tuple(r["mesh"].values())): {} for r in rows}
+  for r in rows:
+    pairs[(r["config"], tuple(r["mesh"].values()))][r["loss_chunk"]] = r["flops_xla"]
+  assert {tuple(p) for p in pairs.values()} == {(0, 32)}
+  assert all(abs(p[32] / p[0] - 1) < 1e-3 for p in pairs.values())
 
 
 def test_the_bf16_options_cpu_speeds_are_their_ab_records():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 
 import jax
@@ -180,9 +182,19 @@ def summarize(sums: dict) -> dict[str, float]:
 
 
 # -- the vocabulary projection and the loss in chunks of target positions ----------------------
-# Unroll the chunk loop (read when a step is traced). XLA's cost analysis counts a loop's body
-# once; benchmarks/loss_bytes.py unrolls it to count every chunk's bytes. Training keeps the loop.
-UNROLL_CHUNKS = False
+_UNROLL_CHUNKS = contextvars.ContextVar("unroll_chunks", default=False)
+
+
+@contextlib.contextmanager
+def unrolled_chunks():
+  """Within this block (when a step is traced) the chunk loop is unrolled. XLA's cost analysis
+  counts a loop's body once; the unrolled program counts every chunk's FLOPs and bytes, which
+  is what the dry run and benchmarks/loss_bytes.py report. Training keeps the loop."""
+  token = _UNROLL_CHUNKS.set(True)
+  try:
+    yield
+  finally:
+    _UNROLL_CHUNKS.reset(token)
 
 
 def _batch_groups(b: int) -> int:
@@ -247,7 +259,7 @@ def _chunk_loop(y_btd, w, labels_bt, weights_bt, eps, chunk, tied, logits_dtype,
   init = (zeros_bt,) * 3
   if with_grads:
     init += (jnp.zeros_like(y_btd), jnp.zeros((n, *w.shape), jnp.promote_types(w.dtype, jnp.float32)))
-  out = jax.lax.fori_loop(0, k, body, init, unroll=True if UNROLL_CHUNKS else 1)
+  out = jax.lax.fori_loop(0, k, body, init, unroll=True if _UNROLL_CHUNKS.get() else 1)
   stats = tuple(x[:, :t] for x in out[:3])
   if not with_grads:
     return stats, None

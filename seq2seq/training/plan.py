@@ -113,7 +113,7 @@ def dry_run(config, devices=None, *, peak_tflops: float = 0.0, mfu: float = 0.0)
   from seq2seq import sharding
   from seq2seq.model import flops, transformer
   from seq2seq.model.config import ModelConfig
-  from seq2seq.training import optimizer, train
+  from seq2seq.training import loss, optimizer, train
   from seq2seq.training.config import TrainConfig
   from seq2seq.training.state import abstract_state
 
@@ -129,7 +129,12 @@ def dry_run(config, devices=None, *, peak_tflops: float = 0.0, mfu: float = 0.0)
            for k in train.BATCH_KEYS}
   compiled = steps.train.lower(state, batch, False).compile()
   memory = compiled.memory_analysis()
-  cost = compiled.cost_analysis()
+  if config.train.loss_chunk:  # XLA counts a loop's body once: FLOPs from the chunk loop unrolled
+    with loss.unrolled_chunks():
+      cost = train.Steps(config, transformer.graphdef(model_cfg), shardings, mesh, tx, schedule).train.lower(
+          state, batch, False).compile().cost_analysis()
+  else:
+    cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, list) else cost  # older JAX: one dict per program
   return Plan(mesh=dict(mesh.shape), devices=mesh.size, platform=mesh.devices.flat[0].platform, dtype=model_cfg.dtype,
               params=transformer.count_params(model_cfg), batch_shapes=[tuple(x) for x in shapes],
