@@ -203,7 +203,11 @@ def test_stdin_to_stdout_line_by_line(run, translator):
   got = out.stdout.split("\n")[:-1]
   tr, params = translator
   assert got == tr(params, lines)
-  assert got[1] == "" and got[3] == "" and all(got[i] for i in (0, 2, 4))
+  # Blank lines stay blank, in place; each sentence's line is its own translation (alone). The
+  # 60-step model may translate a sentence to nothing ("Hello." under some library versions),
+  # so what it says is not asserted, only where.
+  assert got[1] == "" and got[3] == "" and any(got[i] for i in (0, 2, 4))
+  assert [got[i] for i in (0, 2, 4)] == [tr(params, [lines[i]])[0] for i in (0, 2, 4)]
 
 
 def test_output_order_equals_input_order(translator, val_files):

@@ -6,10 +6,13 @@ stay quiet unless --log_level asks for them (seq2seq/cli.py)."""
 from __future__ import annotations
 
 import os
+import pathlib
 import sys
 
 import jax
 
+from seq2seq import provenance
+from seq2seq.files import write_atomic
 from seq2seq.model import transformer
 from seq2seq.model.config import ModelConfig
 
@@ -100,3 +103,18 @@ def log_line(bar, step: int, values: dict) -> None:
     print(f"step {step}: loss {values['loss']:.4f} acc {values['accuracy']:.3f} ppl {values['perplexity']:.2f} "
           f"lr {values['learning_rate']:.3g} gnorm {values['grad_norm']:.3g} "
           f"tok/s {values['target_tokens_per_s']:.0f} mfu {values['mfu']:.1%}", flush=True)
+
+
+def announce(config, t, model_cfg: ModelConfig, mesh, workdir: str, schedule, command: str) -> None:
+  """Prints the run's summary; writes its config.json, and `command` to commands.txt with its
+  provenance (seq2seq/provenance.py)."""
+  peak_lr = peak_learning_rate(schedule, t.warmup_steps, t.steps)
+  print(summary(config, model_cfg, mesh, workdir, peak_lr=peak_lr), flush=True)
+  for warning in short_run_warnings(t, schedule, config.eval.val_bleu_sentences):
+    print(warning, flush=True)
+  print("compiling the train step: the first step waits for it", flush=True)
+  if unused_gpu(jax.default_backend()):
+    print(unused_gpu(jax.default_backend()), file=sys.stderr, flush=True)
+  write_atomic(pathlib.Path(workdir) / "config.json", config.to_json_best_effort(indent=1, sort_keys=True).encode())
+  if command:  # every start and restart: its command, and the code and libraries it runs
+    provenance.append(workdir, command, f"{jax.device_count()} x {jax.devices()[0].device_kind}")

@@ -13,8 +13,6 @@ import collections
 import dataclasses
 import functools
 import logging
-import pathlib
-import sys
 import time
 from typing import Any
 
@@ -24,10 +22,9 @@ import numpy as np
 import optax
 from flax import nnx
 
-from seq2seq import data, errors, metrics, provenance, sharding
+from seq2seq import data, errors, metrics, sharding
 from seq2seq.data.batching import BatchIterator
 from seq2seq.data.prefetch import Prefetch
-from seq2seq.files import write_atomic
 from seq2seq.model import flops
 from seq2seq.model.config import ModelConfig
 from seq2seq.training import checkpoint, lock, optimizer, preflight, quiet, report
@@ -199,7 +196,7 @@ def _train(config, workdir: str, command: str, mesh, held: lock.WorkdirLock) -> 
     state = _resume(ckpts, state, run_identity, train_iter, t)
   _still_ours(held, ckpts.last_good())
   if jax.process_index() == 0:  # only once the run goes ahead: a refused restart leaves the workdir as it was
-    _announce(config, t, model_cfg, mesh, workdir, schedule, command)
+    report.announce(config, t, model_cfg, mesh, workdir, schedule, command)
   step = int(state.step)
   kept = metrics.truncate_after(workdir, step) if jax.process_index() == 0 else []  # later records are redone
   logged = [r["wall_time_s"] for r in kept if "wall_time_s" in r]
@@ -321,21 +318,6 @@ def _resume(ckpts: checkpoint.Checkpoints, state: TrainState, run_identity: dict
             f"longer, run the same command with --config.train.steps=N (N > {int(state.step)}); it goes on from "
             "here.", flush=True)
   return state
-
-
-def _announce(config, t: TrainConfig, model_cfg: ModelConfig, mesh, workdir: str, schedule, command: str) -> None:
-  """Prints the run's summary; writes its config.json, and `command` to commands.txt with its
-  provenance (seq2seq/provenance.py)."""
-  peak_lr = report.peak_learning_rate(schedule, t.warmup_steps, t.steps)
-  print(report.summary(config, model_cfg, mesh, workdir, peak_lr=peak_lr), flush=True)
-  for warning in report.short_run_warnings(t, schedule, config.eval.val_bleu_sentences):
-    print(warning, flush=True)
-  print("compiling the train step: the first step waits for it", flush=True)
-  if report.unused_gpu(jax.default_backend()):
-    print(report.unused_gpu(jax.default_backend()), file=sys.stderr, flush=True)
-  write_atomic(pathlib.Path(workdir) / "config.json", config.to_json_best_effort(indent=1, sort_keys=True).encode())
-  if command:  # every start and restart: its command, and the code and libraries it runs
-    provenance.append(workdir, command, f"{jax.device_count()} x {jax.devices()[0].device_kind}")
 
 
 def _peak(model_cfg: ModelConfig, t: TrainConfig) -> tuple[float, str]:
