@@ -86,7 +86,7 @@ def test_from_workdir_chooses_the_checkpoint(tiny_run):
     Translator(loaded.model_cfg, loaded.graphdef, loaded.tokenizer, mesh).translate(["x"])
 
 
-@pytest.mark.parametrize("beam", [pytest.param(1, marks=pytest.mark.slow), 3])
+@pytest.mark.parametrize("beam", [pytest.param(1, marks=pytest.mark.long), 3])
 def test_scores_are_the_models_log_probability_of_the_translation(tiny_run, beam):
   translator = Translator.from_workdir(tiny_run, beam_size=beam, alpha=0.6, max_len_b=8, batch_size=4)
   sources = [s for s in SENTENCES if s]
@@ -150,7 +150,7 @@ def test_an_exported_model_translates_exactly_as_its_run(exported):
   assert f"| val24 | {result['bleu']:.1f} | {result['chrf']:.1f} |" in card
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_an_exported_model_loads_without_orbax(exported):
   _, model_dir = exported
   code = ("import sys; sys.modules['orbax'] = sys.modules['orbax.checkpoint'] = None\n"
@@ -162,7 +162,7 @@ def test_an_exported_model_loads_without_orbax(exported):
   assert out.stdout == Translator.from_pretrained(model_dir, beam_size=2, max_len_b=8).translate(["Hello."])[0] + "\n"
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_export_keeps_what_is_there_and_names_bad_files(exported, tmp_path):
   run, model_dir = exported
   before = (model_dir / "model.safetensors").read_bytes()
@@ -196,7 +196,7 @@ print(Translator.from_workdir(sys.argv[1], beam_size=2, **folder).translate("A m
 """
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_the_python_api_keeps_compiled_programs_where_the_commands_do(tiny_run, tmp_path):
   """Translator.from_workdir uses the persistent compilation cache: by default in
   $SEQ2SEQ_CACHE/xla/host-HASH (the commands' default), in a chosen folder, or not at all."""

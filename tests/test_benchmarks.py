@@ -28,7 +28,7 @@ def test_nominal_peak_takes_the_most_specific_device_kind_and_the_dtype():
   assert not hasattr(_accelerator(), "PEAK_TFLOPS")  # one table, in seq2seq.model.flops
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_accelerator_benchmark_runs_on_the_cpu_with_a_measured_peak(tmp_path):
   out = subprocess.run([sys.executable, "benchmarks/accelerator.py", "--config=configs/tiny.py", "--dtype=float32",
                         "--steps=2", f"--out={tmp_path / 'r.json'}"], cwd=REPO, capture_output=True, text=True,
@@ -110,12 +110,14 @@ def _run_benchmark(script: str, args: list, data_dir, tmp_path) -> str:
   return out.stdout
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("script", [
-    "train_throughput", "wmt_like", "loss_bytes", "host_overhead", "dry_run_table", "decode_programs",
-    "ctranslate2_speed",
+    # CI (the slow suite) runs the three quickest; the rest take 20 to 75 s each (`pytest -m long`)
+    *(pytest.param(s, marks=pytest.mark.slow) for s in ("train_throughput", "wmt_like", "dry_run_table")),
+    *(pytest.param(s, marks=pytest.mark.long) for s in ("loss_bytes", "host_overhead", "decode_programs",
+                                                        "ctranslate2_speed")),
     # an 8000-piece vocabulary (decode's model) and WMT-like text for 1000 pieces need the real corpora
-    pytest.param("decode", marks=pytest.mark.data), pytest.param("data_pipeline", marks=pytest.mark.data)])
+    pytest.param("decode", marks=[pytest.mark.data, pytest.mark.long]),
+    pytest.param("data_pipeline", marks=[pytest.mark.data, pytest.mark.long])])
 def test_every_benchmark_script_runs_at_a_tiny_size(script, data_dir, tmp_path, request):
   result = tmp_path / "result.json"
   if script == "ctranslate2_speed":  # on the trained tiny run, whose config names data_dir
@@ -202,7 +204,7 @@ def test_the_profile_section_tables_a_cpu_trace_of_the_train_step(tmp_path):
     assert (tmp_path / "profile" / layout / "train_step.hlo.txt").is_file()
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_the_variants_sections_time_each_change_against_the_baseline(tmp_path):
   """device_check's variants: a config override reaches its child (each variant is one); each
   row is the packed step at the config's shape with its speed relative to the baseline, beside

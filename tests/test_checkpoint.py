@@ -260,7 +260,7 @@ def test_divergence_before_any_checkpoint_is_a_clear_error(data_dir, session_cac
   assert writers() == before
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_divergence_after_the_allowed_rollbacks_stops_with_a_clear_error(data_dir, session_cache, tmp_path):
   # A spike factor below 1 flags every step once the running mean exists (10 steps).
   config = tiny(data_dir, session_cache, steps=25, guard_spike_factor=0.5, guard_max_rollbacks=2)
@@ -437,9 +437,10 @@ def test_the_logits_dtype_may_change_on_resume_and_runs_from_before_it_load():
     ModelConfig(vocab_size=10, logits_dtype="float16")
 
 
-@pytest.mark.slow  # two short trainings per setting
-@pytest.mark.parametrize("section, key, value", [("model", "logits_dtype", "bfloat16"),
-                                                 ("train", "adam_mu_dtype", "bfloat16"), ("train", "loss_chunk", 4)])
+@pytest.mark.parametrize("section, key, value", [  # two short trainings per setting; CI runs the loss in chunks
+    pytest.param("model", "logits_dtype", "bfloat16", marks=pytest.mark.long),
+    pytest.param("train", "adam_mu_dtype", "bfloat16", marks=pytest.mark.long),
+    pytest.param("train", "loss_chunk", 4, marks=pytest.mark.slow)])
 def test_the_speed_options_resume_exactly(uninterrupted, section, key, value, data_dir, session_cache, tmp_path):
   """bf16 logits, bf16 Adam first moments and the loss in chunks (issue 62's options): a run
   stopped at step 15 and rerun ends bit-identical to the same run uninterrupted. The bf16

@@ -21,7 +21,7 @@ BAD_RUNS = [
 ]
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_bad_settings_are_one_error_line_exit_2_and_write_nothing(tmp_path):
   import re
 

@@ -39,7 +39,7 @@ def test_translate_reads_stdin_and_writes_one_line_per_line(tiny_run, tmp_path):
   assert out.stderr.splitlines() == ["compiling 1 search program"]  # piped: progress lines, none after 10 s
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_translate_writes_the_n_best_with_line_numbers_and_scores(tiny_run, tmp_path):
   lines = ["A man is riding a bike.", "Two dogs play in the snow."]
   out = run(command("seq2seq-translate") + [f"--workdir={tiny_run}", "--beam_size=3", "--nbest=3"], tmp_path,
@@ -52,7 +52,7 @@ def test_translate_writes_the_n_best_with_line_numbers_and_scores(tiny_run, tmp_
   assert [h[0] for h in hyps] == Translator.from_workdir(tiny_run, beam_size=3).translate(lines)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_translate_an_exported_model_with_scores(tiny_run, tmp_path):
   model_dir = export.export(tiny_run, tmp_path / "model")
   lines = ["A man is riding a bike.", "Two dogs play in the snow."]
@@ -90,7 +90,7 @@ def test_help_lists_the_commands_flags_and_the_log_switches(tmp_path):
     assert flag in out.stdout, flag
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_a_run_prints_only_its_own_lines_unless_asked(data_dir, session_cache, tmp_path):
   """By default: the summary, one line per log step, evaluations, checkpoints (off a terminal).
   With --log_level=INFO the libraries' INFO lines appear too."""
@@ -186,7 +186,7 @@ def test_pyproject_admits_the_tested_jax_and_flax_and_not_the_pair_that_fails():
   assert not admitted("jax", "0.13.0", "3.12") and not admitted("flax", "0.13.0", "3.12")  # untested
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_a_second_run_loads_its_compiled_programs_from_the_cache(tiny_run, tmp_path):
   """--compilation_cache keeps compiled programs between runs: the second translation loads
   the search program instead of compiling it; an empty value turns the cache off."""

@@ -54,7 +54,7 @@ def pieces(tok):
   return [tok.sp.id_to_piece(i) for i in range(tok.sp.get_piece_size())]
 
 
-@pytest.mark.parametrize("name", [pytest.param(name, marks=[pytest.mark.slow] * (i > 0))  # the base in the fast suite
+@pytest.mark.parametrize("name", [pytest.param(name, marks=[pytest.mark.long] * (i > 0))  # the base in the fast suite
                                   for i, name in enumerate(VARIANTS)])
 def test_every_variant_translates_greedily_and_scores_as_ours(name, tok, tmp_path):
   """Random weights (norm gains and biases moved off 1 and 0, so that each is used): greedy
@@ -145,7 +145,7 @@ def test_an_int8_export_records_its_checks_and_is_not_a_seq2seq_model(exported_i
   assert isinstance(sp.decode(result[0].hypotheses[0]), str)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_overwrite_replaces_an_export_of_either_format_and_nothing_else(exported_int8, tiny_run, tmp_path):
   out = shutil.copytree(exported_int8, tmp_path / "model")
   export.export(tiny_run, out, overwrite=True)  # a CTranslate2 export replaced by a seq2seq one

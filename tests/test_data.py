@@ -76,7 +76,7 @@ def test_wmt14_configs_name_the_hub_and_the_local_corpora():
   assert data.source(config, config.data.test_splits[0]).spec == "files:wmt14/newstest2014.{lang}"
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_wmt14_files_config_trains_from_local_corpora(data_dir, tmp_path):
   """The three WMT14 corpora as wmt14_files.py names them (here: newstest2014 cut in three),
   newstest2013 for validation, and a few training steps of a tiny model on them."""

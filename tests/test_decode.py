@@ -94,7 +94,7 @@ def test_beam_one_without_penalty_equals_greedy():
 
 
 @pytest.mark.parametrize("positions, norm_position", [("sinusoidal", "post"), ("rope", "pre"), ("learned", "pre"),
-                                                     pytest.param("relative", "post", marks=pytest.mark.slow)])
+                                                     pytest.param("relative", "post", marks=pytest.mark.long)])
 def test_cached_equals_uncached(positions, norm_position):
   model = make_model(40, positions=positions, norm_position=norm_position)
   src_bs, lengths = sources(40, seed=1)
@@ -203,7 +203,7 @@ def test_an_ensemble_of_one_model_twice_searches_like_the_model(beam):
                                 search_models([model], src_bs, limits, **kwargs))
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_ensemble_greedy_picks_the_most_probable_token_of_the_mean_distribution():
   """Reference by teacher forcing: every output token is the argmax of the mean of the two
   models' probabilities given the prefix (models of different depth and positions)."""
@@ -222,7 +222,7 @@ def test_ensemble_greedy_picks_the_most_probable_token_of_the_mean_distribution(
     assert length == 10 or probs_lv[length - 1].argmax() == EOS
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_ensemble_cached_equals_uncached():
   models = [make_model(40), make_model(40, seed=11, num_encoder_layers=1, positions="learned")]
   src_bs, lengths = sources(40, seed=8)
@@ -302,7 +302,7 @@ def test_sampled_nbest_encode_each_sentence_once_and_draw_what_its_copies_draw()
   assert len({tuple(row) for row in drawn_bnl.reshape(15, -1)}) > 5  # the copies drew apart
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_search_compacts_and_keeps_the_order():
   """decode.search with compaction returns each sentence's output in its own row (a batch
   where the longest sentences sit at the end)."""

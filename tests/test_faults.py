@@ -67,8 +67,9 @@ DAMAGE = {
 }
 
 
-@pytest.mark.slow  # real training runs
-@pytest.mark.parametrize("damage", ["bit_rot", "truncated", "lost_metadata"])
+@pytest.mark.parametrize("damage", [  # real training runs; CI runs one damage
+    pytest.param("bit_rot", marks=pytest.mark.long), pytest.param("truncated", marks=pytest.mark.slow),
+    pytest.param("lost_metadata", marks=pytest.mark.long)])
 def test_a_damaged_newest_checkpoint_is_skipped_by_eval_and_by_training_which_ends_as_if_it_were_not(
     damage, straight, twenty, data_dir, session_cache, tmp_path):
   """Train 20 steps (checkpoints 10, 20), damage checkpoint 20, rerun to 30: training resumes
@@ -105,7 +106,7 @@ def test_every_checkpoint_damaged_is_an_error_naming_each(twenty, data_dir, sess
   with pytest.raises(checkpoint.CheckpointError, match=r"no intact checkpoint .*\(20: .*; 10: .*\)"):
     train_and_evaluate(tiny(data_dir, session_cache, steps=30), str(workdir))
 
-@pytest.mark.slow  # real training runs
+@pytest.mark.long  # real training runs
 def test_a_torn_last_metrics_line_is_dropped_with_a_warning_naming_the_file(
     straight, twenty, data_dir, session_cache, tmp_path, caplog):
   workdir = shutil.copytree(twenty, tmp_path / "run")

@@ -45,7 +45,7 @@ def test_one_version_and_the_distribution_name():
   assert (REPO / "seq2seq" / "py.typed").is_file()
 
 
-@pytest.mark.parametrize("module", [m if m != "seq2seq.research.sweep" else pytest.param(m, marks=pytest.mark.slow)
+@pytest.mark.parametrize("module", [m if m != "seq2seq.research.sweep" else pytest.param(m, marks=pytest.mark.long)
                                     for m in COMMANDS])  # the sweep's --help is also checked fast, by test_layout
 def test_help_and_h_print_usage_and_exit_0_and_version_prints_it(module):
   for flag in ("--help", "-h") if module == COMMANDS[0] else ("--help",):  # -h is --help (cli.HELP_FLAGS): once
@@ -169,7 +169,7 @@ def test_a_run_eval_export_and_translation_from_elsewhere_with_a_relative_data_d
       assert mode == (0o755 if path.is_dir() else 0o644), (str(path), oct(mode))
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_a_wheel_built_with_pip_installs_under_its_name_with_its_configs_and_types(tmp_path):
   out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", str(REPO),
                         "-w", str(tmp_path)], capture_output=True, text=True, timeout=600)

@@ -132,7 +132,7 @@ def test_gradients_through_the_output_projection_equal_the_reference(tied, impl)
 
 
 @pytest.mark.parametrize("impl, overrides", [
-    ("auto", {}), pytest.param("one_pass", {"tie_output": False, "norm_position": "pre"}, marks=pytest.mark.slow)])
+    ("auto", {}), pytest.param("one_pass", {"tie_output": False, "norm_position": "pre"}, marks=pytest.mark.long)])
 def test_gradients_of_a_whole_model_equal_the_reference(monkeypatch, impl, overrides):
   from flax import nnx
 

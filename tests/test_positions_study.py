@@ -95,7 +95,7 @@ def test_the_study_refuses_a_source_the_model_would_cut():
     lengths.check_fits(sinusoidal, [1025], [10])
 
 
-@pytest.mark.slow  # translates and scores with the tiny run (5 s)
+@pytest.mark.long  # translates and scores with the tiny run (5 s)
 def test_the_evaluation_records_the_translation_and_the_forced_score(tiny_run):
   """On a trained tiny model: the hypotheses are Translator.translate's, the log-probabilities
   Translator.score's (teacher-forced, unnormalized), so a bucket's NLL is the forced score."""
@@ -132,7 +132,7 @@ def kinds():
   return ["sinusoidal", "learned", "rope"] + (["relative"] if variants.available("relative") else [])
 
 
-@pytest.mark.slow  # a subprocess (5 s)
+@pytest.mark.long  # a subprocess (5 s)
 def test_list_prints_each_runs_training_and_evaluation(tmp_path):
   listed = study(tmp_path, "--config=tiny", "--list", "--seeds=2", "--joins=1,3", "--config.train.steps=30")
   assert listed.returncode == 0, listed.stderr[-2000:]
@@ -293,7 +293,7 @@ def test_the_report_goes_between_the_markers_of_a_written_page(tmp_path):
     positions_report.write(tmp_path, page)
 
 
-@pytest.mark.long  # four trainings and evaluations (the study's parts are tested in the slow suite)
+@pytest.mark.long  # four trainings and evaluations (and its parts: `pytest -m long`)
 def test_the_study_trains_evaluates_and_reports_two_position_types(tmp_path, data_dir, session_cache):
   """Two position types x 1 seed of a few steps of the tiny config, on pairs of at most 16
   tokens: each run trained and evaluated, the report written; a rerun only reports."""

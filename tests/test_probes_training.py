@@ -237,7 +237,7 @@ def test_probe_5_an_edited_token_cache_record_is_rebuilt_with_a_warning(edit, to
     np.testing.assert_array_equal(getattr(again, name), getattr(fresh, name))
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_probe_5_training_on_an_edited_token_cache_rebuilds_it_and_trains(data_dir, tmp_path):
   """Before: `IndexError: index ... is out of bounds for axis 0 with size 0`, exit 1, on every run."""
   workdir, cache, mine = tmp_path / "run", tmp_path / "cache", _user_files(tmp_path)
@@ -328,7 +328,7 @@ def ten(data_dir, session_cache, tmp_path_factory):
   return workdir
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.parametrize("mode", sorted(FULL_DISK))
 def test_probe_6_a_full_disk_is_one_line_naming_the_file_and_the_last_good_checkpoint(mode, ten, data_dir,
                                                                                       session_cache, tmp_path):
@@ -493,7 +493,7 @@ def _remove(workdir):
     shutil.rmtree(workdir, ignore_errors=True)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.parametrize("change", ["replaced", "removed"])
 def test_probe_8_a_save_in_flight_never_writes_into_what_stands_at_the_workdirs_path(change, data_dir, session_cache,
                                                                                      tmp_path):

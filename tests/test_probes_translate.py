@@ -53,7 +53,7 @@ ISSUE_CASES = {"alpha=nan", "temperature=inf", "max_len_b=-100", "batch_size=abc
                "output is the input"}  # in the fast suite; the others in the slow one
 
 
-@pytest.mark.parametrize("case", [c if c in ISSUE_CASES else pytest.param(c, marks=pytest.mark.slow)
+@pytest.mark.parametrize("case", [c if c in ISSUE_CASES else pytest.param(c, marks=pytest.mark.long)
                                   for c in sorted(BAD_FLAGS)])
 def test_a_decode_setting_that_cannot_work_is_one_error_line_before_the_model_loads(case, tiny_run, tmp_path):
   flags, pattern = BAD_FLAGS[case]
@@ -130,7 +130,7 @@ def test_nbest_always_gives_n_entries_blank_lines_included(translator, tiny_run)
 
 
 # -- the command, with the model loaded -----------------------------------------------------
-@pytest.mark.slow
+@pytest.mark.long
 def test_file_pipe_and_stdin_read_alike_and_every_line_keeps_its_output_line(tiny_run, tmp_path):
   """Invalid UTF-8 was an error from --input=FILE and a warning on stdin; an empty file an
   error, empty stdin exit 0; --input=<(echo ...) said /dev/fd/63: no such file. Now all warn
@@ -158,7 +158,7 @@ def test_file_pipe_and_stdin_read_alike_and_every_line_keeps_its_output_line(tin
     assert "has no lines" in out.stderr and (tmp_path / "out.de").read_text() == ""
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_an_output_folder_is_refused_before_translating_and_a_long_reference_line_is_scored(tiny_run, tmp_path):
   """--output=DIR translated everything, then failed on the rename (IsADirectoryError); a
   50,000-word --score_reference line ran out of memory."""
@@ -176,7 +176,7 @@ def test_an_output_folder_is_refused_before_translating_and_a_long_reference_lin
   assert math.isfinite(float(out.stdout.split("\t")[0]))
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_at_the_prompt_output_replaces_the_file_as_batch_mode_does(tiny_run, tmp_path):
   """The prompt appended to --output=FILE where batch mode replaces it."""
   (tmp_path / "out.de").write_text("an older translation\n")
@@ -203,7 +203,7 @@ EVAL_FLAGS = {  # seq2seq-eval: refused before decoding (they failed after it, o
 }
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.parametrize("case", sorted(EVAL_FLAGS))
 def test_eval_refuses_a_setting_it_would_fail_on_or_ignore_before_decoding(case, tiny_run, tmp_path):
   flags, pattern = EVAL_FLAGS[case]
@@ -214,7 +214,7 @@ def test_eval_refuses_a_setting_it_would_fail_on_or_ignore_before_decoding(case,
   assert snapshot(tmp_path, tiny_run) == before
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_a_pipe_or_process_output_is_written_to_and_a_full_stdout_is_an_error(tiny_run, tmp_path):
   """--output=FIFO and --output=>(command) were replaced by a regular file (the reader left
   waiting) or failed after the work (FileNotFoundError on /dev/fd/.63.XXXX.tmp); stdout on a
@@ -238,7 +238,7 @@ def test_a_pipe_or_process_output_is_written_to_and_a_full_stdout_is_an_error(ti
   one_error_line(out, r"^error: stdout: File too large$")
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_ctrl_c_while_translating_is_one_line_and_keeps_an_older_output(tiny_run, tmp_path):
   """Ctrl-C printed a 40-line KeyboardInterrupt traceback."""
   (tmp_path / "in.en").write_text("".join(f"A man rides bike number {i}.\n" for i in range(3000)))

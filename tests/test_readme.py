@@ -80,7 +80,7 @@ def test_evaluation_doc_ctranslate2_block_runs(tiny_run, tmp_path):
   assert pieces and all(names["sp"].piece_to_id(p) != names["sp"].unk_id() for p in pieces)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_model_doc_python_block_runs():
   (block,) = code_blocks(DOCS / "model.md", "python")
   names = run_block(block, DOCS / "model.md")

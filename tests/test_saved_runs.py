@@ -57,7 +57,7 @@ def cpu_vendor() -> str:
   return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("vendor_id")), "")
 
 
-@pytest.mark.slow  # two short trainings (8 s)
+@pytest.mark.long  # two short trainings (8 s)
 def test_a_run_saved_by_0_1_0_resumes_as_if_never_stopped(data_dir, tmp_path):
   from seq2seq import Translator, metrics
   from seq2seq.training.train import train_and_evaluate

@@ -155,7 +155,7 @@ BAD_SETTINGS = {
 }
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.parametrize("probe", sorted(BAD_SETTINGS))
 def test_a_setting_that_cannot_work_is_one_error_line_before_anything_is_written(probe, data_dir, tmp_path):
   overrides, pattern = BAD_SETTINGS[probe]
@@ -166,7 +166,7 @@ def test_a_setting_that_cannot_work_is_one_error_line_before_anything_is_written
   assert not workdir.exists()
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_no_network_and_no_data_folder_is_one_error_line_naming_the_url_and_leaves_no_folders(tmp_path):
   """Multi30k to download, the URL unreachable (a closed local port stands for no network)."""
   workdir, cache = tmp_path / "run", tmp_path / "cache"
@@ -178,7 +178,7 @@ def test_no_network_and_no_data_folder_is_one_error_line_naming_the_url_and_leav
   assert not [p for p in cache.rglob("*") if p.is_dir() and not any(p.iterdir())]
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_a_file_size_limit_while_tokenizing_is_one_error_line_naming_the_file(data_dir, tmp_path):
   """Python ignores SIGXFSZ, so a write past RLIMIT_FSIZE fails with EFBIG: an environment
   failure, named, and the half-written cache folder is not left behind."""
@@ -191,7 +191,7 @@ def test_a_file_size_limit_while_tokenizing_is_one_error_line_naming_the_file(da
   assert not list(cache.rglob(".*.owner"))
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_divergence_before_any_checkpoint_is_one_error_line(data_dir, session_cache, tmp_path):
   out = _train_rc([sys.executable, "train.py", "--config=tiny", f"--workdir={tmp_path / 'run'}",
                    f"--config.data.dir={data_dir}", f"--config.data.cache_dir={session_cache}",
@@ -295,7 +295,7 @@ def test_a_batch_out_of_device_memory_is_decoded_again_in_halves_with_the_same_o
     translator.translate(sentences)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_a_20000_word_line_between_two_short_ones_gives_three_lines_and_exit_0(tiny_run, tmp_path):
   words = ("a man in a blue shirt rides a red bike down the street " * 1700).split()[:20000]
   lines = ["A dog runs.", " ".join(words), "Two girls play."]
@@ -311,7 +311,7 @@ def test_a_20000_word_line_between_two_short_ones_gives_three_lines_and_exit_0(t
 
 
 # -- the training corpus on resume ---------------------------------------------------------
-@pytest.mark.slow
+@pytest.mark.long
 def test_a_changed_corpus_is_refused_on_resume_unless_allowed_and_then_logged(data_dir, session_cache, tmp_path):
   corpus = tmp_path / "corpus"
   corpus.mkdir()

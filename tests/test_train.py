@@ -91,7 +91,7 @@ def _steps(accum_steps, loss_chunk=0, **model):
   return Steps(config, graphdef, shardings, mesh, tx, lr), state, mesh
 
 
-@pytest.mark.slow  # 12 s; the fast suite keeps its 4-minute budget
+@pytest.mark.long  # 12 s; the fast suite keeps its 4-minute budget
 def test_accumulating_k_micro_batches_equals_one_k_times_batch():
   big = batches(1, rows=16)[0]
   halves = [{k: v[:8] for k, v in big.items()}, {k: v[8:] for k, v in big.items()}]
@@ -250,7 +250,7 @@ def test_tiny_config_learns_and_reports(data_dir, session_cache, tmp_path, monke
   assert json.loads((tmp_path / "config.json").read_text())["model"]["d_model"] == 64
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_an_epoch_compiles_the_train_step_once_per_batch_shape(data_dir, session_cache, tmp_path):
   import logging
 
@@ -343,7 +343,7 @@ def test_processes_that_made_other_tokenizers_are_stopped(monkeypatch):
   sharding.check_same_on_every_process(own, "share them")
 
 
-@pytest.mark.slow  # two processes start JAX, join and tokenize: ~15 s
+@pytest.mark.long  # two processes start JAX, join and tokenize: ~15 s
 def test_two_hosts_that_trained_other_tokenizers_stop_with_one_error_line(data_dir, tmp_path):
   """seq2seq-train on 2 processes (gloo on 127.0.0.1), each with its own cache, so each trains
   its own sentencepiece model, here from samples of other seeds: both stop before training,
@@ -363,7 +363,7 @@ def test_two_hosts_that_trained_other_tokenizers_stop_with_one_error_line(data_d
   assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-@pytest.mark.slow  # 2 fake devices in a subprocess, 11 s per case
+@pytest.mark.long  # 2 fake devices in a subprocess, 11 s per case
 @pytest.mark.parametrize("read_every_step", [False, True])
 def test_steps_that_do_not_log_evaluate_or_checkpoint_read_nothing_from_the_devices(
     read_every_step, data_dir, session_cache, tmp_path):

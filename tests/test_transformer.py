@@ -2,9 +2,9 @@
 positions' shift invariance, learned positions' limits, gradients, sizes.
 
 Combinations of positions x norm x placement x activation: the fast suite runs a set in which
-every pair of positions, norm and placement occurs (12 models), the slow suite adds what it
-takes for every pair of the four settings to occur (30 of the 168), and `pytest -m long` what
-it takes for every triple (86; not in CI, for its 2 minutes). A fault
+every pair of positions, norm and placement occurs (12 models); `pytest -m long` (not in CI,
+for its time) adds what it takes for every pair of the four settings to occur (30 of the 168),
+then for every triple (86). A fault
 that needs all four at once is left to the studies' runs.
 """
 
@@ -61,7 +61,7 @@ def with_activations(combos: list[tuple]) -> list[tuple]:
 def fast_settings() -> list[tuple]:
   """The fast suite's models: every pair of positions, norm and norm position, each with an
   activation in turn, so that every activation is tried (the feed-forward is position-wise
-  and meets the other settings only through the residual stream; the slow suite has all)."""
+  and meets the other settings only through the residual stream; `pytest -m long` has all)."""
   return with_activations(pairwise(list(itertools.product(CHOICES["positions"], CHOICES["norm"],
                                                           CHOICES["norm_position"]))))
 
@@ -71,7 +71,7 @@ def variants():
   grid = list(itertools.product(CHOICES["positions"], CHOICES["norm"], CHOICES["norm_position"],
                                 CHOICES["activation"]))
   pairs = covering(grid, 2, fast)
-  return (fast + [pytest.param(*c, marks=pytest.mark.slow) for c in pairs[len(fast):]]
+  return (fast + [pytest.param(*c, marks=pytest.mark.long) for c in pairs[len(fast):]]
           + [pytest.param(*c, marks=pytest.mark.long) for c in covering(grid, 3, pairs)[len(pairs):]])
 
 
@@ -147,18 +147,18 @@ def test_the_fast_grid_covers_every_pair_of_settings():
   assert len(fast) < len(grid) * len(CHOICES["activation"]) / 10
 
 
-def test_the_slow_grid_covers_every_pair_and_the_long_every_triple_of_the_four_settings():
+def test_the_long_grid_covers_every_pair_then_every_triple_of_the_four_settings():
   marks = {}
   for param in variants():
     values = tuple(param.values) if hasattr(param, "values") else param
     marks[values] = param.marks[0].name if hasattr(param, "marks") else "fast"
   grid = list(itertools.product(CHOICES["positions"], CHOICES["norm"], CHOICES["norm_position"],
                                 CHOICES["activation"]))
-  for strength, suites in ((2, {"fast", "slow"}), (3, {"fast", "slow", "long"})):
-    chosen = [c for c, mark in marks.items() if mark in suites]
+  ordered = list(marks)  # the fast set, then what completes every pair, then every triple
+  for strength, chosen in ((2, ordered[:len(fast_settings()) + 18]), (3, ordered)):
     for axes in itertools.combinations(range(4), strength):
       assert {tuple(c[i] for i in axes) for c in chosen} == {tuple(c[i] for i in axes) for c in grid}, axes
-  assert sum(mark == "slow" for mark in marks.values()) == 18 and len(marks) == 86
+  assert set(marks.values()) == {"fast", "long"} and len(marks) == 86
 
 
 def test_dropout_depends_only_on_the_key():
@@ -218,7 +218,7 @@ def test_every_parameter_names_its_logical_axes(positions):
     assert set(axes) <= set(LOGICAL_AXES), (path, axes)
 
 
-@pytest.mark.parametrize("positions", [p if p == "relative" else pytest.param(p, marks=pytest.mark.slow)
+@pytest.mark.parametrize("positions", [p if p == "relative" else pytest.param(p, marks=pytest.mark.long)
                                        for p in CHOICES["positions"]])
 def test_packed_rows_equal_separate_rows(positions):
   """Two pairs packed into one row (segment ids 1, 2, positions restarting at each) give the

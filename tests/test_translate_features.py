@@ -117,7 +117,7 @@ def run_translate(*args, stdin: str = "", cwd=None):
                         capture_output=True, text=True, timeout=600, cwd=cwd)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_translate_reads_and_writes_files_with_evals_search_flags_and_scores_references(tiny_run, tmp_path):
   sources = [SOURCE, "", "Two dogs play in the snow."]
   (tmp_path / "in.en").write_text("".join(s + "\n" for s in sources))
@@ -167,7 +167,7 @@ def test_at_a_terminal_translation_prompts_and_answers_line_by_line(tiny_run):
   assert out.getvalue().splitlines() == translator.translate(["A man rides a bike.", "Two dogs play."])
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_the_command_at_a_real_terminal_prompts_and_translates_each_line(tiny_run, tmp_path):
   import os
   import pty
