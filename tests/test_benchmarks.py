@@ -110,12 +110,14 @@ def _run_benchmark(script: str, args: list, data_dir, tmp_path) -> str:
   return out.stdout
 
 
-@pytest.mark.slow  # every script, in CI: a refactor must not break a measurement silently
 @pytest.mark.parametrize("script", [
-    "train_throughput", "wmt_like", "loss_bytes", "host_overhead", "dry_run_table", "decode_programs",
-    "ctranslate2_speed",
+    # CI (the slow suite) runs the three quickest; the rest take 20 to 75 s each (`pytest -m long`)
+    *(pytest.param(s, marks=pytest.mark.slow) for s in ("train_throughput", "wmt_like", "dry_run_table")),
+    *(pytest.param(s, marks=pytest.mark.long) for s in ("loss_bytes", "host_overhead", "decode_programs",
+                                                        "ctranslate2_speed")),
     # an 8000-piece vocabulary (decode's model) and WMT-like text for 1000 pieces need the real corpora
-    pytest.param("decode", marks=pytest.mark.data), pytest.param("data_pipeline", marks=pytest.mark.data)])
+    pytest.param("decode", marks=[pytest.mark.data, pytest.mark.long]),
+    pytest.param("data_pipeline", marks=[pytest.mark.data, pytest.mark.long])])
 def test_every_benchmark_script_runs_at_a_tiny_size(script, data_dir, tmp_path, request):
   result = tmp_path / "result.json"
   if script == "ctranslate2_speed":  # on the trained tiny run, whose config names data_dir

@@ -237,7 +237,7 @@ def test_compacted_concurrent_batches_translate_as_whole_ones_in_turn(run, val_f
   np.testing.assert_allclose(scores, whole_scores, rtol=1e-5)  # batch shapes change float rounding slightly
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_sharded_mesh_gives_the_same_translations(run, val_files, tmp_path):
   """The checkpoint is loaded onto the config's mesh: (2,2,2) on 8 devices equals 1 device."""
   import shutil
@@ -255,7 +255,7 @@ def test_sharded_mesh_gives_the_same_translations(run, val_files, tmp_path):
   assert (tmp_path / "eight.de").read_text() == (tmp_path / "one.de").read_text()
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_two_processes_translate_as_one(run, val_files, tmp_path):
   """eval.py on 2 processes (gloo on 127.0.0.1, one CPU device each) splits every batch over
   them; process 0 writes the same hypotheses as one process and alone prints the scores."""

@@ -8,7 +8,7 @@ import sys
 import pytest
 from conftest import REPO
 
-pytestmark = pytest.mark.slow  # two dry runs, each a fresh process compiling for 8 fake devices
+pytestmark = pytest.mark.long  # two dry runs, each a fresh process compiling for 8 fake devices
 
 
 def dry_run(*overrides, memory_gib=None):
