@@ -70,9 +70,8 @@ def variants():
   fast = fast_settings()
   grid = list(itertools.product(CHOICES["positions"], CHOICES["norm"], CHOICES["norm_position"],
                                 CHOICES["activation"]))
-  pairs = covering(grid, 2, fast)
-  return (fast + [pytest.param(*c, marks=pytest.mark.long) for c in pairs[len(fast):]]
-          + [pytest.param(*c, marks=pytest.mark.long) for c in covering(grid, 3, pairs)[len(pairs):]])
+  # fast, then what completes every pair, then every triple (`covering` keeps what it is given first)
+  return fast + [pytest.param(*c, marks=pytest.mark.long) for c in covering(grid, 3, covering(grid, 2, fast))[len(fast):]]
 
 
 @pytest.mark.parametrize("positions, norm, norm_position, activation", variants())
