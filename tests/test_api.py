@@ -102,9 +102,14 @@ def test_scores_are_the_models_log_probability_of_the_translation(tiny_run, beam
   for i, (src, target) in enumerate(rows):
     src_bs[i, :len(src)], target_bt[i, :len(target)] = src, target
   inputs_bt = np.concatenate([np.full((len(rows), 1), special.bos), target_bt[:, :-1]], 1)
-  logits_btv = nnx.merge(translator.graphdefs[0], translator.params)(jnp.asarray(src_bs), jnp.asarray(inputs_bt))
-  logp_bt = jnp.take_along_axis(jax.nn.log_softmax(logits_btv), jnp.asarray(target_bt)[..., None], -1)[..., 0]
-  logp_b = np.asarray(jnp.sum(jnp.where(target_bt != special.pad, logp_bt, 0), 1))
+
+  @jax.jit  # one program, not one per operation
+  def log_probs(params, src_bs, inputs_bt, target_bt):
+    logits_btv = nnx.merge(translator.graphdefs[0], params)(src_bs, inputs_bt)
+    logp_bt = jnp.take_along_axis(jax.nn.log_softmax(logits_btv), target_bt[..., None], -1)[..., 0]
+    return jnp.sum(jnp.where(target_bt != special.pad, logp_bt, 0), 1)
+
+  logp_b = np.asarray(log_probs(translator.params, src_bs, inputs_bt, target_bt))
   for (_, target), logp, score in zip(rows, logp_b, [s for best_scores in scores for s in best_scores]):
     expected = logp if beam == 1 else logp / float(decode.length_penalty(len(target), 0.6))
     assert score == pytest.approx(expected, abs=1e-4)

@@ -26,9 +26,11 @@ CHI2_999_DF7 = 24.322
 
 def first_token_log_probs(translator, source: str) -> np.ndarray:
   """The model's log-probabilities of the first output token, padding banned (as decoding does)."""
-  model = nnx.merge(translator.graphdefs[0], translator.params)
-  src = jnp.asarray([translator.tok.encode([source])[0]], jnp.int32)
-  logits = model(src, jnp.asarray([[SPECIAL.bos]], jnp.int32))[0, 0]
+  @jax.jit  # one program, not one per operation
+  def first_logits(params, src):
+    return nnx.merge(translator.graphdefs[0], params)(src, jnp.asarray([[SPECIAL.bos]], jnp.int32))[0, 0]
+
+  logits = first_logits(translator.params, jnp.asarray([translator.tok.encode([source])[0]], jnp.int32))
   logp = np.asarray(jax.nn.log_softmax(logits.astype(jnp.float32)), np.float64)
   logp[0] = -np.inf
   return logp - np.logaddexp.reduce(logp)
@@ -93,13 +95,17 @@ def test_a_reference_scores_its_teacher_forced_training_loss_and_beam_scores_nor
   references = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee vor einem roten Haus.", "Ein Mädchen."]
   plain = translator.score(sources, references, normalize=False)
   model_graph, params, tok = translator.graphdefs[0], translator.params, translator.tok
+
+  @jax.jit  # one program per shape, not one per operation
+  def training_nll(params, src, tgt_in, tgt):
+    logits = nnx.merge(model_graph, params)(src, tgt_in, src_segments_bs=jnp.ones_like(src),
+                                            tgt_segments_bt=jnp.ones_like(tgt), packed=False)
+    return cross_entropy_sums(logits, tgt, jnp.ones_like(tgt))["nll_sum"]  # training's loss
+
   for source, reference, score in zip(sources, references, plain):
     src, tgt = (np.asarray([tok.encode([text])[0]], np.int32) for text in (source, reference))
     tgt_in = np.concatenate([[[SPECIAL.bos]], tgt[:, :-1]], axis=1)
-    model = nnx.merge(model_graph, params)
-    logits = model(jnp.asarray(src), jnp.asarray(tgt_in), src_segments_bs=jnp.ones_like(src),
-                   tgt_segments_bt=jnp.ones_like(tgt), packed=False)
-    nll = float(cross_entropy_sums(logits, jnp.asarray(tgt), jnp.ones_like(tgt))["nll_sum"])  # training's loss
+    nll = float(training_nll(params, src, tgt_in, tgt))
     assert -score == pytest.approx(nll, rel=1e-6)  # f32 sums of a few tokens in another order
   normalized = translator.score(sources, references)  # beam 2: as beam search scores
   lengths = [len(tok.encode([r])[0]) for r in references]
