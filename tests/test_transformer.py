@@ -71,7 +71,8 @@ def variants():
   grid = list(itertools.product(CHOICES["positions"], CHOICES["norm"], CHOICES["norm_position"],
                                 CHOICES["activation"]))
   # fast, then what completes every pair, then every triple (`covering` keeps what it is given first)
-  return fast + [pytest.param(*c, marks=pytest.mark.long) for c in covering(grid, 3, covering(grid, 2, fast))[len(fast):]]
+  more = covering(grid, 3, covering(grid, 2, fast))[len(fast):]
+  return fast + [pytest.param(*c, marks=pytest.mark.long) for c in more]
 
 
 @pytest.mark.parametrize("positions, norm, norm_position, activation", variants())
