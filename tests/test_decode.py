@@ -41,13 +41,17 @@ def run_search(model, src_bs, limits_b, fn, **kwargs):
   return jax.device_get(go(state, src_bs, limits_b))
 
 
+@nnx.jit  # one program, not one per operation
+def log_softmax_forward(model, src_bs, tgt_bt):
+  return jax.nn.log_softmax(model(src_bs, tgt_bt).astype(jnp.float32))
+
+
 def sequence_log_probs(model, src_1s, outs):
-  """log p(out | src) of each out by teacher forcing, all in one compiled forward pass (the decoder is
+  """log p(out | src) of each out by teacher forcing, all in one forward pass (the decoder is
   causal: the pads after a shorter out change none of its positions)."""
   width = max(map(len, outs))
   tgt_in = np.array([[BOS, *out[:-1]] + [PAD] * (width - len(out)) for out in outs])
-  forward = nnx.jit(lambda model, src_bs, tgt_bt: jax.nn.log_softmax(model(src_bs, tgt_bt).astype(jnp.float32)))
-  logp = np.asarray(forward(model, np.repeat(src_1s, len(outs), 0), tgt_in))
+  logp = np.asarray(log_softmax_forward(model, np.repeat(src_1s, len(outs), 0), tgt_in))
   return [float(sum(logp[k, i, tok] for i, tok in enumerate(out))) for k, out in enumerate(outs)]
 
 

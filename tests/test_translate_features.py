@@ -1,5 +1,6 @@
 """Issue 46, parts 5 to 7: sampling, scoring a reference, and the translate command's flags."""
 
+import functools
 import io
 import shutil
 import subprocess
@@ -24,13 +25,15 @@ SOURCE = "A man in a blue shirt rides a red bike."
 CHI2_999_DF7 = 24.322
 
 
+@functools.partial(jax.jit, static_argnums=0)  # one program for every call, not one per operation
+def first_logits(graphdef, params, src):
+  return nnx.merge(graphdef, params)(src, jnp.asarray([[SPECIAL.bos]], jnp.int32))[0, 0]
+
+
 def first_token_log_probs(translator, source: str) -> np.ndarray:
   """The model's log-probabilities of the first output token, padding banned (as decoding does)."""
-  @jax.jit  # one program, not one per operation
-  def first_logits(params, src):
-    return nnx.merge(translator.graphdefs[0], params)(src, jnp.asarray([[SPECIAL.bos]], jnp.int32))[0, 0]
-
-  logits = first_logits(translator.params, jnp.asarray([translator.tok.encode([source])[0]], jnp.int32))
+  src = jnp.asarray([translator.tok.encode([source])[0]], jnp.int32)
+  logits = first_logits(translator.graphdefs[0], translator.params, src)
   logp = np.asarray(jax.nn.log_softmax(logits.astype(jnp.float32)), np.float64)
   logp[0] = -np.inf
   return logp - np.logaddexp.reduce(logp)
