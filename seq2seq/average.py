@@ -15,7 +15,18 @@ import pathlib
 
 from seq2seq import cli
 
-cli.version_before_imports(__name__)
+
+def define_flags():
+  """The flags of `python -m seq2seq.average`, above JAX's import: --help answers without it."""
+  from absl import flags
+
+  return (flags.DEFINE_string("workdir", None, "The run's directory.", required=True),
+          flags.DEFINE_integer("average_last", None, "How many checkpoints to average (default 5)."),
+          flags.DEFINE_string("checkpoint", None, "The newest of them: latest (the default), best or a step."),
+          flags.DEFINE_integer("last", None, "The old name of --average_last."))
+
+
+cli.answer_before_imports(__name__, define_flags)
 
 import jax
 import numpy as np
@@ -102,12 +113,7 @@ def load_average(path: str | pathlib.Path, target_params=None) -> tuple[dict, di
 
 
 def main(argv=None) -> None:
-  from absl import flags
-
-  workdir = flags.DEFINE_string("workdir", None, "The run's directory.", required=True)
-  average_last = flags.DEFINE_integer("average_last", None, "How many checkpoints to average (default 5).")
-  checkpoint = flags.DEFINE_string("checkpoint", None, "The newest of them: latest (the default), best or a step.")
-  last = flags.DEFINE_integer("last", None, "The old name of --average_last.")
+  workdir, average_last, checkpoint, last = define_flags()
 
   def run(_):
     if last.value is not None and average_last.value is not None:

@@ -229,12 +229,17 @@ An unknown key is an error naming the closest ones. Shipped configs (--config=NA
 --config NAME, from any directory): {names}; --config=PATH.py loads a file."""
 
 
-def version_before_imports(module: str, *programs: str) -> None:
-  """`--version` answered at the top of a command's module, before it imports JAX (4 to 6 s):
-  when `module` is what runs (`python -m`) or sys.argv[0] is one of `programs` (its console
-  command, train.py or eval.py)."""
-  if "--version" in sys.argv[1:] and (module == "__main__" or os.path.basename(sys.argv[0]) in programs):
+def answer_before_imports(module: str, define_flags) -> None:
+  """`--version` and `--help` answered at the top of a command's module, before it imports JAX
+  (4 to 6 s), when `module` is what runs (`python -m`): `define_flags()` defines the command's
+  flags for --help (a module whose imports are light needs none of this: `run` answers)."""
+  if module != "__main__":
+    return
+  if "--version" in sys.argv[1:]:
     answer_version(sys.argv[0])
+  if any(a in HELP_FLAGS for a in sys.argv[1:]):
+    define_flags()
+    run(lambda argv: None, module)  # prints the usage and exits
 
 
 def answer_version(program: str) -> None:
@@ -300,7 +305,7 @@ def run(main, module: str | None = None, argv=None, *, also: tuple[str, ...] = (
   if any(a in HELP_FLAGS for a in args[1:]):  # usage on stdout, exit 0 (absl's own --help exits 1)
     sys.stdout.write(usage(program, module, full="--helpfull" in args[1:]))
     sys.exit(0)
-  if "--version" in args[1:]:  # a command whose module does not call version_before_imports
+  if "--version" in args[1:]:
     answer_version(program)
 
   def guarded(args):

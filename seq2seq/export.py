@@ -54,7 +54,24 @@ import sys
 
 from seq2seq import cli
 
-cli.version_before_imports(__name__)
+
+def define_flags():
+  """The flags of `python -m seq2seq.export`, above JAX's import: --help answers without it."""
+  from absl import flags
+
+  from seq2seq import ct2
+
+  return (flags.DEFINE_string("workdir", None, "The training run's directory.", required=True),
+          flags.DEFINE_string("out", None, "The model directory to write (new, or empty).", required=True),
+          flags.DEFINE_string("checkpoint", None, cli.CHECKPOINT_HELP),
+          flags.DEFINE_integer("average_last", 0, cli.AVERAGE_LAST_HELP),
+          flags.DEFINE_bool("overwrite", False, "Replace an earlier export in --out."),
+          flags.DEFINE_enum("format", "seq2seq", ["seq2seq", "ctranslate2"], "seq2seq: safetensors that "
+                            "Translator.from_pretrained loads; ctranslate2: a CTranslate2 model folder, verified."),
+          flags.DEFINE_enum("quantization", None, list(ct2.QUANTIZATIONS), "CTranslate2 weights (default float32)."))
+
+
+cli.answer_before_imports(__name__, define_flags)
 
 import jax
 import ml_collections
@@ -362,17 +379,7 @@ def load_params(model_dir: str | os.PathLike, model_cfg: ModelConfig, mesh):
 
 
 def main(argv=None) -> None:
-  from absl import flags
-
-  workdir = flags.DEFINE_string("workdir", None, "The training run's directory.", required=True)
-  out = flags.DEFINE_string("out", None, "The model directory to write (new, or empty).", required=True)
-  checkpoint = flags.DEFINE_string("checkpoint", None, cli.CHECKPOINT_HELP)
-  average_last = flags.DEFINE_integer("average_last", 0, cli.AVERAGE_LAST_HELP)
-  overwrite = flags.DEFINE_bool("overwrite", False, "Replace an earlier export in --out.")
-  format = flags.DEFINE_enum("format", "seq2seq", ["seq2seq", "ctranslate2"], "seq2seq: safetensors that "
-                             "Translator.from_pretrained loads; ctranslate2: a CTranslate2 model folder, verified.")
-  quantization = flags.DEFINE_enum("quantization", None, list(ct2.QUANTIZATIONS), "CTranslate2 weights (default "
-                                   "float32).")
+  workdir, out, checkpoint, average_last, overwrite, format, quantization = define_flags()
 
   def run(_):
     if average_last.value < 0:

@@ -10,13 +10,17 @@ import contextlib
 import os
 import pathlib
 import stat
+from typing import TYPE_CHECKING
 
 from absl import flags
 
-from seq2seq import cli, sharding
+from seq2seq import cli
 from seq2seq.errors import ConfigError
-from seq2seq.inference import load, settings
-from seq2seq.inference.translate import Translator, search_settings
+from seq2seq.inference import settings
+
+if TYPE_CHECKING:  # imported where a Translator is made (JAX's 4 s): --help and a bad flag answer at once
+  from seq2seq.inference import load
+  from seq2seq.inference.translate import Translator
 
 CHECKPOINT = flags.DEFINE_string("checkpoint", None, cli.CHECKPOINT_HELP)
 AVERAGE_LAST = flags.DEFINE_integer("average_last", 0, cli.AVERAGE_LAST_HELP)
@@ -84,6 +88,8 @@ def check_output(path: str, flag: str, *, reads: dict[str, str | None] | None = 
 def load_run(workdir: str, config, mesh, checkpoint: None | str | int = None) -> load.Loaded:
   """A run's chosen checkpoint (None: the newest intact one, "best" or a step; --average_last
   averages the K ending there), with the --ensemble runs if given (each a different run)."""
+  from seq2seq.inference import load
+
   members = [workdir, *(ENSEMBLE.value or [])]
   seen = {}
   for flag, member in zip(["--workdir", *["--ensemble"] * (len(members) - 1)], members):
@@ -101,6 +107,10 @@ def translator_for_run(workdir: str, config=None, checkpoint: None | str | int =
   """A Translator holding the run's chosen model(s) (`checkpoint`: see load_run), searching
   as the flags say, and what was loaded (the checkpoint, an ensemble's members). `config`:
   the run's (read from the workdir when None)."""
+  from seq2seq import sharding
+  from seq2seq.inference import load
+  from seq2seq.inference.translate import Translator, search_settings
+
   config = load.run_config(workdir) if config is None else config
   mesh = sharding.make_mesh(config.mesh)
   loaded = load_run(workdir, config, mesh, checkpoint)
@@ -112,6 +122,8 @@ def translator_for_run(workdir: str, config=None, checkpoint: None | str | int =
 
 def translator_for_export(model_dir: str) -> Translator:
   """A Translator holding an exported model (`python -m seq2seq.export`), searching as the flags say."""
+  from seq2seq.inference.translate import Translator
+
   if ENSEMBLE.value or AVERAGE_LAST.value or CHECKPOINT.value is not None:
     raise ConfigError("--checkpoint, --average_last and --ensemble choose among a run's checkpoints (--workdir); an "
                       "exported --model holds one set of parameters")

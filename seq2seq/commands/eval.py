@@ -24,17 +24,12 @@ import os
 import pathlib
 import sys
 
-from seq2seq import cli
-
-cli.version_before_imports(__name__, "seq2seq-eval", "eval.py")
-
-import jax
 from absl import flags
 
-from seq2seq.errors import ConfigError, DataError
-from seq2seq import data, metrics
+from seq2seq import cli, metrics
 from seq2seq.commands import decoding
-from seq2seq.inference import compare, evaluate, load
+from seq2seq.errors import ConfigError, DataError
+from seq2seq.inference import compare  # JAX and the model come in main(): --help answers at once
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "The training run's directory.", required=True)
 _STEP = flags.DEFINE_integer("step", None, "The old name of --checkpoint=STEP.")
@@ -56,6 +51,9 @@ _JOIN_HOSTS = cli.define_distributed_flags()
 
 def jobs(config) -> list[tuple[str, list[str], list[str]]]:
   """(name, sources, references) to score: --source/--reference, or the splits."""
+  from seq2seq import data
+  from seq2seq.inference import evaluate
+
   source, reference = _SOURCE.value, _REFERENCE.value
   if (reference is None) != (source is None) and source != "-":
     raise ConfigError("--source and --reference go together (or --source=- alone to translate stdin)")
@@ -102,6 +100,8 @@ def compared_systems(todo) -> list[tuple[str, list[str]]]:
   if len(todo) != 1:
     raise ConfigError(f"--compare needs one test set to compare on, got {len(todo)}: give one --split=NAME or "
                       "--source/--reference")
+  from seq2seq.inference import evaluate
+
   name, _, references = todo[0]
   out = []
   for path in _COMPARE.value:
@@ -122,6 +122,10 @@ def comparison(name: str, label: str, references: list[str], others):
 
 
 def main(argv) -> None:
+  import jax
+
+  from seq2seq.inference import evaluate, load
+
   _JOIN_HOSTS()
   if _SOURCE.value == "-" and jax.process_count() > 1:
     raise ConfigError("--source=- (stdin) translates on one process; give --source=FILE on a multi-host run")

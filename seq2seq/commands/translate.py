@@ -30,21 +30,23 @@ model loads. --output=FILE is replaced whole once the work is done (a failed run
 older FILE as it was); at the prompt too, when the session ends (Ctrl-D or Ctrl-C).
 """
 
+from __future__ import annotations
+
 import contextlib
 import io
 import sys
+from typing import TYPE_CHECKING
 
 from absl import flags
 
 from seq2seq import cli, files
-
-cli.version_before_imports(__name__, "seq2seq-translate")
-
 from seq2seq.commands import decoding
 from seq2seq.errors import ConfigError
-from seq2seq.inference import evaluate, settings
-from seq2seq.inference.decode import Sampling
-from seq2seq.inference.translate import Translator
+from seq2seq.inference import settings
+
+if TYPE_CHECKING:  # imported where they are used (JAX's 4 s): --help answers at once
+  from seq2seq.inference.decode import Sampling
+  from seq2seq.inference.translate import Translator
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A training run's directory.")
 _MODEL = flags.DEFINE_string("model", None, "A model directory written by `python -m seq2seq.export`.")
@@ -74,6 +76,8 @@ def make_translator() -> Translator:
 
 
 def sampling() -> Sampling | None:
+  from seq2seq.inference.decode import Sampling
+
   if not _SAMPLING.value:
     if (_TEMPERATURE.value, _TOP_K.value, _TOP_P.value) != (1.0, 0, 1.0):
       raise ConfigError("--temperature, --top_k and --top_p shape --sampling; add --sampling")
@@ -85,6 +89,8 @@ def read_input(path: str, flag: str) -> list[str]:
   """The lines of a file, a named pipe (`<(command)`) or stdin ('-'), read alike: invalid
   UTF-8 is replaced with a warning naming the line (every line keeps its output line), and
   no lines at all is a warning, then nothing to do (exit 0)."""
+  from seq2seq.inference import evaluate
+
   if path == "-":
     lines = list(evaluate.decoded_lines(sys.stdin))
   else:
@@ -116,6 +122,8 @@ def interactive(translator: Translator) -> None:
   """A prompt at a terminal, each line translated as it is typed. --output=FILE is replaced
   as in batch mode: the session's lines go to a temporary file beside it, renamed to FILE
   when the session ends (Ctrl-D, or Ctrl-C at the prompt)."""
+  from seq2seq.inference import evaluate
+
   print(f"Translating with {translator.checkpoint}: type a sentence and Enter (Ctrl-D ends).", file=sys.stderr)
   with contextlib.ExitStack() as stack:
     out = sys.stdout

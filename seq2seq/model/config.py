@@ -5,8 +5,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar
 
-import jax.numpy as jnp
-
 from seq2seq.errors import ConfigError
 from seq2seq.special_tokens import SPECIAL
 
@@ -88,6 +86,8 @@ class ModelConfig:
 
   @property
   def compute_dtype(self):
+    import jax.numpy as jnp  # here: the settings themselves load without JAX (a command's --help)
+
     return jnp.dtype(self.dtype)
 
   @classmethod
