@@ -24,7 +24,7 @@ DISTRIBUTION = "seq2seq-jax"  # the name on PyPI (`seq2seq` there is another pro
 
 _EXPORTS = {
     "Translator": "seq2seq.inference.translate",
-    "Sampling": "seq2seq.inference.decode",  # Translator.translate(..., sampling=Sampling(top_p=0.9))
+    "Sampling": "seq2seq.inference.settings",  # Translator.translate(..., sampling=Sampling(top_p=0.9))
     "ModelConfig": "seq2seq.model.config",
     "Transformer": "seq2seq.model.transformer",
     "Tokenizer": "seq2seq.data.tokenizer",

@@ -44,8 +44,7 @@ from seq2seq.commands import decoding
 from seq2seq.errors import ConfigError
 from seq2seq.inference import settings
 
-if TYPE_CHECKING:  # imported where they are used (JAX's 4 s): --help answers at once
-  from seq2seq.inference.decode import Sampling
+if TYPE_CHECKING:  # imported where a Translator is made (JAX's 4 s): --help and a bad flag answer at once
   from seq2seq.inference.translate import Translator
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A training run's directory.")
@@ -75,14 +74,12 @@ def make_translator() -> Translator:
   return decoding.translator_for_run(_WORKDIR.value, checkpoint=cli.checkpoint_choice(decoding.CHECKPOINT.value))[0]
 
 
-def sampling() -> Sampling | None:
-  from seq2seq.inference.decode import Sampling
-
+def sampling() -> settings.Sampling | None:
   if not _SAMPLING.value:
     if (_TEMPERATURE.value, _TOP_K.value, _TOP_P.value) != (1.0, 0, 1.0):
       raise ConfigError("--temperature, --top_k and --top_p shape --sampling; add --sampling")
     return None
-  return Sampling(_TEMPERATURE.value, _TOP_K.value, _TOP_P.value, _SEED.value).check(shown=lambda key: f"--{key}")
+  return settings.Sampling(_TEMPERATURE.value, _TOP_K.value, _TOP_P.value, _SEED.value).check(shown=lambda key: f"--{key}")
 
 
 def read_input(path: str, flag: str) -> list[str]:

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from seq2seq.errors import ConfigError
-from seq2seq.inference.settings import check
+from seq2seq.inference.settings import Sampling
 from seq2seq.model.transformer import DecoderState
 from seq2seq.special_tokens import SPECIAL, SpecialTokens
 
@@ -180,23 +180,6 @@ def _one_per_row(stepper: Stepper, src_bs, limits_b, state_type, pick, *, max_le
 
   s = _loop(state, limits_b, lambda s, limits_b: ~s.done_b, body, max_len, tuple(compact), beams=1)
   return s.tokens_bl[:, 1:], s.logp_b
-
-
-class Sampling(NamedTuple):
-  """Ancestral sampling instead of search: each next token is drawn from the model's
-  distribution with the length rules applied, sharpened or flattened by `temperature`, kept
-  to the `top_k` most likely tokens (0: all) and to the smallest set whose probability
-  reaches `top_p` (1: all; Holtzman et al. 2020). Draws follow `seed` and each sentence's
-  number, so they do not depend on batching."""
-  temperature: float = 1.0
-  top_k: int = 0
-  top_p: float = 1.0
-  seed: int = 0
-
-  def check(self, shown=lambda key: key) -> Sampling:
-    """These settings as numbers, each checked (seq2seq/inference/settings.py: a ConfigError
-    names the first that cannot work, as `shown(key)`)."""
-    return Sampling(*(check(key, getattr(self, key), shown(key)) for key in self._fields))
 
 
 def filtered_logits(logp_xv, sampling: Sampling):

@@ -10,8 +10,7 @@ from collections.abc import Iterable
 from typing import NamedTuple
 
 from seq2seq.errors import ConfigError
-from seq2seq.inference.decode import Sampling
-from seq2seq.inference.settings import check
+from seq2seq.inference.settings import Sampling, check
 
 
 class Want(NamedTuple):

@@ -103,6 +103,23 @@ class SearchSettings:
     return name + (f"-min{self.min_len}" if self.min_len != default.min_len else "")
 
 
+class Sampling(NamedTuple):
+  """Ancestral sampling instead of search: each next token is drawn from the model's
+  distribution with the length rules applied, sharpened or flattened by `temperature`, kept
+  to the `top_k` most likely tokens (0: all) and to the smallest set whose probability
+  reaches `top_p` (1: all; Holtzman et al. 2020). Draws follow `seed` and each sentence's
+  number, so they do not depend on batching (seq2seq/inference/decode.py draws them)."""
+  temperature: float = 1.0
+  top_k: int = 0
+  top_p: float = 1.0
+  seed: int = 0
+
+  def check(self, shown=lambda key: key) -> Sampling:
+    """These settings as numbers, each checked (`RULES`: a ConfigError names the first that
+    cannot work, as `shown(key)`)."""
+    return Sampling(*(check(key, getattr(self, key), shown(key)) for key in self._fields))
+
+
 def search_settings(eval_cfg, **overrides) -> dict:
   """Translator keyword arguments from a config's `eval` section, with overrides (None: keep)."""
   from_config = ("beam_size", "alpha", "max_len_a", "max_len_b", "batch_size", "max_source_len", "max_programs")
