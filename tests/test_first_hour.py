@@ -61,7 +61,8 @@ def test_help_and_h_print_usage_and_exit_0_and_version_prints_it(module):
 
 @pytest.mark.parametrize("command", [["-m", "seq2seq.commands.train"], ["-m", "seq2seq.commands.eval"],
                                      ["-m", "seq2seq.commands.translate"], ["-m", "seq2seq.export"],
-                                     ["-m", "seq2seq.average"], ["train.py"], ["eval.py"]])
+                                     ["-m", "seq2seq.average"], ["-m", "seq2seq.research.sweep"],
+                                     ["-m", "seq2seq.research.positions"], ["train.py"], ["eval.py"]])
 def test_version_and_help_answer_before_jax_is_imported(command):
   """--version and --help took 4 to 5.5 s: each command imported JAX first."""
   for flag in ("--version", "--help"):

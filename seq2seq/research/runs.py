@@ -18,7 +18,6 @@ import sys
 from seq2seq.errors import ConfigError
 from seq2seq.files import write_atomic
 from seq2seq.research import ablations, variants
-from seq2seq.inference import evaluate
 
 MANIFEST = "sweep.json"
 
@@ -53,6 +52,8 @@ class Run:
 
   def finished(self, root: pathlib.Path) -> bool:
     """Trained and evaluated at the last step on every test set."""
+    from seq2seq.inference import evaluate  # here, not above: the research commands' --help needs no JAX
+
     evaluated = self.workdir(root) / "eval"
     return self.trained(root) and all(evaluate.saved_results(evaluated, split, f"step{self.steps}")
                                       for split in self.splits)
@@ -79,6 +80,8 @@ def plan(config, config_arg: str, overrides: list[str], names: list[str], sizes:
       variants.parts(name)
     except ValueError as e:
       raise ConfigError(f"--variants: {e}") from None
+  from seq2seq.inference import evaluate
+
   model = config.model.to_dict()
   splits = tuple(evaluate.result_name(s) for s in config.data.test_splits)
   evaluated = tuple(dict.fromkeys((config.data.validation_split, *config.data.test_splits)))

@@ -28,8 +28,6 @@ import dataclasses
 import math
 import statistics
 
-from scipy import stats
-
 ALPHA = 0.05  # the family-wise error rate the marks control
 LEVEL = 0.95  # the intervals' confidence
 
@@ -59,6 +57,14 @@ class Welch:
     return not math.isnan(self.p)
 
 
+def student_t():
+  """Student's t distribution, scipy.stats.t: imported when a test is computed (scipy takes
+  over a second, which a research command's --help does not need)."""
+  from scipy import stats
+
+  return stats.t
+
+
 def welch_summary(mean: float, std: float, n: int, base_mean: float, base_std: float, base_n: int,
                   level: float = LEVEL) -> Welch:
   """Welch's t-test from each side's mean, sample standard deviation and count (a table's
@@ -71,8 +77,8 @@ def welch_summary(mean: float, std: float, n: int, base_mean: float, base_std: f
   if not se > 0:
     return Welch(diff, 0.0, math.nan, math.nan, math.nan, math.nan, n, base_n)
   df = (va + vb) ** 2 / (va**2 / (n - 1) + vb**2 / (base_n - 1))
-  half = float(stats.t.ppf(0.5 + level / 2, df)) * se
-  p = float(2 * stats.t.sf(abs(diff) / se, df))
+  half = float(student_t().ppf(0.5 + level / 2, df)) * se
+  p = float(2 * student_t().sf(abs(diff) / se, df))
   return Welch(diff, se, df, diff - half, diff + half, p, n, base_n)
 
 
@@ -100,8 +106,8 @@ def tost(values: list[float], baseline: list[float], margin: float) -> Equivalen
   w = welch(values, baseline, level=1 - 2 * ALPHA)
   if not w.tested:
     return Equivalence(margin, math.nan, math.nan, math.nan)
-  above = float(stats.t.sf((w.difference + margin) / w.se, w.df))  # H0: difference <= -margin
-  below = float(stats.t.cdf((w.difference - margin) / w.se, w.df))  # H0: difference >= +margin
+  above = float(student_t().sf((w.difference + margin) / w.se, w.df))  # H0: difference <= -margin
+  below = float(student_t().cdf((w.difference - margin) / w.se, w.df))  # H0: difference >= +margin
   return Equivalence(margin, w.low, w.high, max(above, below))
 
 
@@ -131,7 +137,7 @@ def seeds_note(tests: list[Welch]) -> str:
     return ""
   counts = sorted({n for w in tests if w.tested for n in (w.n, w.base_n)})
   seeds = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]} to {counts[-1]}"
-  wide = lambda df: float(stats.t.ppf(0.5 + LEVEL / 2, df))
+  wide = lambda df: float(student_t().ppf(0.5 + LEVEL / 2, df))
   return (f"With {seeds} seeds a side Welch's degrees of freedom are {bounds[0]} to {bounds[1]}, so the "
           f"interval spans {wide(bounds[1]):.1f} to {wide(bounds[0]):.1f} standard errors either side of the "
           "difference.")

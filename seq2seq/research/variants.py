@@ -61,11 +61,7 @@ import functools
 import re
 from collections.abc import Callable
 
-import jax
-from flax import nnx
-
 from seq2seq.errors import ConfigError
-from seq2seq.model import transformer
 from seq2seq.model.config import CHOICES, ModelConfig
 
 # The settings every variant starts from; a variant's own overrides replace some of them.
@@ -94,6 +90,11 @@ def layer_params(model: dict, vocab_size: int) -> int:
 
 @functools.lru_cache(maxsize=256)
 def _layer_params(cfg: ModelConfig) -> int:
+  import jax  # here, not above: the research commands' --help and their tables need no JAX
+  from flax import nnx
+
+  from seq2seq.model import transformer
+
   def count(build) -> int:
     return sum(int(v.size) for v in jax.tree.leaves(nnx.state(nnx.eval_shape(lambda: build(cfg, rngs=nnx.Rngs(0))),
                                                             nnx.Param)))
