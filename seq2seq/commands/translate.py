@@ -79,7 +79,8 @@ def sampling() -> settings.Sampling | None:
     if (_TEMPERATURE.value, _TOP_K.value, _TOP_P.value) != (1.0, 0, 1.0):
       raise ConfigError("--temperature, --top_k and --top_p shape --sampling; add --sampling")
     return None
-  return settings.Sampling(_TEMPERATURE.value, _TOP_K.value, _TOP_P.value, _SEED.value).check(shown=lambda key: f"--{key}")
+  draws = settings.Sampling(_TEMPERATURE.value, _TOP_K.value, _TOP_P.value, _SEED.value)
+  return draws.check(shown=lambda key: f"--{key}")
 
 
 def read_input(path: str, flag: str) -> list[str]:
