@@ -69,7 +69,7 @@ def test_version_and_help_answer_before_jax_is_imported(command):
     out = subprocess.run([sys.executable, "-X", "importtime", *command, flag], capture_output=True, text=True,
                          cwd=REPO, timeout=60)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split()[-4] == seq2seq.__version__ if flag == "--version" else "--log_level" in out.stdout
+    assert (out.stdout.split()[-4] == seq2seq.__version__) if flag == "--version" else ("--log_level" in out.stdout)
     imported = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
     heavy = {"jax", "flax", "orbax"} | ({"numpy"} if flag == "--version" else set())  # export's --help: numpy (ct2)
     assert "seq2seq.errors" in imported and not heavy & imported, flag

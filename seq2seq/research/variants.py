@@ -90,7 +90,7 @@ def layer_params(model: dict, vocab_size: int) -> int:
 
 @functools.lru_cache(maxsize=256)
 def _layer_params(cfg: ModelConfig) -> int:
-  import jax  # here, not above: the research commands' --help and their tables need no JAX
+  import jax  # here, not above: the research commands' --help needs no JAX
   from flax import nnx
 
   from seq2seq.model import transformer
