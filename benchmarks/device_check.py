@@ -114,6 +114,7 @@ def step_rows(config_path: str, dtype: str, shape: tuple[int, int, int], count: 
   device, (rows, s, t) = jax.devices()[0], shape
   peak = None
   for packed in [layout == "packed" for layout in layouts.split(",")]:
+    applied = {}
     try:
       config, applied = _configured(config_path, dtype, packed, overrides)
       model_cfg, mesh, state, steps = accelerator.build(config)
@@ -126,13 +127,13 @@ def step_rows(config_path: str, dtype: str, shape: tuple[int, int, int], count: 
              "peak_tflops": peak[0] / 1e12, "peak_source": peak[1], "compile_s": compile_s,
              "attention": _attention(model_cfg, t, packed, mesh.size), "device_kind": device.device_kind,
              "platform": device.platform, "devices": mesh.size}
-      if applied:  # as the child's config holds them
-        row["config"] = applied
-      if flash_blocks:
-        row["flash_blocks"] = flash.BLOCKS.spec()
       del state, steps
     except Exception as err:  # noqa: BLE001  (the other layout still runs)
       row = {"packed": packed, "error": f"{type(err).__name__}: {err}"[:2000]}
+    if applied:  # as the child's config holds them
+      row["config"] = applied
+    if flash_blocks:  # as the child's kernel setting holds them, a failed row too
+      row["flash_blocks"] = flash.BLOCKS.spec()
     print(json.dumps(row), flush=True)
 
 
@@ -213,10 +214,11 @@ def _packed_segments(rng, rows: int, length: int, counts=None):
   return out
 
 
-def flash_rows(repeats: int = 20) -> None:
+def flash_rows(rows: int = 96, length: int = 256, repeats: int = 20) -> None:
   """Prints JSON lines: the Pallas flash kernel against explicit attention on this GPU
   (outputs and gradients on real queries, packed rows, self/causal/cross), then the time of
-  its forward+backward against XLA attention at the wmt14_base shape."""
+  its forward+backward against XLA attention at the train step's shape (`rows` x `length`,
+  wmt14_base's 8 heads of 64; the section passes --shape's rows and target length)."""
   import jax
   import jax.numpy as jnp
   import numpy as np
@@ -256,7 +258,7 @@ def flash_rows(repeats: int = 20) -> None:
       except Exception as err:  # noqa: BLE001  (a record, not a failure)
         row = {"dtype": jnp.dtype(dtype).name, "case": case, "error": f"{type(err).__name__}: {err}"[:2000]}
       print(json.dumps(row), flush=True)
-  b, t = 96, 256  # the train step's shape: forward + backward of one self-attention, flash vs XLA
+  b, t = rows, length  # the train step's shape: forward + backward of one self-attention, flash vs XLA
   q_seg = jnp.asarray(_packed_segments(rng, b, t))
   mask = att.SegmentMask(q_seg, q_seg, causal=True)
   q, k, v = (jnp.asarray(rng.standard_normal((b, t, 8, 64)), jnp.bfloat16) for _ in range(3))
@@ -330,7 +332,8 @@ def steps_section(args, dtype: str, timeout: float) -> dict:
 
 
 def flash_section(args, timeout: float) -> dict:
-  command = [sys.executable, str(pathlib.Path(__file__).resolve()), "--section=flash"]
+  command = [sys.executable, str(pathlib.Path(__file__).resolve()), "--section=flash", f"--shape={args.shape}",
+             f"--timed_steps={args.timed_steps}"]
   child = run_child(command, timeout)
   rows = child["objects"]
   result = {"command": shlex.join(command), "checks": [r for r in rows if "case" in r],
@@ -733,7 +736,8 @@ def main() -> None:
     return decode_programs.main()
   args = parse(sys.argv[1:])
   if args.section == "flash":
-    return flash_rows()
+    rows, _, t = (int(x) for x in args.shape.split("x"))
+    return flash_rows(rows, t, args.timed_steps)
   if args.section == "profile_capture":
     return profile_capture(str(REPO / args.config), args.dtype, tuple(int(x) for x in args.shape.split("x")),
                            args.timed_steps, pathlib.Path(args.out), tuple(args.override), args.flash_blocks)

@@ -1,5 +1,8 @@
 """Every script in benchmarks/ at a tiny size on this machine's CPU (accelerator.py, device_check.py and
-its profile parser, the others in one smoke test each); the nominal-peak table."""
+its profile parser, the others in one smoke test each); the nominal-peak table. The GPU check's
+profile and variants sections, the next GPU session's command, run in CI (the slow suite);
+its default run and most other scripts' runs are `pytest -m long`, and test_benchmark_calls.py
+checks what every script calls of seq2seq in each fast run."""
 
 import json
 import subprocess
@@ -41,11 +44,12 @@ def test_accelerator_benchmark_runs_on_the_cpu_with_a_measured_peak(tmp_path):
   assert 0 < result["mfu"] < 1
 
 
-@pytest.mark.long  # every section of the GPU check, at toy sizes on the CPU (2 minutes)
-def test_device_check_smoke_writes_every_section(tmp_path):
+@pytest.mark.long  # every section of the GPU check's default run, at toy sizes on the CPU (65 s)
+@pytest.mark.data  # its train and decode sections read newstest
+def test_device_check_smoke_writes_every_section(real_data_dir, tmp_path):
   out = subprocess.run([sys.executable, "benchmarks/device_check.py", "--smoke", f"--out={tmp_path / 'check.json'}",
-                        f"--flax_models={tmp_path / 'missing.py'}"], cwd=REPO, capture_output=True, text=True,
-                       timeout=900)
+                        f"--shared={real_data_dir.parent}", f"--flax_models={tmp_path / 'missing.py'}"], cwd=REPO,
+                       capture_output=True, text=True, timeout=900)
   assert out.returncode == 0, out.stderr[-3000:]
   result = json.loads((tmp_path / "check.json").read_text())
   assert result["smoke"] and result["device_kind"] == "cpu" and result["shape"] == [8, 32, 32]
@@ -54,6 +58,8 @@ def test_device_check_smoke_writes_every_section(tmp_path):
   assert list(sections) == ["flash", "steps_bfloat16", "profile", "decode", "peers", "train", "steps_float32"]
   assert all(sections["profile"][layout]["table"]["attributed_fraction"] == 1.0 for layout in ("packed", "unpacked"))
   assert all("interpret mode" in row["error"] for row in sections["flash"]["checks"])  # the kernel needs a GPU
+  timing = sections["flash"]["timing"]  # XLA's attention at the step's rows and target length; the kernel needs a GPU
+  assert timing["xla"]["shape"] == [8, 32, 8, 64] and timing["xla"]["causal_packed_fwd_bwd_ms"] > 0, timing
   decode = sections["decode"]
   assert decode["identical_hypotheses"] and decode["modes"]["planned"]["programs"] <= 3, decode
   for dtype in ("bfloat16", "float32"):
@@ -111,7 +117,7 @@ def _run_benchmark(script: str, args: list, data_dir, tmp_path) -> str:
 
 
 @pytest.mark.parametrize("script", [
-    # CI (the slow suite) runs the three quickest; the rest take 20 to 75 s each (`pytest -m long`)
+    # CI (the slow suite) runs the three quickest; the rest take 7 to 35 s each (`pytest -m long`)
     *(pytest.param(s, marks=pytest.mark.slow) for s in ("train_throughput", "wmt_like", "dry_run_table")),
     *(pytest.param(s, marks=pytest.mark.long) for s in ("loss_bytes", "host_overhead", "decode_programs",
                                                         "ctranslate2_speed")),
@@ -183,16 +189,24 @@ def test_every_benchmark_script_runs_at_a_tiny_size(script, data_dir, tmp_path, 
     assert row["mesh"] == {"data": 2, "fsdp": 2, "tensor": 2} and row["total_gib"] > 0 and row["flops_xla"] > 0, row
 
 
-@pytest.mark.slow
-def test_the_profile_section_tables_a_cpu_trace_of_the_train_step(tmp_path):
+@pytest.mark.slow  # the next GPU session's command (docs/scaling.md) at toy sizes: 35 s
+def test_the_profile_and_variants_sections_table_a_cpu_trace_and_time_each_change_against_the_baseline(tmp_path):
   """device_check's profile section (profile_capture, then profile_table) on XLA:CPU: every
   thunk names its instruction, so all are attributed, and the sites of a model are there; the
-  step traced is the one with the variants named (`--profile_variants`)."""
-  out = subprocess.run([sys.executable, "benchmarks/device_check.py", "--smoke", "--sections=profile",
-                        "--profile_variants=logits_bfloat16,rows_x2", f"--out={tmp_path / 'check.json'}",
-                        f"--profile_dir={tmp_path / 'profile'}"], cwd=REPO, capture_output=True, text=True, timeout=600)
+  step traced is the one with the variants named (`--profile_variants`). Its variants: a config
+  override reaches its child (each variant is one); each row is the packed step at the config's
+  shape with its speed relative to the baseline, beside the baseline's unpacked rows; the
+  combination runs only when two variants won; variants_big times the baseline and the named
+  winners together on its own config."""
+  from seq2seq.model import flash
+
+  out = subprocess.run([sys.executable, "benchmarks/device_check.py", "--smoke",
+                        "--sections=profile,variants,variants_big", "--profile_variants=logits_bfloat16,rows_x2", f"--profile_dir={tmp_path / 'profile'}",
+                        "--variants=logits_bfloat16,flash_tiles_128",
+                        "--big_variants=logits_bfloat16,adam_mu_bfloat16", f"--out={tmp_path / 'check.json'}"], cwd=REPO, capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
-  profile = json.loads((tmp_path / "check.json").read_text())["sections"]["profile"]
+  check = json.loads((tmp_path / "check.json").read_text())
+  profile = check["sections"]["profile"]
   assert profile["variants"] == ["logits_bfloat16", "rows_x2"] and "--shape=16x32x32" in profile["command"]
   for layout in ("packed", "unpacked"):
     assert profile[layout]["config"] == {"model.logits_dtype": "bfloat16"}
@@ -202,21 +216,16 @@ def test_the_profile_section_tables_a_cpu_trace_of_the_train_step(tmp_path):
     assert {"FFN", "FFN (backward)", "QKV projection", "vocabulary projection"} <= set(
         table["matmul_sites_ms_per_step"]), table
     assert (tmp_path / "profile" / layout / "train_step.hlo.txt").is_file()
-
-
-@pytest.mark.long
-def test_the_variants_sections_time_each_change_against_the_baseline(tmp_path):
-  """device_check's variants: a config override reaches its child (each variant is one); each
-  row is the packed step at the config's shape with its speed relative to the baseline, beside
-  the baseline's unpacked rows; the combination runs only when two variants won; variants_big
-  times the baseline and the named winners together on its own config."""
-  out = subprocess.run([sys.executable, "benchmarks/device_check.py", "--smoke", "--sections=variants,variants_big",
-                        "--variants=logits_bfloat16", "--big_variants=logits_bfloat16,adam_mu_bfloat16",
-                        f"--out={tmp_path / 'check.json'}"], cwd=REPO, capture_output=True, text=True, timeout=600)
-  assert out.returncode == 0, out.stderr[-3000:]
-  check = json.loads((tmp_path / "check.json").read_text())
   variants, big = check["sections"]["variants"], check["sections"]["variants_big"]
-  assert variants.pop("seconds") > 0 and list(variants) == ["baseline", "unpacked", "logits_bfloat16", "combined"]
+  assert variants.pop("seconds") > 0 and list(variants) == ["baseline", "unpacked", "logits_bfloat16",
+                                                           "flash_tiles_128", "combined"]
+  # A flash variant asks for the kernel, which cannot run on a CPU: its row is that error, with
+  # the tiles as the child's kernel setting parsed them (--flash_blocks reached it).
+  tiles = variants["flash_tiles_128"]
+  assert "attention_impl='flash' cannot run here" in tiles["error"] and "speed_vs_baseline" not in tiles, tiles
+  assert tiles["config"] == {"model.attention_impl": "flash"}
+  spec = _device_check().VARIANTS["flash_tiles_128"].flash_blocks  # the child's canonical form, not this string
+  assert tiles["flash_blocks"] == flash.Blocks.parse(spec).spec() not in (spec, flash.Blocks().spec()), tiles
   assert variants["logits_bfloat16"]["overrides"] == ["model.logits_dtype=bfloat16"]
   assert variants["logits_bfloat16"]["config"] == {"model.logits_dtype": "bfloat16"}  # as the child built it
   assert variants["combined"]["skipped"] == "fewer than two variants won"
@@ -247,20 +256,6 @@ def test_variants_that_won_combine_the_fastest_of_each_group():
   assert members == ["a", "tiles_1", "flag"]
   assert together == V(("model.x=1", "model.impl=f"), "--f=1", 2, "dq=64x16")
   assert device_check.combine({"baseline": {"speed_vs_baseline": 1.0}, "a": {"error": "x"}}, table) == ([], V())
-
-
-def test_the_step_child_runs_the_flash_tiles_it_is_given():
-  """--flash_blocks reaches the child's kernel setting (flash.BLOCKS, read when the step is
-  traced); the row records the tiles as the child parsed them."""
-  from seq2seq.model import flash
-
-  spec = "forward=32x16,dkdv=64x16,stages=3"
-  out = subprocess.run([sys.executable, "benchmarks/device_check.py", "--section=steps", "--config=configs/tiny.py",
-                        "--dtype=float32", "--shape=2x16x16", "--timed_steps=1", "--peak_repeats=1", "--layouts=packed",
-                        f"--flash_blocks={spec}"], cwd=REPO, capture_output=True, text=True, timeout=300)
-  assert out.returncode == 0, out.stderr[-3000:]
-  (row,) = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
-  assert "error" not in row and row["flash_blocks"] == flash.Blocks.parse(spec).spec() != flash.Blocks().spec(), row
 
 
 def _device_check():
