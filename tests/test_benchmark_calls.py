@@ -1,0 +1,209 @@
+"""What benchmarks/ calls of seq2seq still exists, read from the scripts' source in a second.
+
+The GPU check's commands run in CI (test_benchmarks.py, the slow suite); the other scripts'
+full runs take 10 to 40 s each (`pytest -m long`). Between those runs this check catches
+what a refactor most often breaks in a script nobody ran: every `seq2seq...` name a script
+imports or reaches by attributes (`export.export`, `Translator.from_workdir`, `flash.BLOCKS`)
+must exist, and every call of one must bind: its keywords are parameters, its positional
+arguments fit. Names of benchmarks/ itself (`accelerator.build`) are checked against the
+defining script's top-level definitions, without importing it. What a value holds at run
+time (a config's keys, an instance's attributes) is not checked here.
+"""
+
+import ast
+import importlib
+import inspect
+
+import pytest
+from conftest import REPO
+
+SCRIPTS = sorted((REPO / "benchmarks").glob("*.py"))
+LOCAL = {path.stem: ast.parse(path.read_text(encoding="utf-8")) for path in SCRIPTS}
+
+
+class Local:
+  """A script of benchmarks/ as its top-level definitions: name -> def node (or None)."""
+
+  def __init__(self, name: str):
+    self.name, self.defs = name, {}
+    for node in LOCAL[name].body:
+      if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+        self.defs[node.name] = node
+      elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+        for target in (node.targets if isinstance(node, ast.Assign) else [node.target]):
+          self.defs.update({n.id: None for n in ast.walk(target) if isinstance(n, ast.Name)})
+      elif isinstance(node, (ast.Import, ast.ImportFrom)):
+        self.defs.update({(a.asname or a.name).split(".")[0]: None for a in node.names})
+
+
+def _module(name: str):
+  return Local(name) if name in LOCAL else importlib.import_module(name)
+
+
+def _attribute(obj, name: str):
+  """obj.name for a module, a class or a value; a package's submodule is imported."""
+  if isinstance(obj, Local):
+    if name not in obj.defs:
+      raise AttributeError(f"benchmarks/{obj.name}.py defines no {name}")
+    return obj.defs[name]  # a def or class node (checked by its arguments), else None (a value)
+  if inspect.ismodule(obj) and not hasattr(obj, name) and hasattr(obj, "__path__"):
+    return importlib.import_module(f"{obj.__name__}.{name}")
+  return getattr(obj, name)
+
+
+def _bindings(scope: ast.AST) -> tuple[dict, set]:
+  """The names this scope's own imports bind (not those of nested functions), to their
+  objects, and the names it assigns or takes as arguments (which shadow outer bindings)."""
+  bound, assigned = {}, set()
+  todo = list(ast.iter_child_nodes(scope))
+  while todo:
+    node = todo.pop()
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        assigned.add(node.name)
+      continue
+    if isinstance(node, ast.Import):
+      for alias in node.names:
+        root = alias.name.split(".")[0]
+        if root == "seq2seq" or root in LOCAL:
+          bound[alias.asname or root] = _module(alias.name if alias.asname else root)
+    elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+      root = node.module.split(".")[0]
+      if root == "seq2seq" or root in LOCAL:
+        module = _module(node.module)
+        for alias in node.names:
+          bound[alias.asname or alias.name] = _attribute(module, alias.name)
+    elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+      assigned.add(node.id)
+    elif isinstance(node, ast.arg):
+      assigned.add(node.arg)
+    todo.extend(ast.iter_child_nodes(node))
+  if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+    assigned.update(a.arg for a in ast.walk(scope.args) if isinstance(a, ast.arg))
+  return bound, assigned - set(bound)
+
+
+def _chain(node: ast.AST):
+  """(root name, [attributes]) of `a.b.c`, else None."""
+  names = []
+  while isinstance(node, ast.Attribute):
+    names.append(node.attr)
+    node = node.value
+  return (node.id, names[::-1]) if isinstance(node, ast.Name) else None
+
+
+def _binds(target, call: ast.Call) -> str | None:
+  """Why `call` cannot bind to `target` (a seq2seq callable or a script's def node), or None."""
+  if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
+    return None  # *args / **kwargs at the call: not decidable here
+  if isinstance(target, ast.FunctionDef):
+    args = target.args
+    if args.vararg or args.kwarg:
+      return None
+    names = [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs]
+    positional = len(args.posonlyargs + args.args)
+    unknown = [k.arg for k in call.keywords if k.arg not in names]
+    if unknown or len(call.args) > positional:
+      return f"{target.name}({', '.join(names)}) takes no {unknown or f'{len(call.args)} positional arguments'}"
+    return None
+  module = getattr(target, "__module__", "") or ""
+  if not callable(target) or not module.startswith("seq2seq"):
+    return None
+  try:
+    signature = inspect.signature(target)
+  except (TypeError, ValueError):
+    return None
+  params = signature.parameters
+  if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+    unknown = [k.arg for k in call.keywords if k.arg not in params or params[k.arg].kind is inspect.Parameter.POSITIONAL_ONLY]
+    if unknown:
+      return f"{getattr(target, '__qualname__', target)}{signature} takes no keyword {', '.join(unknown)}"
+  try:
+    signature.bind(*[None] * len(call.args), **{k.arg: None for k in call.keywords})
+  except TypeError as err:
+    return f"{getattr(target, '__qualname__', target)}{signature}: {err}"
+  return None
+
+
+def problems(path) -> list[str]:
+  """Every name a script reaches in seq2seq (or in another script) that is missing, and every
+  call of one that does not bind, as 'benchmarks/NAME.py:LINE: ...'."""
+  tree, found = LOCAL[path.stem], []
+
+  def visit(scope, outer: dict):
+    bound, assigned = _bindings(scope)
+    names = {k: v for k, v in outer.items() if k not in assigned} | bound
+    todo = list(ast.iter_child_nodes(scope))
+    while todo:
+      node = todo.pop()
+      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+        visit(node, names)
+        continue
+      if isinstance(node, ast.Call):
+        chain = _chain(node.func)
+        if chain and chain[0] in names:
+          try:
+            target = names[chain[0]]
+            for attr in chain[1]:
+              target = _attribute(target, attr)
+            if isinstance(target, ast.ClassDef):
+              target = next((d for d in target.body if isinstance(d, ast.FunctionDef) and d.name == "__init__"), None)
+            why = _binds(target, node) if target is not None else None
+          except AttributeError:
+            why = None  # reported as an attribute below
+          if why:
+            found.append(f"benchmarks/{path.name}:{node.lineno}: {'.'.join([chain[0], *chain[1]])}: {why}")
+      if isinstance(node, ast.Attribute) and not isinstance(node.ctx, ast.Store):
+        chain = _chain(node)
+        if chain and chain[0] in names and not isinstance(getattr(node, "parent", None), ast.Attribute):
+          target = names[chain[0]]
+          for i, attr in enumerate(chain[1]):
+            if target is None or not (inspect.ismodule(target) or inspect.isclass(target) or
+                                      isinstance(target, (Local, ast.ClassDef))):
+              break  # a value's attributes are what it holds at run time
+            try:
+              target = None if isinstance(target, ast.ClassDef) else _attribute(target, attr)
+            except AttributeError as err:
+              found.append(f"benchmarks/{path.name}:{node.lineno}: {'.'.join([chain[0], *chain[1][:i + 1]])}: {err}")
+              break
+      for child in ast.iter_child_nodes(node):
+        child.parent = node
+        todo.append(child)
+
+  visit(tree, {})
+  return sorted(set(found))
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=[p.stem for p in SCRIPTS])
+def test_every_seq2seq_name_a_benchmark_uses_exists_and_its_calls_bind(path):
+  assert problems(path) == []
+
+
+def test_the_check_finds_a_missing_name_a_renamed_keyword_and_an_extra_argument(tmp_path, monkeypatch):
+  script = REPO / "benchmarks" / "accelerator.py"
+  broken = script.read_text(encoding="utf-8").replace(
+      "optimizer.make(config.train, d_model=model_cfg.d_model)",
+      "optimizer.make(config.train, width=model_cfg.d_model)").replace(
+      "sharding.make_mesh(config.mesh)", "sharding.make_the_mesh(config.mesh)").replace(
+      "train.init_state(model_cfg, tx, mesh, config.seed)", "train.init_state(model_cfg, tx, mesh, config.seed, 0, 1)")
+  assert broken.count("width=") == 1 and "make_the_mesh" in broken
+  monkeypatch.setitem(LOCAL, "accelerator", ast.parse(broken))
+  found = "\n".join(problems(script))
+  assert "sharding.make_the_mesh: module 'seq2seq.sharding' has no attribute 'make_the_mesh'" in found, found
+  assert "optimizer.make: " in found and "takes no keyword width" in found, found
+  assert "train.init_state: " in found and "too many positional arguments" in found, found
+  assert len(found.splitlines()) == 3, found
+
+
+def test_the_check_follows_a_name_into_the_script_that_defines_it(monkeypatch):
+  script = REPO / "benchmarks" / "device_check.py"
+  broken = script.read_text(encoding="utf-8").replace(
+      "accelerator.time_steps(steps, state, batch, count)", "accelerator.time_step(steps, state, batch, count)").replace(
+      "model_cfg, mesh, state, steps = accelerator.build(config)\n      batch = sharding",
+      "model_cfg, mesh, state, steps = accelerator.build(config, mesh=None)\n      batch = sharding")
+  assert broken.count("time_step(") == 1 and broken.count("mesh=None)") == 1
+  monkeypatch.setitem(LOCAL, "device_check", ast.parse(broken))
+  found = problems(script)
+  assert [line.split(": ", 1)[1] for line in found] == [
+      "accelerator.build: build(config) takes no ['mesh']",
+      "accelerator.time_step: benchmarks/accelerator.py defines no time_step"]
