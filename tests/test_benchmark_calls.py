@@ -6,13 +6,17 @@ what a refactor most often breaks in a script nobody ran: every `seq2seq...` nam
 imports or reaches by attributes (`export.export`, `Translator.from_workdir`, `flash.BLOCKS`)
 must exist, and every call of one must bind: its keywords are parameters, its positional
 arguments fit. Names of benchmarks/ itself (`accelerator.build`) are checked against the
-defining script's top-level definitions, without importing it. What a value holds at run
-time (a config's keys, an instance's attributes) is not checked here.
+defining script's top-level definitions, without importing it; so are those of a seq2seq
+module that defines absl flags when imported (seq2seq.commands.*: importing one here would
+define its flags a second time in a pytest worker that has imported another). What a value
+holds at run time (a config's keys, an instance's attributes) is not checked here.
 """
 
 import ast
 import importlib
+import importlib.util
 import inspect
+import pathlib
 
 import pytest
 from conftest import REPO
@@ -22,11 +26,12 @@ LOCAL = {path.stem: ast.parse(path.read_text(encoding="utf-8")) for path in SCRI
 
 
 class Local:
-  """A script of benchmarks/ as its top-level definitions: name -> def node (or None)."""
+  """A module read from its source as its top-level definitions: name -> def or class node
+  (None for a value); a script of benchmarks/, or a seq2seq module that defines flags."""
 
-  def __init__(self, name: str):
-    self.name, self.defs = name, {}
-    for node in LOCAL[name].body:
+  def __init__(self, name: str, tree: ast.Module, where: str):
+    self.name, self.where, self.defs = name, where, {}
+    for node in tree.body:
       if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
         self.defs[node.name] = node
       elif isinstance(node, (ast.Assign, ast.AnnAssign)):
@@ -36,18 +41,33 @@ class Local:
         self.defs.update({(a.asname or a.name).split(".")[0]: None for a in node.names})
 
 
+def _defines_flags(tree: ast.Module) -> bool:
+  """Whether a module's top level calls flags.DEFINE_* (or config_flags.DEFINE_*)."""
+  calls = [n.value for n in tree.body if isinstance(n, (ast.Expr, ast.Assign)) and isinstance(n.value, ast.Call)]
+  return any(isinstance(c.func, ast.Attribute) and c.func.attr.startswith("DEFINE") for c in calls)
+
+
 def _module(name: str):
-  return Local(name) if name in LOCAL else importlib.import_module(name)
+  if name in LOCAL:
+    return Local(name, LOCAL[name], f"benchmarks/{name}.py")
+  spec = importlib.util.find_spec(name)
+  if spec is None:
+    raise AttributeError(f"no module {name}")
+  if spec.origin and spec.origin.endswith(".py") and not spec.submodule_search_locations:
+    tree = ast.parse(pathlib.Path(spec.origin).read_text(encoding="utf-8"))
+    if _defines_flags(tree):
+      return Local(name, tree, name)
+  return importlib.import_module(name)
 
 
 def _attribute(obj, name: str):
   """obj.name for a module, a class or a value; a package's submodule is imported."""
   if isinstance(obj, Local):
     if name not in obj.defs:
-      raise AttributeError(f"benchmarks/{obj.name}.py defines no {name}")
+      raise AttributeError(f"{obj.where} defines no {name}")
     return obj.defs[name]  # a def or class node (checked by its arguments), else None (a value)
   if inspect.ismodule(obj) and not hasattr(obj, name) and hasattr(obj, "__path__"):
-    return importlib.import_module(f"{obj.__name__}.{name}")
+    return _module(f"{obj.__name__}.{name}")
   return getattr(obj, name)
 
 
@@ -207,3 +227,12 @@ def test_the_check_follows_a_name_into_the_script_that_defines_it(monkeypatch):
   assert [line.split(": ", 1)[1] for line in found] == [
       "accelerator.build: build(config) takes no ['mesh']",
       "accelerator.time_step: benchmarks/accelerator.py defines no time_step"]
+
+
+def test_a_module_that_defines_flags_is_read_from_its_source_not_imported():
+  """Importing seq2seq.commands.train beside seq2seq.research.sweep in one worker would define
+  --config twice (absl's DuplicateFlagError), so such modules are read as source."""
+  for name in ("seq2seq.commands.train", "seq2seq.research.sweep"):
+    module = _module(name)
+    assert isinstance(module, Local) and module.where == name, name
+  assert "run" in _module("seq2seq.commands.train").defs and not isinstance(_module("seq2seq.export"), Local)

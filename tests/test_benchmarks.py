@@ -5,6 +5,7 @@ its default run and most other scripts' runs are `pytest -m long`, and test_benc
 checks what every script calls of seq2seq in each fast run."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -238,6 +239,22 @@ def test_the_profile_and_variants_sections_table_a_cpu_trace_and_time_each_chang
   assert big["combined"]["members"] == ["logits_bfloat16", "adam_mu_bfloat16"]
   assert big["combined"]["config"] == {"model.logits_dtype": "bfloat16", "train.adam_mu_dtype": "bfloat16"}
   assert set(check["summary"]["big_mfu"]) == {"baseline", "combined"}
+
+
+def test_every_variants_xla_flags_are_flags_this_xla_knows():
+  """XLA parses every backend's flags on any platform and aborts at an unknown one, so a
+  misspelt GPU flag in VARIANTS fails here, not in a GPU session's variant child; the
+  variants' flags together, as `combined` would pass them, in the child's environment."""
+  device_check = _device_check()
+  flagged = [name for name, v in device_check.VARIANTS.items() if v.xla_flags]
+  assert len(flagged) >= 3, flagged
+  env = device_check.union(flagged).child_env()
+  out = subprocess.run([sys.executable, "-c", "import jax.numpy as jnp; print(int(jnp.ones(3).sum()))"],
+                       env={**os.environ, **env}, capture_output=True, text=True, timeout=120)
+  assert out.returncode == 0 and out.stdout.strip() == "3", (env, out.stderr[-2000:])
+  bad = subprocess.run([sys.executable, "-c", "import jax.numpy as jnp; jnp.ones(3).sum()"], capture_output=True,
+                       text=True, env={**os.environ, "XLA_FLAGS": "--xla_gpu_no_such_flag=1"}, timeout=120)
+  assert bad.returncode != 0 and "Unknown flag in XLA_FLAGS: --xla_gpu_no_such_flag" in bad.stderr, bad.stderr[-2000:]
 
 
 def test_variants_that_won_combine_the_fastest_of_each_group():
