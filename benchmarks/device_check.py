@@ -34,6 +34,7 @@ versions (jax, jaxlib, flax, torch), the device kind and every command.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import importlib.metadata
@@ -659,7 +660,30 @@ def device_of(sections: dict) -> dict:
   return {"device_kind": "unknown", "platform": "unknown", "devices": 0}
 
 
+@contextlib.contextmanager
+def shared_compilation_cache():
+  """JAX's persistent compilation cache for this call's children: JAX_COMPILATION_CACHE_DIR
+  if set, else a fresh folder removed at the end. A child then loads what another compiled
+  (every variant's initializer; variants_big's baseline when it is the variants' config)
+  instead of compiling it again; XLA flags, tiles and shapes are in the programs' keys, so
+  each variant's step still compiles its own. Yields what the JSON records."""
+  if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+    yield os.environ["JAX_COMPILATION_CACHE_DIR"]
+    return
+  with tempfile.TemporaryDirectory(prefix="device_check_xla_") as folder:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = folder
+    try:
+      yield "a fresh folder for this call's children"
+    finally:
+      del os.environ["JAX_COMPILATION_CACHE_DIR"]
+
+
 def check(args) -> dict:
+  with shared_compilation_cache() as cache:
+    return _check(args) | {"compilation_cache": cache}
+
+
+def _check(args) -> dict:
   start = time.monotonic()
   deadline = start + args.budget_s
   run = {"flash": lambda s: flash_section(args, s), "steps_bfloat16": lambda s: steps_section(args, "bfloat16", s),

@@ -6,6 +6,7 @@ checks what every script calls of seq2seq in each fast run."""
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -255,6 +256,25 @@ def test_every_variants_xla_flags_are_flags_this_xla_knows():
   bad = subprocess.run([sys.executable, "-c", "import jax.numpy as jnp; jnp.ones(3).sum()"], capture_output=True,
                        text=True, env={**os.environ, "XLA_FLAGS": "--xla_gpu_no_such_flag=1"}, timeout=120)
   assert bad.returncode != 0 and "Unknown flag in XLA_FLAGS: --xla_gpu_no_such_flag" in bad.stderr, bad.stderr[-2000:]
+
+
+def test_a_calls_children_share_one_compilation_cache_its_own_unless_one_is_set(monkeypatch, tmp_path):
+  """Standalone (no JAX_COMPILATION_CACHE_DIR), the call makes a folder its children inherit
+  and removes it after; one already set is used and left as it is. (The variants sections'
+  smoke call: 100 s standalone before, 57 to 65 s with the shared folder, on 2 cores.)"""
+  device_check = _device_check()
+  monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+  with device_check.shared_compilation_cache() as recorded:
+    folder = pathlib.Path(os.environ["JAX_COMPILATION_CACHE_DIR"])
+    assert folder.is_dir() and recorded == "a fresh folder for this call's children"
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.environ['JAX_COMPILATION_CACHE_DIR'])"],
+                           capture_output=True, text=True, timeout=60)
+    assert child.stdout.strip() == str(folder)
+  assert not folder.exists() and "JAX_COMPILATION_CACHE_DIR" not in os.environ
+  monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path))
+  with device_check.shared_compilation_cache() as recorded:
+    assert recorded == os.environ["JAX_COMPILATION_CACHE_DIR"] == str(tmp_path)
+  assert tmp_path.is_dir() and os.environ["JAX_COMPILATION_CACHE_DIR"] == str(tmp_path)
 
 
 def test_variants_that_won_combine_the_fastest_of_each_group():
