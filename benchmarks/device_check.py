@@ -17,11 +17,13 @@ minutes, written to one JSON (benchmarks/results/device_check_<device>.json):
   VARIANTS, the changes issue 62's profile points to, one at a time against the baseline,
   then the winners together (`combined`);
 - variants_big (not in the default run): wmt14_big's packed step (`--big_config`) at the
-  baseline and with the variants section's winners (or `--big_variants`).
+  baseline and with the variants section's winners (or `--big_variants`);
+- profile_after (not in the default run; after `variants`): the profile section of the step
+  with the variants section's winners, the "after" table in the same call.
 
   python benchmarks/device_check.py --flax_models=PATH/models.py   # one GPU, ~7 minutes
   python benchmarks/device_check.py --sections=profile,variants --profile_dir=DIR  # ~6 minutes
-  python benchmarks/device_check.py --sections=variants,variants_big --budget_s=570 \
+  python benchmarks/device_check.py --sections=variants,variants_big,profile_after --budget_s=570 \
     --variants=logits_bfloat16,flash_tiles_128,flash_tiles_64,cublaslt,rows_x2  # issue 62
   python benchmarks/device_check.py --smoke --out=/tmp/check.json  # CPU: tiny config, ~1.5 minutes
 
@@ -64,8 +66,8 @@ FULL = dict(config="configs/wmt14_base.py", shape="96x256x256", timed_steps=20, 
             peak_repeats=10)
 SMOKE = dict(config="configs/tiny.py", shape="8x32x32", timed_steps=2, train_steps=10, train_pairs=3000,
              train_dtype="float32", peers="torch,flax-wmt", peer_steps=2, budget_s=480.0, peak_repeats=3)
-CAPS_S = {"flash": 90, "steps_bfloat16": 150, "profile": 150, "variants": 420, "variants_big": 150, "decode": 240,
-          "peers": 200, "train": 180, "steps_float32": 150}  # each section's own limit
+CAPS_S = {"flash": 90, "steps_bfloat16": 150, "profile": 150, "variants": 420, "variants_big": 150,
+          "profile_after": 150, "decode": 240, "peers": 200, "train": 180, "steps_float32": 150}  # each one's limit
 SECTIONS = "flash,steps_bfloat16,profile,decode,peers,train,steps_float32"  # the default order
 MIN_SECTION_S = 15.0  # a section that would start with less left is skipped
 # seq2seq-train settings of the train section besides the corpus: two row lengths (two
@@ -472,16 +474,30 @@ def variants_big_section(args, timeout: float) -> dict:
   return _speeds(result)
 
 
-def profile_section(args, timeout: float) -> dict:
+def profile_after_section(args, timeout: float) -> dict:
+  """The profile section of the step with the winners of this call's variants section (the
+  "after" table beside the baseline's; run after `variants`, in the same call). Its step is
+  the one the winner's child (or `combined`'s) compiled, which the shared compilation cache
+  may hold."""
+  if not args.variants_ran:
+    return {"skipped": "the variants section has not run before it in --sections"}
+  if not args.variant_winners:
+    return {"variants": [], "skipped": "no variant won"}
+  return profile_section(args, timeout, args.variant_winners)
+
+
+def profile_section(args, timeout: float, members: list[str] | None = None) -> dict:
   """The train step traced (profile_capture, in a child) and tabled by benchmarks/profile_table.py
-  for each row layout; --profile_dir keeps the traces and the HLO."""
+  for each row layout, with `members` (default --profile_variants) together; --profile_dir
+  keeps the traces and the HLO (in DIR/after for profile_after)."""
   import profile_table
 
-  members = list(filter(None, args.profile_variants.split(",")))  # checked by `parse`
+  after = members is not None
+  members = members if after else list(filter(None, args.profile_variants.split(",")))  # checked by `parse`
   variant = union(members)
   rows, s, t = (int(x) for x in args.shape.split("x"))
   with tempfile.TemporaryDirectory(prefix="device_check_profile_") as tmp:
-    out = pathlib.Path(args.profile_dir or tmp)
+    out = pathlib.Path(args.profile_dir or tmp) / ("after" if after else "")
     command = [sys.executable, str(pathlib.Path(__file__).resolve()), "--section=profile_capture",
                f"--config={args.config}", f"--dtype={args.train_dtype}", f"--shape={rows * variant.rows}x{s}x{t}",
                f"--timed_steps={args.profile_steps}", f"--out={out}", *variant.child_flags()]
@@ -689,6 +705,7 @@ def _check(args) -> dict:
   run = {"flash": lambda s: flash_section(args, s), "steps_bfloat16": lambda s: steps_section(args, "bfloat16", s),
          "profile": lambda s: profile_section(args, s), "variants": lambda s: variants_section(args, s),
          "variants_big": lambda s: variants_big_section(args, s),
+         "profile_after": lambda s: profile_after_section(args, s),
          "decode": lambda s: decode_section(args, s),
          "peers": lambda s: peers_section(args, s),
          "train": lambda s: train_section(args, s), "steps_float32": lambda s: steps_section(args, "float32", s)}
@@ -697,8 +714,8 @@ def _check(args) -> dict:
     if name not in run:
       raise SystemExit(f"error: unknown section {name!r}; known: {', '.join(run)}")
     sections[name] = guarded(name, run[name], deadline)
-    if name == "variants":  # what variants_big combines
-      args.variant_winners = combine(sections[name])[0]
+    if name == "variants":  # what variants_big combines and profile_after traces
+      args.variant_winners, args.variants_ran = combine(sections[name])[0], True
   return {"check": "benchmarks/device_check.py", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
           "smoke": args.smoke, "command": shlex.join([sys.executable, *sys.argv]), "config": args.config,
           "shape": [int(x) for x in args.shape.split("x")], **device_of(sections), "versions": versions(),
@@ -742,7 +759,7 @@ def parse(argv: list[str]):
   args.flax_models = args.flax_models or args.shared / "bench" / "flax_wmt_models.py"
   args.train_flags = TRAIN_SMOKE if args.smoke else TRAIN_FULL
   args.big_config = args.big_config or ("configs/tiny.py" if args.smoke else "configs/wmt14_big.py")
-  args.variant_winners = []
+  args.variant_winners, args.variants_ran = [], False
   return args
 
 

@@ -203,7 +203,7 @@ def test_the_profile_and_variants_sections_table_a_cpu_trace_and_time_each_chang
   from seq2seq.model import flash
 
   out = subprocess.run([sys.executable, "benchmarks/device_check.py", "--smoke",
-                        "--sections=profile,variants,variants_big", "--profile_variants=logits_bfloat16,rows_x2", f"--profile_dir={tmp_path / 'profile'}",
+                        "--sections=profile,variants,variants_big,profile_after", "--profile_variants=logits_bfloat16,rows_x2", f"--profile_dir={tmp_path / 'profile'}",
                         "--variants=logits_bfloat16,flash_tiles_128",
                         "--big_variants=logits_bfloat16,adam_mu_bfloat16", f"--out={tmp_path / 'check.json'}"], cwd=REPO, capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
@@ -240,6 +240,25 @@ def test_the_profile_and_variants_sections_table_a_cpu_trace_and_time_each_chang
   assert big["combined"]["members"] == ["logits_bfloat16", "adam_mu_bfloat16"]
   assert big["combined"]["config"] == {"model.logits_dtype": "bfloat16", "train.adam_mu_dtype": "bfloat16"}
   assert set(check["summary"]["big_mfu"]) == {"baseline", "combined"}
+  # the "after" profile traces the winners of this call's variants (on a CPU, likely none)
+  winners = _device_check().combine(variants)[0]
+  after = check["sections"]["profile_after"]
+  if winners:
+    assert after["variants"] == winners and after["packed"]["table"]["attributed_fraction"] == 1.0, after
+  else:
+    assert after["skipped"] == "no variant won" and after["variants"] == [], after
+
+
+def test_profile_after_traces_the_winners_of_the_variants_that_ran_before_it(monkeypatch):
+  device_check = _device_check()
+  traced = []
+  monkeypatch.setattr(device_check, "profile_section", lambda args, timeout, members=None: traced.append(members) or {})
+  args = device_check.parse(["--smoke"])
+  assert device_check.profile_after_section(args, 60)["skipped"].startswith("the variants section has not run")
+  args.variants_ran = True
+  assert device_check.profile_after_section(args, 60) == {"variants": [], "skipped": "no variant won"}
+  args.variant_winners = ["logits_bfloat16", "rows_x2"]
+  assert device_check.profile_after_section(args, 60) == {} and traced == [["logits_bfloat16", "rows_x2"]]
 
 
 def test_every_variants_xla_flags_are_flags_this_xla_knows():

@@ -364,7 +364,7 @@ def test_the_variants_table_is_device_checks_variants():
   assert f"The flash variants also set `{flash_override}`" in page
   assert f"at least `MIN_GAIN` ({device_check.MIN_GAIN}x) faster" in page
   assert device_check.CAPS_S["variants"] + device_check.CAPS_S["variants_big"] >= 570
-  assert "--sections=variants,variants_big --budget_s=570" in page
+  assert "--sections=variants,variants_big,profile_after --budget_s=570" in page
   compile_s = _record("device_check_nvidia_h100_80gb_hbm3.json")["sections"]["steps_bfloat16"]["packed"]["compile_s"]
   assert f"(the H100's device check compiled the packed step in {compile_s:.0f} s)" in page
   call = page.split("--variants=", 1)[1].split(" ", 1)[0]
