@@ -669,8 +669,9 @@ def summary(sections: dict) -> dict:
 
 
 def device_of(sections: dict) -> dict:
-  for dtype in ("bfloat16", "float32"):
-    for row in sections.get(f"steps_{dtype}", {}).values():
+  """The device the step rows ran on (those of a steps or variants section)."""
+  for name in ("steps_bfloat16", "steps_float32", "variants", "variants_big"):
+    for row in sections.get(name, {}).values():
       if isinstance(row, dict) and "device_kind" in row:
         return {k: row[k] for k in ("device_kind", "platform", "devices")}
   return {"device_kind": "unknown", "platform": "unknown", "devices": 0}

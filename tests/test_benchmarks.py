@@ -208,6 +208,7 @@ def test_the_profile_and_variants_sections_table_a_cpu_trace_and_time_each_chang
                         "--big_variants=logits_bfloat16,adam_mu_bfloat16", f"--out={tmp_path / 'check.json'}"], cwd=REPO, capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
   check = json.loads((tmp_path / "check.json").read_text())
+  assert (check["device_kind"], check["platform"], check["devices"]) == ("cpu", "cpu", 1)  # from the variants' rows
   profile = check["sections"]["profile"]
   assert profile["variants"] == ["logits_bfloat16", "rows_x2"] and "--shape=16x32x32" in profile["command"]
   for layout in ("packed", "unpacked"):
