@@ -71,18 +71,34 @@ def _attribute(obj, name: str):
   return getattr(obj, name)
 
 
+FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+
+
+def _scope_nodes(scope: ast.AST, nested=FUNCTIONS):
+  """The nodes of `scope`, outer before inner; a `nested` node is yielded but not entered
+  (its own scope), and an attribute chain `a.b.c` is yielded once, whole (not `a.b`)."""
+  todo = list(ast.iter_child_nodes(scope))
+  while todo:
+    node = todo.pop()
+    yield node
+    if isinstance(node, nested):
+      continue
+    if isinstance(node, ast.Attribute):
+      while isinstance(node, ast.Attribute):
+        node = node.value
+      todo.append(node)
+    else:
+      todo.extend(ast.iter_child_nodes(node))
+
+
 def _bindings(scope: ast.AST) -> tuple[dict, set]:
   """The names this scope's own imports bind (not those of nested functions), to their
   objects, and the names it assigns or takes as arguments (which shadow outer bindings)."""
   bound, assigned = {}, set()
-  todo = list(ast.iter_child_nodes(scope))
-  while todo:
-    node = todo.pop()
-    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
-      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-        assigned.add(node.name)
-      continue
-    if isinstance(node, ast.Import):
+  for node in _scope_nodes(scope, FUNCTIONS + (ast.ClassDef,)):
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+      assigned.add(node.name)
+    elif isinstance(node, ast.Import):
       for alias in node.names:
         root = alias.name.split(".")[0]
         if root == "seq2seq" or root in LOCAL:
@@ -97,8 +113,7 @@ def _bindings(scope: ast.AST) -> tuple[dict, set]:
       assigned.add(node.id)
     elif isinstance(node, ast.arg):
       assigned.add(node.arg)
-    todo.extend(ast.iter_child_nodes(node))
-  if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+  if isinstance(scope, FUNCTIONS):
     assigned.update(a.arg for a in ast.walk(scope.args) if isinstance(a, ast.arg))
   return bound, assigned - set(bound)
 
@@ -135,7 +150,8 @@ def _binds(target, call: ast.Call) -> str | None:
     return None
   params = signature.parameters
   if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-    unknown = [k.arg for k in call.keywords if k.arg not in params or params[k.arg].kind is inspect.Parameter.POSITIONAL_ONLY]
+    unknown = [k.arg for k in call.keywords
+               if k.arg not in params or params[k.arg].kind is inspect.Parameter.POSITIONAL_ONLY]
     if unknown:
       return f"{getattr(target, '__qualname__', target)}{signature} takes no keyword {', '.join(unknown)}"
   try:
@@ -145,52 +161,55 @@ def _binds(target, call: ast.Call) -> str | None:
   return None
 
 
+def _missing(target, attrs: list[str]) -> tuple[int, str] | None:
+  """(how many of `attrs` resolve, why the next does not) where a module's or a class's
+  attribute is missing, else None; a value's attributes are what it holds at run time."""
+  for i, attr in enumerate(attrs):
+    if target is None or not (inspect.ismodule(target) or inspect.isclass(target) or isinstance(target, Local)):
+      return None  # (a script's class node too: its attributes are not read)
+    try:
+      target = _attribute(target, attr)
+    except AttributeError as err:
+      return i, str(err)
+  return None
+
+
+def _callee(target, attrs: list[str]):
+  """What a call of the chain's target runs (a def node for a script's class: its __init__), or
+  None where that is not known here."""
+  try:
+    for attr in attrs:
+      target = _attribute(target, attr)
+  except AttributeError:
+    return None  # reported as a missing attribute
+  if isinstance(target, ast.ClassDef):
+    return next((d for d in target.body if isinstance(d, ast.FunctionDef) and d.name == "__init__"), None)
+  return target
+
+
 def problems(path) -> list[str]:
   """Every name a script reaches in seq2seq (or in another script) that is missing, and every
   call of one that does not bind, as 'benchmarks/NAME.py:LINE: ...'."""
-  tree, found = LOCAL[path.stem], []
+  found = []
 
   def visit(scope, outer: dict):
     bound, assigned = _bindings(scope)
     names = {k: v for k, v in outer.items() if k not in assigned} | bound
-    todo = list(ast.iter_child_nodes(scope))
-    while todo:
-      node = todo.pop()
-      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+    for node in _scope_nodes(scope):
+      if isinstance(node, FUNCTIONS):
         visit(node, names)
         continue
-      if isinstance(node, ast.Call):
-        chain = _chain(node.func)
-        if chain and chain[0] in names:
-          try:
-            target = names[chain[0]]
-            for attr in chain[1]:
-              target = _attribute(target, attr)
-            if isinstance(target, ast.ClassDef):
-              target = next((d for d in target.body if isinstance(d, ast.FunctionDef) and d.name == "__init__"), None)
-            why = _binds(target, node) if target is not None else None
-          except AttributeError:
-            why = None  # reported as an attribute below
-          if why:
-            found.append(f"benchmarks/{path.name}:{node.lineno}: {'.'.join([chain[0], *chain[1]])}: {why}")
+      where = f"benchmarks/{path.name}:{getattr(node, 'lineno', 0)}"
+      if isinstance(node, ast.Call) and (chain := _chain(node.func)) and chain[0] in names:
+        target = _callee(names[chain[0]], chain[1])
+        if target is not None and (why := _binds(target, node)):
+          found.append(f"{where}: {'.'.join([chain[0], *chain[1]])}: {why}")
       if isinstance(node, ast.Attribute) and not isinstance(node.ctx, ast.Store):
-        chain = _chain(node)
-        if chain and chain[0] in names and not isinstance(getattr(node, "parent", None), ast.Attribute):
-          target = names[chain[0]]
-          for i, attr in enumerate(chain[1]):
-            if target is None or not (inspect.ismodule(target) or inspect.isclass(target) or
-                                      isinstance(target, (Local, ast.ClassDef))):
-              break  # a value's attributes are what it holds at run time
-            try:
-              target = None if isinstance(target, ast.ClassDef) else _attribute(target, attr)
-            except AttributeError as err:
-              found.append(f"benchmarks/{path.name}:{node.lineno}: {'.'.join([chain[0], *chain[1][:i + 1]])}: {err}")
-              break
-      for child in ast.iter_child_nodes(node):
-        child.parent = node
-        todo.append(child)
+        if (chain := _chain(node)) and chain[0] in names and (missing := _missing(names[chain[0]], chain[1])):
+          i, why = missing
+          found.append(f"{where}: {'.'.join([chain[0], *chain[1][:i + 1]])}: {why}")
 
-  visit(tree, {})
+  visit(LOCAL[path.stem], {})
   return sorted(set(found))
 
 
@@ -218,7 +237,8 @@ def test_the_check_finds_a_missing_name_a_renamed_keyword_and_an_extra_argument(
 def test_the_check_follows_a_name_into_the_script_that_defines_it(monkeypatch):
   script = REPO / "benchmarks" / "device_check.py"
   broken = script.read_text(encoding="utf-8").replace(
-      "accelerator.time_steps(steps, state, batch, count)", "accelerator.time_step(steps, state, batch, count)").replace(
+      "accelerator.time_steps(steps, state, batch, count)",
+      "accelerator.time_step(steps, state, batch, count)").replace(
       "model_cfg, mesh, state, steps = accelerator.build(config)\n      batch = sharding",
       "model_cfg, mesh, state, steps = accelerator.build(config, mesh=None)\n      batch = sharding")
   assert broken.count("time_step(") == 1 and broken.count("mesh=None)") == 1

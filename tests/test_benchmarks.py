@@ -111,7 +111,7 @@ def test_the_save_time_benchmark_saves_as_the_run_does(tmp_path, monkeypatch):
 
 # -- every script in benchmarks/ runs: tiny shapes, a few steps (a refactor cannot break one unseen)
 def _run_benchmark(script: str, args: list, data_dir, tmp_path) -> str:
-  env = {**__import__("os").environ, "SEQ2SEQ_DATA_DIR": str(data_dir), "SEQ2SEQ_CACHE": str(tmp_path / "cache")}
+  env = {**os.environ, "SEQ2SEQ_DATA_DIR": str(data_dir), "SEQ2SEQ_CACHE": str(tmp_path / "cache")}
   out = subprocess.run([sys.executable, f"benchmarks/{script}.py", *args], cwd=REPO, capture_output=True, text=True,
                        timeout=600, env=env)
   assert out.returncode == 0, (script, out.stdout[-2000:], out.stderr[-3000:])
