@@ -17,6 +17,11 @@ category and, for matmuls, the site:
 The table: milliseconds per step by category (matmul sites, attention, norms, residual and
 other elementwise fusions, dropout, loss, optimizer, casts, copies/layout, host-to-device,
 idle gaps on the device), the 15 slowest kernels with their share, kernel launches per step.
+
+Without a trace, the same categories from the optimized HLO alone (`kernel_costs`,
+`static_table`): each kernel's bytes read and written and each matmul's FLOPs, turned into
+milliseconds by a `CostModel` fitted to a measured table (`fit`). benchmarks/gpu_compile.py
+uses them on a GPU program compiled on a machine without one.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import collections
 import dataclasses
 import gzip
 import json
+import math
 import pathlib
 import re
 
@@ -47,8 +53,12 @@ MATMUL_SITES = {"MultiHeadAttention.query_key_value": "QKV projection", "MultiHe
                 "MultiHeadAttention.key_value": "KV projection", "MultiHeadAttention.attend": "attention output",
                 "MultiHeadAttention.attend_cached": "attention output", "FeedForward.__call__": "FFN",
                 "tied_logits": "vocabulary projection", "_tied_logits_fwd": "vocabulary projection",
-                "Embed.attend": "vocabulary projection", "Transformer._logits": "vocabulary projection"}
-ATTENTION = ("attention", "flash_attention", "explicit_attention", "single_query_attention", "dot_product_attention",
+                "MultiHeadAttention.project_qkv": "QKV projection", "MultiHeadAttention.project_q": "Q projection",
+                "MultiHeadAttention.project_kv": "KV projection", "MultiHeadAttention._out": "attention output",
+                "Embed.attend": "vocabulary projection", "Transformer._logits": "vocabulary projection",
+                "_chunk_loop.<locals>.project": "vocabulary projection",  # train.loss_chunk: the logits
+                "_chunk_loop.<locals>.body": "vocabulary projection"}  # and their gradients, in the forward pass
+ATTENTION = ("attention", "flash_attention", "fused_flash_attention", "explicit_attention", "single_query_attention", "dot_product_attention",
              "splash_attention", "_per_device", "_flash_fwd", "_flash_bwd", "cudnn_attention")
 # Python functions -> category: the first function of the stack (innermost first) that contains a name.
 CATEGORIES = (
@@ -154,25 +164,30 @@ def kernel_name(instruction: str) -> str:
   return re.sub(r"[.\-]", "_", instruction)
 
 
-def categorize(inst: Instruction | None, kernel: str) -> tuple[str, str]:
-  """(category, matmul site or "") of a kernel and the instruction that launched it."""
+def categorize(inst: Instruction | None, kernel: str, matmul: bool = False) -> tuple[str, str]:
+  """(category, matmul site or "") of a kernel and the instruction that launched it; `matmul`:
+  known to multiply matrices (else judged by its op and kernel names)."""
   if inst is None:
     if kernel.startswith(("nvjet", "sm90_xmma", "sm80_xmma", "cutlass", "ampere_", "gemm")):
       return "matmul", "unattributed"
     return ("copy/layout", "") if "memcpy" in kernel or "copy" in kernel else ("unattributed", "")
   op = inst.op_name.rsplit("/", 1)[-1]
-  matmul = op in ("dot_general", "dot") or kernel.startswith(("nvjet", "gemm_fusion", "sm90_xmma", "cutlass")) or \
-      inst.name.startswith("gemm_fusion")
+  matmul = matmul or op in ("dot_general", "dot") or inst.name.startswith("gemm_fusion") or \
+      kernel.startswith(("nvjet", "gemm_fusion", "sm90_xmma", "cutlass"))
+  backward = " (backward)" if "transpose(" in inst.op_name else ""
+  for function in inst.functions if matmul else ():  # a matmul is one wherever it is, but in attention
+    if function in ATTENTION or function.startswith(("flash_attention.", "_flash")):
+      return "attention", ""
+    if function in MATMUL_SITES:
+      return "matmul", MATMUL_SITES[function] + backward
+  if matmul:
+    return "matmul", "other"
   for function in inst.functions:  # innermost first
     if function in ATTENTION or function.startswith(("flash_attention.", "_flash")):
       return "attention", ""
-    if matmul and function in MATMUL_SITES:
-      return "matmul", MATMUL_SITES[function] + (" (backward)" if "transpose(" in inst.op_name else "")
     for names, category in CATEGORIES:
       if any(name in function for name in names):
         return category, ""
-  if matmul:
-    return "matmul", "other"
   if inst.opcode in ("copy", "transpose") or op in ("transpose", "copy"):
     return "copy/layout", ""
   if op == "convert_element_type":
@@ -242,6 +257,276 @@ def table(events: list, hlo: Hlo, steps: int, module: str = "jit_train_step") ->
           "slowest_kernels": [{"kernel": k[0], "category": k[1], "ms_per_step": per_step(v),
                                "share": round(v / busy, 4), "launches_per_step": round(launches[k] / steps, 1)}
                               for k, v in by_kernel.most_common(15)]}
+
+
+# -- the same table from the optimized HLO alone --------------------------------------
+DTYPE_BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "s16": 2, "u16": 2,
+               "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
+_ARRAY = re.compile(r"\b(" + "|".join(DTYPE_BYTES) + r")\[([\d,]*)\]")
+_LINE = re.compile(r"^\s*(?:ROOT )?%(\S+) = (.*?) ([a-z][a-z0-9\-]*)\((.*)$")
+# Instructions that launch nothing: views, tuples, and the containers whose bodies are walked.
+NOT_KERNELS = ("parameter", "get-tuple-element", "bitcast", "tuple", "constant", "after-all", "opt-barrier",
+               "partition-id", "replica-id", "while", "call", "conditional")
+VIEWS = ("bitcast", "reshape")  # a fused parameter seen through these is still the parameter
+
+
+def shape_bytes(shape: str) -> int:
+  """Bytes of an HLO shape, a tuple's leaves summed: `(bf16[2,3]{1,0}, f32[])` -> 16."""
+  return int(sum(DTYPE_BYTES[t] * math.prod(int(d) for d in dims.split(",") if d) for t, dims in _ARRAY.findall(shape)))
+
+
+def _dims(shape: str) -> list[int]:
+  return [int(d) for d in _ARRAY.findall(shape)[0][1].split(",") if d]
+
+
+@dataclasses.dataclass
+class _Op:
+  name: str
+  shape: str
+  opcode: str
+  operands: list  # names, in order
+  line: str
+
+
+def _computations(text: str) -> tuple[dict, str]:
+  """{computation: [_Op]} in text order (a scheduled module: execution order) and the entry's name."""
+  comps, current, entry = {}, None, ""
+  for line in text.split("\n"):
+    head = re.match(r"^(ENTRY )?%(\S+) \(", line)
+    if head:
+      current = comps.setdefault(head.group(2), [])
+      entry = head.group(2) if head.group(1) else entry
+    elif line.startswith("}"):
+      current = None
+    elif current is not None and (m := _LINE.match(line)):
+      name, shape, opcode, rest = m.groups()
+      depth, end = 1, len(rest)
+      for n, ch in enumerate(rest):  # the operand list ends at the parenthesis that closes the opcode's
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0:
+          end = n
+          break
+      current.append(_Op(name, shape, opcode, re.findall(r"%([\w.\-]+)", rest[:end]), line))
+  return comps, entry
+
+
+def _read_bytes(fused: list, index: int, full: int) -> int:
+  """Bytes a fusion reads of its operand `index`: only what slices take of it when slices
+  (seen through views) are its only uses, nothing when it is the buffer an in-place
+  dynamic-update-slice writes into, else all of it."""
+  param = next((op for op in fused if op.opcode == "parameter" and f"parameter({index})" in op.line), None)
+  if param is None:
+    return full
+  users = {}
+  for op in fused:
+    for operand in op.operands:
+      users.setdefault(operand, []).append(op)
+  frontier, views, ends = [param.name], {param.name}, []
+  while frontier:
+    for user in users.get(frontier.pop(), []):
+      if user.opcode in VIEWS:
+        frontier.append(user.name)
+        views.add(user.name)
+      else:
+        ends.append(user)
+  if ends and all(u.opcode in ("slice", "dynamic-slice") for u in ends):
+    return min(full, sum(shape_bytes(u.shape) for u in ends))
+  if ends and all(u.opcode == "dynamic-update-slice" and u.operands[0] in views for u in ends):
+    return 0
+  return full
+
+
+def _written_bytes(fused: list, output: int) -> int:
+  """Bytes a fusion writes: its update only when its root updates a buffer in place."""
+  root = next((op for op in fused if op.line.lstrip().startswith("ROOT ")), None)
+  if root is not None and root.opcode == "dynamic-update-slice":
+    by_name = {op.name: op for op in fused}
+    return shape_bytes(by_name[root.operands[1]].shape) if root.operands[1] in by_name else output
+  return output
+
+
+def _dot_flops(ops: list, shapes: dict) -> float:
+  """2 x (output elements) x (contracted size) of each dot among `ops`."""
+  flops = 0.0
+  for op in ops:
+    if op.opcode != "dot" or op.operands[0] not in shapes:
+      continue
+    contracting = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", op.line)
+    lhs = _dims(shapes[op.operands[0]])
+    k = math.prod(lhs[int(c)] for c in contracting.group(1).split(",") if c) if contracting else 1
+    flops += 2.0 * k * math.prod(_dims(op.shape))
+  return flops
+
+
+def _library_flops(op: _Op, shapes: dict) -> float:
+  """A cuBLAS call's FLOPs, from its backend config's contracting dimensions."""
+  contracting = re.search(r'"lhs_contracting_dimensions":\[([^\]]*)\]', op.line)
+  if not contracting or not op.operands or op.operands[0] not in shapes:
+    return 0.0
+  lhs = _dims(shapes[op.operands[0]])
+  k = math.prod(lhs[int(c.strip('"'))] for c in contracting.group(1).split(",") if c.strip('"'))
+  return 2.0 * k * math.prod(_dims(op.shape))  # the first leaf: the product (a workspace may follow)
+
+
+@dataclasses.dataclass
+class KernelCost:
+  name: str
+  category: str
+  site: str
+  bytes: float  # read and written, per launch
+  flops: float  # of matmuls, per launch
+  launches: int  # per step: the trip count of the loops around it
+  library: bool = False  # a library or Pallas kernel that is not a matmul (attention's): its bytes say little
+
+
+def kernel_costs(text: str) -> list[KernelCost]:
+  """Every kernel an optimized, scheduled HLO module launches in one run (entry order; the
+  bodies of loops with a known trip count that many times), with its category and matmul site
+  (`categorize`), the bytes it reads and writes (`_read_bytes`, `_written_bytes`: a fusion's
+  operands and outputs, not its insides) and its matmul FLOPs."""
+  comps, entry = _computations(text)
+  hlo = parse_hlo(text)
+  out = []
+
+  def walk(name: str, times: int):
+    shapes = {op.name: op.shape for op in comps.get(name, [])}
+    for op in comps.get(name, []):
+      if op.opcode == "while":
+        trip = re.search(r'"known_trip_count":\{"n":"(\d+)"', op.line)
+        walk(re.search(r"body=%([\w.\-]+)", op.line).group(1), times * (int(trip.group(1)) if trip else 1))
+        continue
+      if op.opcode in ("call", "conditional"):
+        for callee in re.findall(r"(?:to_apply|branch_computations=\{|, )%([\w.\-]+)", op.line):
+          walk(callee, times)
+        continue
+      if op.opcode in NOT_KERNELS:
+        continue
+      operand_bytes = [shape_bytes(shapes.get(o, "")) for o in op.operands]
+      called = re.search(r"calls=%([\w.\-]+)", op.line)
+      if op.opcode == "fusion" and called:
+        fused = comps.get(called.group(1), [])
+        read = sum(_read_bytes(fused, n, b) for n, b in enumerate(operand_bytes))
+        written = _written_bytes(fused, shape_bytes(op.shape))
+        flops = _dot_flops(fused, {o.name: o.shape for o in fused})
+      else:
+        read, written = sum(operand_bytes), shape_bytes(op.shape)
+        flops = _library_flops(op, shapes) if op.opcode == "custom-call" else _dot_flops([op], shapes)
+      category, site = categorize(hlo.by_name.get(op.name), kernel_name(op.name), matmul=flops > 0)
+      out.append(KernelCost(op.name, category, site, float(read + written), flops, times,
+                            library=op.opcode == "custom-call" and not flops))
+
+  walk(entry, 1)
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
+class CostModel:
+  """Milliseconds of a kernel from what it moves and computes: a memory-bound kernel takes
+  bytes / `bandwidth` plus `launch_us` (its launch and tail, inside a CUDA graph); a matmul
+  FLOPs / `matmul_flops`; the library kernels of a category (attention's Pallas kernels,
+  compute-bound, whose operands say little of what they read) take that category's measured
+  time `library_ms` at `rows` rows a step, in proportion to the rows."""
+
+  bandwidth: float  # bytes/s that memory-bound kernels reach
+  launch_us: float
+  matmul_flops: float  # FLOP/s that the step's matmuls reach
+  library_ms: dict = dataclasses.field(default_factory=dict)  # {category: ms per step of its library kernels}
+  rows: int = 1  # of the step the model was fitted to
+
+  def kernel_ms(self, k: KernelCost) -> float:
+    """ms per step of one kernel (a library kernel's share is given by `static_table`)."""
+    if k.category == "matmul":
+      return k.launches * k.flops / self.matmul_flops * 1e3
+    return k.launches * (k.bytes / self.bandwidth * 1e3 + self.launch_us / 1e3)
+
+  def to_json(self) -> dict:
+    return {"bandwidth_tb_s": round(self.bandwidth / 1e12, 4), "launch_us": round(self.launch_us, 4),
+            "matmul_tflop_s": round(self.matmul_flops / 1e12, 2),
+            "library_ms": {c: round(v, 4) for c, v in self.library_ms.items()}, "rows": self.rows}
+
+  @classmethod
+  def from_json(cls, record: dict) -> CostModel:
+    return cls(record["bandwidth_tb_s"] * 1e12, record["launch_us"], record["matmul_tflop_s"] * 1e12,
+               dict(record["library_ms"]), record["rows"])
+
+
+FITTED_OUT = ("matmul", "attention", "memsets/copies", "idle gaps (device)", "host-to-device copies", "unattributed",
+              "copy/layout", "other elementwise", "casts")  # not fitted: matmuls and attention kernels, what the HLO lacks
+
+
+def _totals(costs: list, library: bool | None = None) -> dict:
+  """{category: [launches, bytes, matmul FLOPs]} per step (of library kernels only, or of the others)."""
+  out = collections.defaultdict(lambda: [0, 0.0, 0.0])
+  for k in costs:
+    if library is not None and k.library != library:
+      continue
+    row = out[k.category]
+    row[0] += k.launches
+    row[1] += k.launches * k.bytes
+    row[2] += k.launches * k.flops
+  return dict(out)
+
+
+def fit(costs: list, measured_ms: dict, rows: int) -> tuple[CostModel, dict]:
+  """The CostModel whose predictions best match `measured_ms`, a profile table's ms per step
+  of the same program at `rows` rows: least squares of ms = bytes/bandwidth + launches x
+  launch_us over the memory-bound categories; the matmul rate from the matmuls' FLOPs and
+  measured time; the library kernels' time per category, what its measured time leaves after
+  its other kernels. Also, per fitted category, the measured and predicted ms and the
+  prediction of a fit without that category (how well the model predicts what it was not fitted to)."""
+  import numpy as np
+
+  totals = _totals(costs, library=False)
+  names = [c for c in totals if c not in FITTED_OUT and measured_ms.get(c, 0.0) > 0.0]
+  if len(names) < 3:
+    raise ValueError(f"fitting needs at least 3 memory-bound categories measured and compiled; got {names}")
+  design = np.array([[totals[c][1] / 1e9, totals[c][0] / 1e3] for c in names])  # GB, thousands of launches
+  target = np.array([measured_ms[c] for c in names])
+
+  def solve(rows):
+    return np.linalg.lstsq(design[rows], target[rows], rcond=None)[0]
+
+  ms_per_gb, launch_us = solve(slice(None))
+  check = {}
+  for n, c in enumerate(names):
+    left_out = design[n] @ solve([m for m in range(len(names)) if m != n])
+    check[c] = {"measured_ms": measured_ms[c], "predicted_ms": round(float(design[n] @ (ms_per_gb, launch_us)), 4),
+                "predicted_ms_left_out": round(float(left_out), 4)}
+  matmul_flops = totals.get("matmul", [0, 0, 0.0])[2] / (measured_ms["matmul"] / 1e3) if measured_ms.get("matmul") \
+      else 0.0
+  model = CostModel(bandwidth=1e12 / ms_per_gb, launch_us=float(launch_us), matmul_flops=matmul_flops, rows=rows)
+  others = collections.Counter()
+  for k in costs:
+    if not k.library and k.category != "matmul":
+      others[k.category] += model.kernel_ms(k)
+  library = {c for c in _totals(costs, library=True) if measured_ms.get(c)}
+  return dataclasses.replace(model, library_ms={c: max(measured_ms[c] - others[c], 0.0) for c in library}), check
+
+
+def static_table(costs: list, model: CostModel | None = None, rows: int | None = None) -> dict:
+  """Per step, by category: kernel launches, GB moved, matmul TFLOP and (with a model)
+  predicted ms, the total and the matmul sites; the shape of `table`'s figures. `rows`: the
+  step's (the model's library kernels scale with them; default the model's)."""
+  totals = _totals(costs)
+  out = {"kernel_launches_per_step": sum(v[0] for v in totals.values()),
+         "gb_per_step": round(sum(v[1] for v in totals.values()) / 1e9, 4),
+         "matmul_tflop_per_step": round(sum(v[2] for v in totals.values()) / 1e12, 4),
+         "by_category": {c: {"launches": v[0], "gb": round(v[1] / 1e9, 4), "tflop": round(v[2] / 1e12, 4)}
+                         for c, v in sorted(totals.items(), key=lambda x: -x[1][1])}}
+  if model is not None:
+    ms, sites = collections.Counter(), collections.Counter()
+    for k in costs:
+      if not k.library:
+        ms[k.category] += model.kernel_ms(k)
+      if k.site:
+        sites[k.site] += model.kernel_ms(k)
+    for c in _totals(costs, library=True):  # a category's library kernels, as measured, per row
+      ms[c] += model.library_ms.get(c, 0.0) * (rows or model.rows) / model.rows
+    for c, row in out["by_category"].items():
+      row["ms"] = round(ms[c], 4)
+    out["ms_per_step"] = round(sum(ms.values()), 4)
+    out["matmul_sites_ms_per_step"] = {s: round(v, 4) for s, v in sites.most_common()}
+  return out
 
 
 def device_events(trace: dict) -> list:

@@ -5,7 +5,8 @@ between them. The layer around them (projections to heads, output projection) is
 Shapes: b=batch, t=query length, s=key length, n=heads, h=head dim, d=d_model.
 
 What runs: `choose_implementation`, at trace time, from `config.model.attention_impl`
-("auto" by default) and `jax.default_backend()`:
+("auto" by default) and the platform of the step's devices (the activation mesh's, which an
+ahead-of-time compile may target without having them; else `jax.default_backend()`):
   attention dropout, or weights recorded   `explicit_attention`, the softmax written out
   GPU, unpacked rows (one segment a row)   cuDNN flash attention, given sequence lengths
   GPU, packed rows                         the Pallas flash kernel of seq2seq/model/flash.py
@@ -291,7 +292,9 @@ def attention(q_btnh: jax.Array, k_bsnh: jax.Array, v_bsnh: jax.Array, mask: Seg
   dense_b1ts = mask.dense_b1ts if segments else lambda: mask
   apply_dropout = rng is not None and dropout_rate > 0.0
   mesh = current_mesh()
-  choice = choose_implementation(impl, platform=jax.default_backend(), dtype=q_btnh.dtype, head_dim=h, q_len=t,
+  device = None if mesh is None else mesh.devices.flat[0]  # the step's: an ahead-of-time target may not be this host's
+  choice = choose_implementation(impl, platform=jax.default_backend() if device is None else device.platform,
+                                 dtype=q_btnh.dtype, head_dim=h, q_len=t,
                                  kv_len=s, packed=not segments or mask.packed, segments=segments,
                                  dropout=apply_dropout, device_count=jax.device_count(),
                                  mesh_size=0 if mesh is None else mesh.size, bias=bias_bnts is not None)
@@ -307,7 +310,7 @@ def attention(q_btnh: jax.Array, k_bsnh: jax.Array, v_bsnh: jax.Array, mask: Seg
       _warn_once(f"cuDNN attention unavailable ({err}); using XLA")
       out_btnh = dot_product_attention(q_btnh, k_bsnh, v_bsnh, dense_b1ts())
   elif choice == "flash":
-    problem = flash.compiles(jnp.dtype(q_btnh.dtype).name, h, flash.BLOCKS)  # the tiles the call below runs
+    problem = flash.compiles(jnp.dtype(q_btnh.dtype).name, h, flash.BLOCKS, device)  # the tiles the call below runs
     if problem and impl == "flash":
       raise ConfigError(f"config.model.attention_impl='flash' does not compile on this GPU: {problem}")
     if problem:

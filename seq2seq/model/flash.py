@@ -328,19 +328,21 @@ def blockers(*, platform: str, dtype, head_dim: int, q_len: int, kv_len: int, se
   return why
 
 
-def compiles(dtype_name: str, head_dim: int, blocks: Blocks | None = None) -> str | None:
+def compiles(dtype_name: str, head_dim: int, blocks: Blocks | None = None, device=None) -> str | None:
   """None if the kernel and its gradient compile on this GPU with these tiles (None: BLOCKS),
   else why not (a Triton or driver version, or tiles, it does not work with). Checked once
   per process and setting, so a kernel that cannot build here costs a warning and XLA
-  attention, not the run."""
-  return _compiles(dtype_name, head_dim, BLOCKS if blocks is None else blocks)
+  attention, not the run. `device`: the GPU to compile for (None: the default device); an
+  ahead-of-time compile names its target's (benchmarks/gpu_compile.py)."""
+  return _compiles(dtype_name, head_dim, BLOCKS if blocks is None else blocks, device)
 
 
 @functools.cache
-def _compiles(dtype_name: str, head_dim: int, blocks: Blocks) -> str | None:
+def _compiles(dtype_name: str, head_dim: int, blocks: Blocks, device=None) -> str | None:
   length = blocks.largest()  # every block divides it, so each kernel runs its configured tiles
-  shape = jax.ShapeDtypeStruct((1, length, 1, head_dim), jnp.dtype(dtype_name))
-  segments = jax.ShapeDtypeStruct((1, length), jnp.int32)
+  placed = {} if device is None else {"sharding": jax.sharding.SingleDeviceSharding(device)}
+  shape = jax.ShapeDtypeStruct((1, length, 1, head_dim), jnp.dtype(dtype_name), **placed)
+  segments = jax.ShapeDtypeStruct((1, length), jnp.int32, **placed)
 
   def loss(q, k, v, q_seg, k_seg):
     return jnp.sum(flash_attention(q, k, v, q_seg, k_seg, True, blocks=blocks).astype(jnp.float32))

@@ -107,13 +107,40 @@ def mesh_devices(mesh_cfg, default: int = 8) -> int:
   return default if -1 in sizes else math.prod(sizes)
 
 
-def dry_run(config, devices=None, *, peak_tflops: float = 0.0, mfu: float = 0.0) -> Plan:
-  """Compiles the train step of `config` on its mesh for the longest batch shape and reads
-  XLA's memory and cost analyses. Allocates nothing on the devices."""
+@dataclasses.dataclass
+class CompiledStep:
+  """The train step compiled ahead of time (`compile_step`)."""
+
+  compiled: object  # jax.stages.Compiled
+  model_cfg: object  # ModelConfig
+  mesh: object  # Mesh
+  state: object  # the abstract train state
+  shardings: object  # the state's
+  batch: dict  # abstract batch arrays, with their sharding
+  shape: tuple  # (rows, source length, target length)
+  shapes: list  # every batch shape the config's run compiles
+
+  def recompile(self, config):
+    """The same step compiled again (a new jit: trace-time settings such as
+    `loss.unrolled_chunks` apply)."""
+    from seq2seq.model import transformer
+    from seq2seq.training import optimizer, train
+    from seq2seq.training.config import TrainConfig
+
+    tx, schedule = optimizer.make(TrainConfig.from_config(config.train), d_model=self.model_cfg.d_model)
+    steps = train.Steps(config, transformer.graphdef(self.model_cfg), self.shardings, self.mesh, tx, schedule)
+    return steps.train.lower(self.state, self.batch, False).compile()
+
+
+def compile_step(config, devices=None, shape: tuple | None = None) -> CompiledStep:
+  """The train step of `config` compiled for its mesh over `devices` (default: this host's),
+  on abstract arrays, at `shape` (rows, source length, target length; default the longest
+  batch shape the run compiles). Allocates nothing on the devices, which may be compile-only
+  ones (`jax.experimental.topologies`: a GPU or TPU target on a machine without one)."""
   from seq2seq import sharding
-  from seq2seq.model import flops, transformer
+  from seq2seq.model import transformer
   from seq2seq.model.config import ModelConfig
-  from seq2seq.training import loss, optimizer, train
+  from seq2seq.training import optimizer, train
   from seq2seq.training.config import TrainConfig
   from seq2seq.training.state import abstract_state
 
@@ -123,16 +150,27 @@ def dry_run(config, devices=None, *, peak_tflops: float = 0.0, mfu: float = 0.0)
   state, shardings = abstract_state(model_cfg, tx, mesh, config.seed)
   steps = train.Steps(config, transformer.graphdef(model_cfg), shardings, mesh, tx, schedule)
   shapes = batch_shapes(config)
-  rows, s, t = max(shapes, key=lambda x: (max(x[1], x[2]), x[0]))
+  rows, s, t = shape or max(shapes, key=lambda x: (max(x[1], x[2]), x[0]))
   batch_sh = sharding.batch_sharding(mesh)
   batch = {k: jax.ShapeDtypeStruct((rows, s if k.startswith("src") else t), jnp.int32, sharding=batch_sh)
            for k in train.BATCH_KEYS}
   compiled = steps.train.lower(state, batch, False).compile()
+  return CompiledStep(compiled, model_cfg, mesh, state, shardings, batch, (rows, s, t), shapes)
+
+
+def dry_run(config, devices=None, *, peak_tflops: float = 0.0, mfu: float = 0.0) -> Plan:
+  """Compiles the train step of `config` on its mesh for the longest batch shape and reads
+  XLA's memory and cost analyses. Allocates nothing on the devices."""
+  from seq2seq.model import flops, transformer
+  from seq2seq.training import loss
+
+  step = compile_step(config, devices)
+  compiled, model_cfg, mesh, state, shapes, (rows, s, t) = (step.compiled, step.model_cfg, step.mesh, step.state,
+                                                            step.shapes, step.shape)
   memory = compiled.memory_analysis()
   if config.train.loss_chunk:  # XLA counts a loop's body once: FLOPs from the chunk loop unrolled
     with loss.unrolled_chunks():
-      cost = train.Steps(config, transformer.graphdef(model_cfg), shardings, mesh, tx, schedule).train.lower(
-          state, batch, False).compile().cost_analysis()
+      cost = step.recompile(config).cost_analysis()
   else:
     cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, list) else cost  # older JAX: one dict per program

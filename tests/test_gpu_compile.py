@@ -1,0 +1,233 @@
+"""Where a GPU step's time goes, without a GPU: the optimized HLO's kernels, their bytes and
+FLOPs (benchmarks/profile_table.py's static table), the cost model fitted to a measured
+profile, and benchmarks/gpu_compile.py, which compiles the train step for an H100 or H200 on
+this CPU. The compile needs XLA's GPU compiler (jax-cuda12-plugin and jax-cuda12-pjrt, no
+CUDA libraries); CI installs it into a folder of its own and names it in
+SEQ2SEQ_GPU_COMPILER (.ci/run)."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO, benchmark
+
+FUNCTIONS = ["train_step", "MultiHeadAttention.project_qkv", "dense", "Norm.__call__", "fused_flash_attention",
+             "scale_by_adam.<locals>.update_fn", "_chunk_loop.<locals>.project"]
+# Frame k is function k (1-based), called from train_step (frame 1); dense (3) from project_qkv (2).
+# A frame's parent_frame_id is its parent's id plus one (profile_table.parse_hlo).
+PARENTS = {1: 1, 2: 2, 3: 3, 4: 2, 5: 2, 6: 2, 7: 2}
+STACKS = "\n".join(f"{k} {{file_location_id={k} parent_frame_id={p}}}" for k, p in PARENTS.items())
+HLO = f"""HloModule jit_train_step, is_scheduled=true
+
+FileNames
+1 "seq2seq/model/multihead.py"
+
+FunctionNames
+{chr(10).join(f'{k} "{f}"' for k, f in enumerate(FUNCTIONS, 1))}
+
+FileLocations
+{chr(10).join(f"{k} {{file_name_id=1 function_name_id={k} line=1 end_line=1 column=1 end_column=2}}"
+              for k in range(1, 8))}
+
+StackFrames
+{STACKS}
+
+%fused_slice (param_0: bf16[4,8,3,16]) -> bf16[32,1,16] {{
+  %param_0 = bf16[4,8,3,16]{{3,2,1,0}} parameter(0)
+  %bitcast.1 = bf16[32,3,16]{{2,1,0}} bitcast(%param_0)
+  ROOT %slice.1 = bf16[32,1,16]{{2,1,0}} slice(%bitcast.1), slice={{[0:32], [1:2], [0:16]}}
+}}
+
+%fused_dus (param_0.1: f32[64,16], param_1.1: f32[8,16], param_2.1: s32[]) -> f32[64,16] {{
+  %param_0.1 = f32[64,16]{{1,0}} parameter(0)
+  %param_1.1 = f32[8,16]{{1,0}} parameter(1)
+  %param_2.1 = s32[] parameter(2)
+  %constant.1 = s32[] constant(0)
+  ROOT %dynamic-update-slice.1 = f32[64,16]{{1,0}} dynamic-update-slice(%param_0.1, %param_1.1, %param_2.1, %constant.1)
+}}
+
+%gemm_fusion_dot.1_computation (parameter_0: bf16[32,16], parameter_1: bf16[16,48]) -> bf16[32,48] {{
+  %parameter_0 = bf16[32,16]{{1,0}} parameter(0)
+  %parameter_1 = bf16[16,48]{{1,0}} parameter(1)
+  ROOT %dot.1 = bf16[32,48]{{1,0}} dot(%parameter_0, %parameter_1), lhs_contracting_dims={{1}}, rhs_contracting_dims={{0}}
+}}
+
+%fused_norm (param_0.3: f32[8]) -> (f32[8], f32[]) {{
+  %param_0.3 = f32[8]{{0}} parameter(0)
+  %constant.3 = f32[] constant(0)
+  %multiply.3 = f32[8]{{0}} multiply(%param_0.3, %param_0.3)
+  %reduce.3 = f32[] reduce(%multiply.3, %constant.3), dimensions={{0}}
+  ROOT %tuple.3 = (f32[8]{{0}}, f32[]) tuple(%multiply.3, %reduce.3)
+}}
+
+%body (p.4: (s32[], f32[8])) -> (s32[], f32[8]) {{
+  %p.4 = (s32[], f32[8]{{0}}) parameter(0)
+  %gte.4 = s32[] get-tuple-element(%p.4), index=0
+  %gte.5 = f32[8]{{0}} get-tuple-element(%p.4), index=1
+  %loop_multiply_fusion = (f32[8]{{0}}, f32[]) fusion(%gte.5), kind=kLoop, calls=%fused_norm, metadata={{op_name="jit(train_step)/mul" stack_frame_id=4}}
+  %gte.6 = f32[8]{{0}} get-tuple-element(%loop_multiply_fusion), index=0
+  ROOT %tuple.4 = (s32[], f32[8]{{0}}) tuple(%gte.4, %gte.6)
+}}
+
+%cond (p.5: (s32[], f32[8])) -> pred[] {{
+  %p.5 = (s32[], f32[8]{{0}}) parameter(0)
+  ROOT %constant.5 = pred[] constant(true)
+}}
+
+ENTRY %main (qkv: bf16[4,8,3,16], w: bf16[16,48], x: bf16[32,16], acc: f32[64,16], up: f32[8,16], i: s32[], v: f32[8]) -> f32[8] {{
+  %qkv = bf16[4,8,3,16]{{3,2,1,0}} parameter(0)
+  %w = bf16[16,48]{{1,0}} parameter(1)
+  %x = bf16[32,16]{{1,0}} parameter(2)
+  %acc = f32[64,16]{{1,0}} parameter(3)
+  %up = f32[8,16]{{1,0}} parameter(4)
+  %i = s32[] parameter(5)
+  %v = f32[8]{{0}} parameter(6)
+  %loop_slice_fusion = bf16[32,1,16]{{2,1,0}} fusion(%qkv), kind=kLoop, calls=%fused_slice, metadata={{op_name="jit(train_step)/jvp()/slice" stack_frame_id=2}}
+  %gemm_fusion_dot.1 = bf16[32,48]{{1,0}} fusion(%x, %w), kind=kCustom, calls=%gemm_fusion_dot.1_computation, metadata={{op_name="jit(train_step)/transpose(jvp())/dot_general" stack_frame_id=3}}
+  %custom-call.2 = (bf16[32,48]{{1,0}}, s8[16]{{0}}) custom-call(%x, %w), custom_call_target="__cublas$lt$matmul", metadata={{op_name="jit(train_step)/jvp()/dot_general" stack_frame_id=7}}, backend_config={{"gemm_backend_config":{{"dot_dimension_numbers":{{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"]}}}}}}
+  %pallas_call.3 = bf16[4,8,1,16]{{3,2,1,0}} custom-call(%qkv, %qkv), custom_call_target="__gpu$xla.gpu.triton", metadata={{op_name="jit(train_step)/pallas_call" stack_frame_id=5}}
+  %fusion.4 = f32[64,16]{{1,0}} fusion(%acc, %up, %i), kind=kLoop, calls=%fused_dus, metadata={{op_name="jit(train_step)/dynamic_update_slice" stack_frame_id=6}}
+  %tuple.0 = (s32[], f32[8]{{0}}) tuple(%i, %v)
+  %while.1 = (s32[], f32[8]{{0}}) while(%tuple.0), condition=%cond, body=%body, backend_config={{"known_trip_count":{{"n":"4"}}}}
+  ROOT %gte.9 = f32[8]{{0}} get-tuple-element(%while.1), index=1
+}}
+"""
+
+
+def _pt():
+  return benchmark("profile_table")
+
+
+def test_kernel_costs_count_what_each_kernel_moves_and_multiplies():
+  """A fusion reads only the slice it takes of an operand (seen through a bitcast), writes only
+  the update of an in-place dynamic-update-slice; a matmul's FLOPs are 2 M N K, from a fused dot
+  or a cuBLAS call's backend config; a loop's body runs its trip count of times; a Pallas call is
+  a library kernel (its operands, a fused array read in part, say little)."""
+  costs = {k.name: k for k in _pt().kernel_costs(HLO)}
+  assert list(costs) == ["loop_slice_fusion", "gemm_fusion_dot.1", "custom-call.2", "pallas_call.3", "fusion.4",
+                         "loop_multiply_fusion"]
+  row = lambda k: (k.category, k.site, k.bytes, k.flops, k.launches, k.library)
+  assert row(costs["loop_slice_fusion"]) == ("attention elementwise (biases, layout)", "", 2 * 1024, 0, 1, False)
+  assert row(costs["gemm_fusion_dot.1"]) == ("matmul", "QKV projection (backward)", 1024 + 1536 + 3072,
+                                             2 * 32 * 16 * 48, 1, False)
+  assert row(costs["custom-call.2"]) == ("matmul", "vocabulary projection", 1024 + 1536 + 3072 + 16,
+                                         2 * 32 * 16 * 48, 1, False)
+  assert row(costs["pallas_call.3"]) == ("attention", "", 2 * 3072 + 1024, 0, 1, True)
+  assert row(costs["fusion.4"]) == ("optimizer", "", 0 + 512 + 4 + 512, 0, 1, False)
+  assert row(costs["loop_multiply_fusion"]) == ("norm", "", 32 + 32 + 4, 0, 4, False)
+
+
+def _synthetic(bandwidth: float, launch_us: float, matmul_flops: float):
+  """Kernels of known categories and the ms a device of these rates would take on them."""
+  pt = _pt()
+  kernels = [("norm", 4e9, 100), ("dropout", 1e9, 50), ("optimizer", 0.5e9, 300), ("residual adds", 2e9, 30),
+             ("attention", 1e9, 10)]
+  costs = [pt.KernelCost(f"k{n}", c, "", b / launches, 0.0, launches) for n, (c, b, launches) in enumerate(kernels)]
+  costs += [pt.KernelCost("mm", "matmul", "FFN", 1e6, 1e12, 1), pt.KernelCost("flash", "attention", "", 5e8, 0.0, 3,
+                                                                               library=True)]
+  measured = {c: b / bandwidth * 1e3 + launches * launch_us / 1e3 for c, b, launches in kernels}
+  measured["matmul"] = 1e12 / matmul_flops * 1e3
+  measured["attention"] += 4.0  # the flash kernels' own time
+  return costs, measured
+
+
+def test_the_fit_recovers_the_rates_of_a_device_and_predicts_the_step():
+  """Measured times made by known rates: the fit gives those rates back, every category's
+  prediction (left out of the fit too) is its measured time, the library kernels take what the
+  measured attention leaves, and twice the rows twice their time."""
+  pt = _pt()
+  costs, measured = _synthetic(bandwidth=2e12, launch_us=3.0, matmul_flops=5e14)
+  model, check = pt.fit(costs, measured, rows=96)
+  assert model.bandwidth == pytest.approx(2e12, rel=1e-9) and model.launch_us == pytest.approx(3.0, rel=1e-9)
+  assert model.matmul_flops == pytest.approx(5e14, rel=1e-12) and model.rows == 96
+  assert model.library_ms == {"attention": pytest.approx(4.0, rel=1e-9)}
+  assert set(check) == {"norm", "dropout", "optimizer", "residual adds"}
+  for row in check.values():
+    assert row["predicted_ms"] == pytest.approx(row["measured_ms"], abs=1e-4)
+    assert row["predicted_ms_left_out"] == pytest.approx(row["measured_ms"], abs=1e-4)
+  table = pt.static_table(costs, model)
+  assert table["ms_per_step"] == pytest.approx(sum(measured.values()), abs=1e-3)
+  assert {c: r["ms"] for c, r in table["by_category"].items()} == pytest.approx(measured, abs=1e-4)
+  assert table["kernel_launches_per_step"] == 100 + 50 + 300 + 30 + 10 + 1 + 3
+  doubled = pt.static_table(costs, model, rows=192)  # the same kernels: only the library's time scales
+  assert doubled["by_category"]["attention"]["ms"] == pytest.approx(measured["attention"] + 4.0, abs=1e-4)
+  assert pt.CostModel.from_json(json.loads(json.dumps(model.to_json()))).to_json() == model.to_json()
+
+
+def test_a_fit_with_too_few_categories_says_so():
+  pt = _pt()
+  costs, measured = _synthetic(bandwidth=2e12, launch_us=3.0, matmul_flops=5e14)
+  with pytest.raises(ValueError, match="at least 3 memory-bound categories"):
+    pt.fit(costs, {"norm": measured["norm"], "dropout": measured["dropout"]}, rows=96)
+
+
+def _compiler() -> str:
+  """The folder holding XLA's GPU compiler (SEQ2SEQ_GPU_COMPILER), or "" if it is not installed."""
+  folder = os.environ.get("SEQ2SEQ_GPU_COMPILER", "")
+  return folder if folder and (pathlib.Path(folder) / "jax_plugins").is_dir() else ""
+
+
+def _gpu_compile(*args, compiler: str = "", timeout: float = 600):
+  env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "XLA_FLAGS")}
+  if compiler:
+    env["PYTHONPATH"] = compiler
+  return subprocess.run([sys.executable, "benchmarks/gpu_compile.py", *args], cwd=REPO, capture_output=True,
+                        text=True, env=env, timeout=timeout)
+
+
+def test_gpu_compile_without_the_compiler_says_what_to_install():
+  import importlib.util
+
+  if importlib.util.find_spec("jax_plugins") is not None:
+    pytest.skip("a GPU plugin is installed in this environment")
+  out = _gpu_compile("--config=configs/tiny.py", "--shape=8x32x32")
+  assert out.returncode == 2, out.stderr[-2000:]
+  assert out.stderr.strip().splitlines()[-1].startswith(
+      "error: compiling for a GPU needs jax-cuda12-plugin and jax-cuda12-pjrt"), out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--variants=nope"], "unknown nope"), (["--variants=logits_bfloat16", "--measured=README.md"], "must start with"),
+    (["--measured=no/such.json"], "no file no/such.json"), (["--target=a100"], "invalid choice: 'a100'")])
+def test_gpu_compile_refuses_bad_flags_in_one_line(args, match):
+  out = _gpu_compile(*args)
+  assert out.returncode == 2 and match in out.stderr.strip().splitlines()[-1], out.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_the_train_step_compiles_for_an_h100_on_this_cpu(tmp_path):
+  """tiny in bf16 with packed rows, compiled for an H100 by XLA's GPU pipeline on this CPU: the
+  flash kernel is chosen and lowered through Triton (three Pallas calls per attention layer),
+  the step's matmul FLOPs are the model formula's but for the attention scores (inside the
+  kernels), the table names every kernel's category."""
+  compiler = _compiler()
+  if not compiler:
+    pytest.skip("XLA's GPU compiler is not installed (SEQ2SEQ_GPU_COMPILER; .ci/run installs it)")
+  from seq2seq.configs import tiny
+  from seq2seq.model import flops
+  from seq2seq.model.config import ModelConfig
+
+  out = _gpu_compile("--target=h100", "--config=configs/tiny.py", "--shape=8x32x32", f"--hlo_dir={tmp_path}",
+                     "--set=data.vocab_size=1024", f"--out={tmp_path / 'r.json'}", compiler=compiler)
+  assert out.returncode == 0, out.stderr[-3000:]
+  record = json.loads((tmp_path / "r.json").read_text())
+  row = record["variants"]["baseline"]
+  assert row["device_kind"] == "NVIDIA H100 80GB HBM3" and row["attention"] == "flash" and row["shape"] == [8, 32, 32]
+  hlo = (tmp_path / "baseline.hlo.txt").read_text()
+  cfg = tiny.get_config()
+  layers = cfg.model.num_encoder_layers + 2 * cfg.model.num_decoder_layers  # self, and cross in the decoder
+  calls = [line for line in hlo.splitlines() if 'custom_call_target="__gpu$xla.gpu.triton"' in line]
+  for kernel in ("seq2seq_flash_forward", "seq2seq_flash_dkdv", "seq2seq_flash_dq"):
+    assert sum(f"({kernel})" in line for line in calls) == layers, kernel  # jvp(NAME) or transpose(jvp(NAME))
+  assert len(calls) == 3 * layers
+  costs = _pt().kernel_costs(hlo)
+  model_cfg = ModelConfig.from_config(cfg.model, vocab_size=1024)  # 1000 would be padded to 1024 in a GEMM
+  n_h, (b, s, t) = model_cfg.num_heads * model_cfg.head_size, (8, 32, 32)
+  scores = 3 * 2 * 2 * b * n_h * (cfg.model.num_encoder_layers * s * s + cfg.model.num_decoder_layers * (t * t + t * s))
+  assert sum(k.flops * k.launches for k in costs) == flops.train_step_flops(model_cfg, b, s, t) - scores
+  assert sum(k.library for k in costs) == 3 * layers and all(k.category == "attention" for k in costs if k.library)
+  assert "unattributed" not in row["table"]["by_category"] and row["table"]["kernel_launches_per_step"] == len(costs)
+  assert record["settings"] == ["data.vocab_size=1024"] and row["config"] == {"data.vocab_size": 1024}
