@@ -102,17 +102,19 @@ def _attention(model_cfg, t: int, packed: bool, devices: int) -> str:
 
 
 def step_rows(config_path: str, dtype: str, shape: tuple[int, int, int], count: int, repeats: int,
-              overrides: tuple = (), layouts: str = "packed,unpacked", flash_blocks: str = "") -> None:
+              overrides: tuple = (), layouts: str = "packed,unpacked", flash_blocks: str = "",
+              flash_sliced: bool = False) -> None:
   """Prints one JSON line per row layout (packed, then unpacked): the train step at `shape`,
-  with `overrides` (`section.key=value`, as on the command line) applied to the config and
-  the flash kernel's tiles `flash_blocks` (seq2seq.model.flash.Blocks.parse; "" its defaults)."""
+  with `overrides` (`section.key=value`, as on the command line) applied to the config, the
+  flash kernel's tiles `flash_blocks` (seq2seq.model.flash.Blocks.parse; "" its defaults) and,
+  with `flash_sliced`, q, k and v sliced out of the projections for it (flash.IN_PLACE off)."""
   import jax
   import numpy as np
 
   from seq2seq import sharding
   from seq2seq.model import flash, flops
 
-  _set_flash_blocks(flash_blocks)
+  _set_flash_blocks(flash_blocks, flash_sliced)
 
   device, (rows, s, t) = jax.devices()[0], shape
   peak = None
@@ -137,6 +139,8 @@ def step_rows(config_path: str, dtype: str, shape: tuple[int, int, int], count: 
       row["config"] = applied
     if flash_blocks:  # as the child's kernel setting holds them, a failed row too
       row["flash_blocks"] = flash.BLOCKS.spec()
+    if flash_sliced:
+      row["flash_in_place"] = flash.IN_PLACE
     print(json.dumps(row), flush=True)
 
 
@@ -156,27 +160,30 @@ def _configured(config_path: str, dtype: str, packed: bool, overrides: tuple = (
   return config, applied
 
 
-def _set_flash_blocks(spec: str) -> None:
-  """This process's flash tiles (the kernel reads flash.BLOCKS when a step is traced)."""
-  if spec:
-    from seq2seq.model import flash
+def _set_flash_blocks(spec: str, sliced: bool = False) -> None:
+  """This process's flash tiles, and whether the layers slice q, k and v out of their fused
+  projections for the kernel (`sliced`) or it reads them in place (the kernel reads
+  flash.BLOCKS and the layers flash.IN_PLACE when a step is traced)."""
+  from seq2seq.model import flash
 
+  if spec:
     flash.BLOCKS = flash.Blocks.parse(spec)
+  flash.IN_PLACE = not sliced
 
 
 def profile_capture(config_path: str, dtype: str, shape: tuple[int, int, int], count: int, out: pathlib.Path,
-                    overrides: tuple = (), flash_blocks: str = "") -> None:
+                    overrides: tuple = (), flash_blocks: str = "", flash_sliced: bool = False) -> None:
   """Traces `count` train steps of each row layout (packed, then unpacked) with jax.profiler
   into out/LAYOUT/ (TensorBoard's xplane.pb and a Perfetto trace.json.gz) beside the step's
   optimized HLO (out/LAYOUT/train_step.hlo.txt, whose fusion names the trace's kernels
-  carry), and prints one JSON line per layout with the untraced step time. `overrides` and
-  `flash_blocks` as `step_rows` takes them."""
+  carry), and prints one JSON line per layout with the untraced step time. `overrides`,
+  `flash_blocks` and `flash_sliced` as `step_rows` takes them."""
   import jax
   import numpy as np
 
   from seq2seq import sharding
 
-  _set_flash_blocks(flash_blocks)
+  _set_flash_blocks(flash_blocks, flash_sliced)
   rows, s, t = shape
   for packed in (True, False):
     folder = out / ("packed" if packed else "unpacked")
@@ -352,12 +359,14 @@ class Variant:
   xla_flags: str = ""  # added to XLA_FLAGS in the child only
   rows: int = 1  # factor on the batch shape's rows
   flash_blocks: str = ""  # seq2seq.model.flash.Blocks.parse form; "" the kernel's defaults
+  flash_sliced: bool = False  # q, k and v sliced out of the projections for the kernel (flash.IN_PLACE off)
   group: str = ""  # variants of one group are alternatives: a combination takes the fastest
 
   def child_flags(self) -> list[str]:
     """The steps / profile_capture child's flags for this variant's settings."""
     return [*[f"--override={o}" for o in self.overrides],
-            *([f"--flash_blocks={self.flash_blocks}"] if self.flash_blocks else [])]
+            *([f"--flash_blocks={self.flash_blocks}"] if self.flash_blocks else []),
+            *(["--flash_sliced"] if self.flash_sliced else [])]
 
   def child_env(self) -> dict:
     """The environment the child adds: XLA_FLAGS with this variant's flags."""
@@ -370,6 +379,8 @@ VARIANTS = {  # in the order they run: the likeliest gains first
     "baseline": Variant(),
     "logits_bfloat16": Variant(("model.logits_dtype=bfloat16",)),  # the [tokens, vocab] logits in bf16
     # the Triton tutorial's Hopper tiles: large outer blocks, small inner ones, more stages
+    # the layers' q, k and v sliced out of their fused projections for the kernel, as before it read them in place
+    "flash_sliced": Variant(FLASH, flash_sliced=True),
     "flash_tiles_128": Variant(FLASH, flash_blocks="forward=128x64,dkdv=128x32,dq=128x32,stages=3", group="flash"),
     "flash_tiles_64": Variant(FLASH, flash_blocks="forward=128x128,dkdv=64x64,dq=64x64,warps=8,backward_warps=8",
                               group="flash"),
@@ -391,7 +402,8 @@ def union(names: list[str], variants: dict = VARIANTS) -> Variant:
   blocks = [v.flash_blocks for v in parts if v.flash_blocks]
   return Variant(overrides=tuple(dict.fromkeys(o for v in parts for o in v.overrides)),
                  xla_flags=" ".join(v.xla_flags for v in parts if v.xla_flags),
-                 rows=math.prod(v.rows for v in parts), flash_blocks=blocks[0] if blocks else "")
+                 rows=math.prod(v.rows for v in parts), flash_blocks=blocks[0] if blocks else "",
+                 flash_sliced=any(v.flash_sliced for v in parts))
 
 
 def combine(results: dict, variants: dict = VARIANTS) -> tuple[list[str], Variant]:
@@ -419,7 +431,8 @@ def _variant_row(args, config: str, variant: Variant, timeout: float, layout: st
   row = next(iter(child["objects"]), {"error": _failure(child, timeout)})
   row.pop("packed", None)
   return {"overrides": list(variant.overrides), "xla_flags": variant.xla_flags,
-          **({"flash_blocks": variant.flash_blocks} if variant.flash_blocks else {}), **row}
+          **({"flash_blocks": variant.flash_blocks} if variant.flash_blocks else {}),
+          **({"flash_sliced": True} if variant.flash_sliced else {}), **row}
 
 
 def _speeds(result: dict) -> dict:
@@ -749,6 +762,7 @@ def parse(argv: list[str]):
   parser.add_argument("--override", action="append", default=[], help=argparse.SUPPRESS)  # steps: config overrides
   parser.add_argument("--layouts", default="packed,unpacked", help=argparse.SUPPRESS)  # steps: which layouts
   parser.add_argument("--flash_blocks", default="", help=argparse.SUPPRESS)  # steps: the flash kernel's tiles
+  parser.add_argument("--flash_sliced", action="store_true", help=argparse.SUPPRESS)  # steps: flash.IN_PLACE off
   args = parser.parse_args(argv)
   for flag in ("variants", "big_variants", "profile_variants"):
     unknown = [n for n in getattr(args, flag).split(",") if n and n not in VARIANTS]
@@ -782,10 +796,12 @@ def main() -> None:
     return flash_rows(rows, t, args.timed_steps)
   if args.section == "profile_capture":
     return profile_capture(str(REPO / args.config), args.dtype, tuple(int(x) for x in args.shape.split("x")),
-                           args.timed_steps, pathlib.Path(args.out), tuple(args.override), args.flash_blocks)
+                           args.timed_steps, pathlib.Path(args.out), tuple(args.override), args.flash_blocks,
+                           args.flash_sliced)
   if args.section == "steps":
     return step_rows(str(REPO / args.config), args.dtype, tuple(int(x) for x in args.shape.split("x")),
-                     args.timed_steps, args.peak_repeats, tuple(args.override), args.layouts, args.flash_blocks)
+                     args.timed_steps, args.peak_repeats, tuple(args.override), args.layouts, args.flash_blocks,
+                     args.flash_sliced)
   result = check(args)
   slug = re.sub(r"[^a-z0-9]+", "_", result["device_kind"].lower()).strip("_") + ("_smoke" if args.smoke else "")
   out = pathlib.Path(args.out or REPO / "benchmarks" / "results" / f"device_check_{slug}.json")

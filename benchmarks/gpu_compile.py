@@ -123,7 +123,7 @@ def compile_child(args) -> None:
   from seq2seq.model import attention
 
   variant = device_check.VARIANTS[args.child]
-  device_check._set_flash_blocks(variant.flash_blocks)
+  device_check._set_flash_blocks(variant.flash_blocks, variant.flash_sliced)
   rows, s, t = (int(x) for x in args.shape.split("x"))
   config, applied = device_check._configured(str(REPO / args.config), args.dtype, args.layout == "packed",
                                               (*args.set, *variant.overrides))
@@ -164,6 +164,7 @@ def variant_rows(args, folder: pathlib.Path) -> dict:
     child = device_check.run_child(command, args.timeout_s, env=variant.child_env())
     row = {"overrides": list(variant.overrides), "xla_flags": variant.xla_flags, "rows": variant.rows,
            **({"flash_blocks": variant.flash_blocks} if variant.flash_blocks else {}),
+           **({"flash_sliced": True} if variant.flash_sliced else {}),
            # what autotuning or a kernel's speed decides, a compile here cannot
            "predicted": not (variant.xla_flags or variant.flash_blocks)}
     if not child["objects"] or not hlo.exists():

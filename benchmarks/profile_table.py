@@ -504,15 +504,17 @@ def fit(costs: list, measured_ms: dict, rows: int) -> tuple[CostModel, dict]:
 
 
 def static_table(costs: list, model: CostModel | None = None, rows: int | None = None) -> dict:
-  """Per step, by category: kernel launches, GB moved, matmul TFLOP and (with a model)
+  """Per step, by category: kernel launches, GB moved by XLA's kernels (what a library or
+  Pallas kernel reads of its operands is unknown: not counted), matmul TFLOP and (with a model)
   predicted ms, the total and the matmul sites; the shape of `table`'s figures. `rows`: the
   step's (the model's library kernels scale with them; default the model's)."""
-  totals = _totals(costs)
+  totals, xla = _totals(costs), _totals(costs, library=False)
   out = {"kernel_launches_per_step": sum(v[0] for v in totals.values()),
-         "gb_per_step": round(sum(v[1] for v in totals.values()) / 1e9, 4),
+         "gb_per_step": round(sum(v[1] for v in xla.values()) / 1e9, 4),
          "matmul_tflop_per_step": round(sum(v[2] for v in totals.values()) / 1e12, 4),
-         "by_category": {c: {"launches": v[0], "gb": round(v[1] / 1e9, 4), "tflop": round(v[2] / 1e12, 4)}
-                         for c, v in sorted(totals.items(), key=lambda x: -x[1][1])}}
+         "by_category": {c: {"launches": v[0], "gb": round(xla.get(c, [0, 0.0])[1] / 1e9, 4),
+                             "tflop": round(v[2] / 1e12, 4)}
+                         for c, v in sorted(totals.items(), key=lambda x: -xla.get(x[0], [0, 0.0])[1])}}
   if model is not None:
     ms, sites = collections.Counter(), collections.Counter()
     for k in costs:

@@ -201,8 +201,8 @@ def test_gpu_compile_refuses_bad_flags_in_one_line(args, match):
 def test_the_train_step_compiles_for_an_h100_on_this_cpu(tmp_path):
   """tiny in bf16 with packed rows, compiled for an H100 by XLA's GPU pipeline on this CPU: the
   flash kernel is chosen and lowered through Triton (three Pallas calls per attention layer),
-  the step's matmul FLOPs are the model formula's but for the attention scores (inside the
-  kernels), the table names every kernel's category."""
+  reading the fused projections in place; the step's matmul FLOPs are the model formula's but
+  for the attention scores (inside the kernels); the table names every kernel's category."""
   compiler = _compiler()
   if not compiler:
     pytest.skip("XLA's GPU compiler is not installed (SEQ2SEQ_GPU_COMPILER; .ci/run installs it)")
@@ -211,7 +211,8 @@ def test_the_train_step_compiles_for_an_h100_on_this_cpu(tmp_path):
   from seq2seq.model.config import ModelConfig
 
   out = _gpu_compile("--target=h100", "--config=configs/tiny.py", "--shape=8x32x32", f"--hlo_dir={tmp_path}",
-                     "--set=data.vocab_size=1024", f"--out={tmp_path / 'r.json'}", compiler=compiler)
+                     "--set=data.vocab_size=1024", "--variants=baseline,flash_sliced", f"--out={tmp_path / 'r.json'}",
+                     compiler=compiler)
   assert out.returncode == 0, out.stderr[-3000:]
   record = json.loads((tmp_path / "r.json").read_text())
   row = record["variants"]["baseline"]
@@ -231,3 +232,12 @@ def test_the_train_step_compiles_for_an_h100_on_this_cpu(tmp_path):
   assert sum(k.library for k in costs) == 3 * layers and all(k.category == "attention" for k in costs if k.library)
   assert "unattributed" not in row["table"]["by_category"] and row["table"]["kernel_launches_per_step"] == len(costs)
   assert record["settings"] == ["data.vocab_size=1024"] and row["config"] == {"data.vocab_size": 1024}
+  # The kernels read the fused projections in place: no slices of q, k, v before them, no bias
+  # passes, no concatenation of their gradients after; with them sliced (as before), all three.
+  sliced = record["variants"]["flash_sliced"]
+  assert sliced["attention"] == "flash" and sliced["flash_sliced"] and "flash_sliced" not in row
+  layout = "attention elementwise (biases, layout)"
+  ours, theirs = row["table"]["by_category"][layout], sliced["table"]["by_category"][layout]
+  assert ours["launches"] < theirs["launches"] and ours["gb"] < theirs["gb"], (ours, theirs)
+  assert row["table"]["gb_per_step"] < sliced["table"]["gb_per_step"]
+  assert row["table"]["matmul_tflop_per_step"] == sliced["table"]["matmul_tflop_per_step"]

@@ -87,3 +87,56 @@ def test_parameters_are_as_many_as_four_separate_projections(self_attention):
                                                   self_attention=self_attention, rngs=nnx.Rngs(0)))
   count = sum(v.size for v in jax.tree.leaves(nnx.state(mha, nnx.Param)))
   assert count == 4 * D * N * H + 2 * N * H + D  # wq wk wv wo, q and v biases (keys have none), output bias
+
+
+@pytest.mark.parametrize("self_attention", [True, False], ids=["self", "cross"])
+def test_the_flash_kernel_reading_the_fused_projections_in_place_equals_slicing_them(monkeypatch, self_attention):
+  """On a "GPU" (this CPU posing as one, the kernels interpreted; f32 let through, for exact
+  figures) the layer hands the flash kernel its fused projection(s) and biases, read in place,
+  no slice of q, k, v taken (flash.IN_PLACE). Its output and the gradients of the input, the
+  context and every parameter equal those of q, k and v sliced out, their biases added by XLA,
+  and the same kernel (IN_PLACE off, as before), on the real queries of packed rows."""
+  from seq2seq.model import attention as attention_module
+  from seq2seq.model import flash
+  from seq2seq.model import multihead
+  from seq2seq.model.attention import SegmentMask
+
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  monkeypatch.setattr(flash, "blockers", lambda **facts: [])  # f32 too: tighter than bf16's rounding
+  monkeypatch.setattr(flash, "compiles", lambda *setting: None)
+  calls = []
+  monkeypatch.setattr(multihead, "fused_flash_attention", lambda *a, **kw: calls.append("in place") or
+                      attention_module.fused_flash_attention(*a, **kw, interpret=True))
+  monkeypatch.setattr(attention_module, "flash_attention", lambda *a, **kw: calls.append("sliced") or
+                      flash.flash_attention(*a[:3], a[3].q_segments_bt, a[3].k_segments_bs, a[3].causal, True))
+  mha = MultiHeadAttention(32, 2, 16, use_bias=True, dropout_rate=0.0, self_attention=self_attention,
+                           rngs=nnx.Rngs(0))
+  randomize(mha, 3)
+  rng = np.random.default_rng(4)
+  q_segments = jnp.asarray([[1] * 20 + [2] * 28 + [0] * 16, [1] * 64], jnp.int32)
+  k_segments = q_segments if self_attention else jnp.asarray([[1] * 10 + [2] * 30 + [0] * 8, [1] * 48], jnp.int32)
+  mask = SegmentMask(q_segments, k_segments, causal=self_attention)
+  x = jnp.asarray(rng.standard_normal((2, 64, 32)), jnp.float32)
+  c = x if self_attention else jnp.asarray(rng.standard_normal((2, 48, 32)), jnp.float32)
+  dy = jnp.asarray(rng.standard_normal((2, 64, 32)), jnp.float32) * (q_segments != 0)[:, :, None]
+  graphdef, params = nnx.split(mha)
+
+  def forward(params, x, c):
+    layer = nnx.merge(graphdef, params)
+    return layer(x, x if self_attention else c, mask)
+
+  results = {}
+  for in_place in (True, False):
+    monkeypatch.setattr(flash, "IN_PLACE", in_place)
+    y, vjp = jax.vjp(forward, params, x, c)
+    results[in_place] = (y, *vjp(dy))
+  assert calls == ["in place", "sliced"]
+  (y1, p1, x1, c1), (y0, p0, x0, c0) = results[True], results[False]
+  real = np.asarray(q_segments != 0)
+  np.testing.assert_allclose(np.asarray(y1)[real], np.asarray(y0)[real], rtol=1e-5, atol=1e-5)
+  for name, (g1, g0) in {"x": (x1, x0), "context": (c1, c0)}.items():
+    np.testing.assert_allclose(g1, g0, rtol=1e-5, atol=2e-5, err_msg=name)
+  flat1, flat0 = nnx.to_flat_state(p1), nnx.to_flat_state(p0)
+  assert [path for path, _ in flat1] == [path for path, _ in flat0]
+  for (path, g1), (_, g0) in zip(flat1, flat0):
+    np.testing.assert_allclose(g1[...], g0[...], rtol=1e-5, atol=2e-5, err_msg=str(path))

@@ -4,9 +4,9 @@ between them. The layer around them (projections to heads, output projection) is
 
 Shapes: b=batch, t=query length, s=key length, n=heads, h=head dim, d=d_model.
 
-What runs: `choose_implementation`, at trace time, from `config.model.attention_impl`
-("auto" by default) and the platform of the step's devices (the activation mesh's, which an
-ahead-of-time compile may target without having them; else `jax.default_backend()`):
+What runs: `implementation`, at trace time, from `config.model.attention_impl` ("auto" by
+default) and the platform of the step's devices (the activation mesh's, which an ahead-of-time
+compile may target without having them; else `jax.default_backend()`):
   attention dropout, or weights recorded   `explicit_attention`, the softmax written out
   GPU, unpacked rows (one segment a row)   cuDNN flash attention, given sequence lengths
   GPU, packed rows                         the Pallas flash kernel of seq2seq/model/flash.py
@@ -47,6 +47,8 @@ IMPLEMENTATIONS = ("auto", "xla", "explicit", "cudnn", "flash", "splash")
 _CUDNN_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 _SPLASH_BLOCK = 128  # splash's blocks are multiples of the 128 TPU lanes
 _warn_once = functools.cache(logging.getLogger(__name__).warning)
+HEADS = ("batch", "length", "heads", "kv")  # logical axes of q, k, v [b, t, n, h]
+FUSED_HEADS = ("batch", "length", "heads", None, "kv")  # of a fused projection [b, t, n, p, h] (p: q, k, v or k, v)
 
 
 def attention_mask(q_segments_bt: jax.Array, k_segments_bs: jax.Array, *, causal: bool = False) -> jax.Array:
@@ -169,7 +171,7 @@ def splash_attention(q_btnh, k_bsnh, v_bsnh, mask: SegmentMask, *, interpret: bo
       return heads_first(out_nth)
     return jax.vmap(one)(q_btnh, k_bsnh, v_bsnh, q_segments_bt, k_segments_bs)
 
-  return _per_device(local, q_btnh, k_bsnh, v_bsnh, mask)
+  return _per_device(local, (q_btnh, k_bsnh, v_bsnh), (HEADS,) * 3, mask)
 
 
 def flash_attention(q_btnh, k_bsnh, v_bsnh, mask: SegmentMask, *, interpret: bool = False,
@@ -180,23 +182,44 @@ def flash_attention(q_btnh, k_bsnh, v_bsnh, mask: SegmentMask, *, interpret: boo
   def local(q_btnh, k_bsnh, v_bsnh, q_segments_bt, k_segments_bs):
     return flash.flash_attention(q_btnh, k_bsnh, v_bsnh, q_segments_bt, k_segments_bs, mask.causal, interpret,
                                  blocks)
-  return _per_device(local, q_btnh, k_bsnh, v_bsnh, mask)
+  return _per_device(local, (q_btnh, k_bsnh, v_bsnh), (HEADS,) * 3, mask)
 
 
-def _per_device(local, q_btnh, k_bsnh, v_bsnh, mask: SegmentMask) -> jax.Array:
-  """local(q, k, v, q_segments, k_segments) on the whole arrays, or inside the train step's
-  mesh in `jax.shard_map`, each device on its rows (data x fsdp) and heads (tensor), laid
-  out as `constrain` lays out activations: a Pallas call has no SPMD partitioning rule."""
-  args = (q_btnh, k_bsnh, v_bsnh, mask.q_segments_bt, mask.k_segments_bs)
+def fused_flash_attention(arrays, layout: flash.Layout, mask: SegmentMask, *, q_bias_nh=None, v_bias_nh=None,
+                          interpret: bool = False, blocks: flash.Blocks | None = None) -> jax.Array:
+  """The flash kernel reading q, k and v in place from fused projections (`flash.Layout`:
+  `flash.SELF` [b, t, n, 3, h], `flash.CROSS` [b, t, n, 1, h] and [b, s, n, 2, h]), the query
+  and value biases ([n, h] or None) added as it reads them; per device as `flash_attention`.
+  [b, t, n, h], padding queries zeros."""
+  arrays = tuple(arrays)
+  biases = {k: x for k, x in (("q_bias_nh", q_bias_nh), ("v_bias_nh", v_bias_nh)) if x is not None}
+
+  def local(*args):
+    given = dict(zip(biases, args[len(arrays):-2]))
+    return flash.fused_flash_attention(args[:len(arrays)], layout, *args[-2:], **given, causal=mask.causal,
+                                       interpret=interpret, blocks=blocks)
+
+  axes = (FUSED_HEADS,) * len(arrays) + (("heads", "kv"),) * len(biases)
+  return _per_device(local, arrays + tuple(biases.values()), axes, mask)
+
+
+def _per_device(local, arrays, axes, mask: SegmentMask) -> jax.Array:
+  """local(*arrays, q_segments, k_segments) on the whole arrays, or inside the train step's
+  mesh in `jax.shard_map`, each device on its rows (data x fsdp) and heads (tensor), each
+  array laid out by its logical `axes` as `constrain` lays out activations: a Pallas call
+  has no SPMD partitioning rule. Returns [b, t, n, h]."""
+  args = (*arrays, mask.q_segments_bt, mask.k_segments_bs)
   mesh = current_mesh()
   if mesh is None or mesh.size == 1:
     return local(*args)
-  spec_btnh = activation_spec(("batch", "length", "heads", "kv"), q_btnh.shape, mesh)
-  spec_bsnh = activation_spec(("batch", "length", "heads", "kv"), k_bsnh.shape, mesh)
+  b, t = mask.q_segments_bt.shape
+  specs = [activation_spec(a, x.shape, mesh) for a, x in zip(axes, arrays)]
   spec_bt = activation_spec(("batch", "length"), mask.q_segments_bt.shape, mesh)
   spec_bs = activation_spec(("batch", "length"), mask.k_segments_bs.shape, mesh)
-  return jax.shard_map(local, mesh=mesh, in_specs=(spec_btnh, spec_bsnh, spec_bsnh, spec_bt, spec_bs),
-                       out_specs=spec_btnh, check_vma=False)(*args)
+  n, h = arrays[0].shape[2], arrays[0].shape[-1]
+  out_spec = activation_spec(("batch", "length", "heads", "kv"), (b, t, n, h), mesh)
+  return jax.shard_map(local, mesh=mesh, in_specs=(*specs, spec_bt, spec_bs), out_specs=out_spec,
+                       check_vma=False)(*args)
 
 
 def _cudnn_blockers(*, platform, dtype, head_dim, packed, segments) -> list[str]:
@@ -280,6 +303,31 @@ def _zero_padding_queries(out_btnh: jax.Array, mask) -> jax.Array:
   return jnp.where((mask.q_segments_bt != 0)[:, :, None, None], out_btnh, jnp.zeros_like(out_btnh))
 
 
+def implementation(impl: str, *, dtype, head_dim: int, q_len: int, kv_len: int, mask: SegmentMask | jax.Array,
+                   dropout: bool = False, bias: bool = False, layout: flash.Layout = flash.SEPARATE) -> str:
+  """What `attention` runs for these static facts, at trace time: `choose_implementation` on the
+  platform of the step's devices (the activation mesh's, which an ahead-of-time compile may
+  target without having them; else JAX's default backend), then, for "flash", whether the
+  kernel compiles with its current tiles in `layout` there (if not: "xla" with a warning, or a
+  ConfigError when "flash" was asked for)."""
+  segments = isinstance(mask, SegmentMask)
+  mesh = current_mesh()
+  device = None if mesh is None else mesh.devices.flat[0]
+  choice = choose_implementation(impl, platform=jax.default_backend() if device is None else device.platform,
+                                 dtype=dtype, head_dim=head_dim, q_len=q_len, kv_len=kv_len,
+                                 packed=not segments or mask.packed, segments=segments, dropout=dropout,
+                                 device_count=jax.device_count(), mesh_size=0 if mesh is None else mesh.size,
+                                 bias=bias)
+  if choice == "flash":
+    problem = flash.compiles(jnp.dtype(dtype).name, head_dim, flash.BLOCKS, device, layout)
+    if problem and impl == "flash":
+      raise ConfigError(f"config.model.attention_impl='flash' does not compile on this GPU: {problem}")
+    if problem:
+      _warn_once(f"the flash attention kernel does not compile on this GPU ({problem}); using XLA")
+      return "xla"
+  return choice
+
+
 def attention(q_btnh: jax.Array, k_bsnh: jax.Array, v_bsnh: jax.Array, mask: SegmentMask | jax.Array, *,
               impl: str = "auto", dropout_rate: float = 0.0, rng: jax.Array | None = None,
               bias_bnts: jax.Array | None = None) -> jax.Array:
@@ -288,16 +336,9 @@ def attention(q_btnh: jax.Array, k_bsnh: jax.Array, v_bsnh: jax.Array, mask: Seg
   dense boolean [b, 1, t, s] mask (then only "xla" / "explicit" can run); `bias_bnts` an
   additive bias [1 or b, n, t, s] (then too)."""
   (_, t, _, h), s = q_btnh.shape, k_bsnh.shape[1]
-  segments = isinstance(mask, SegmentMask)
-  dense_b1ts = mask.dense_b1ts if segments else lambda: mask
-  apply_dropout = rng is not None and dropout_rate > 0.0
-  mesh = current_mesh()
-  device = None if mesh is None else mesh.devices.flat[0]  # the step's: an ahead-of-time target may not be this host's
-  choice = choose_implementation(impl, platform=jax.default_backend() if device is None else device.platform,
-                                 dtype=q_btnh.dtype, head_dim=h, q_len=t,
-                                 kv_len=s, packed=not segments or mask.packed, segments=segments,
-                                 dropout=apply_dropout, device_count=jax.device_count(),
-                                 mesh_size=0 if mesh is None else mesh.size, bias=bias_bnts is not None)
+  dense_b1ts = mask.dense_b1ts if isinstance(mask, SegmentMask) else lambda: mask
+  choice = implementation(impl, dtype=q_btnh.dtype, head_dim=h, q_len=t, kv_len=s, mask=mask,
+                          dropout=rng is not None and dropout_rate > 0.0, bias=bias_bnts is not None)
   if choice == "explicit":
     out_btnh = explicit_attention(q_btnh, k_bsnh, v_bsnh, dense_b1ts(), dropout_rate=dropout_rate, rng=rng,
                                   bias_bnts=bias_bnts)
@@ -310,14 +351,7 @@ def attention(q_btnh: jax.Array, k_bsnh: jax.Array, v_bsnh: jax.Array, mask: Seg
       _warn_once(f"cuDNN attention unavailable ({err}); using XLA")
       out_btnh = dot_product_attention(q_btnh, k_bsnh, v_bsnh, dense_b1ts())
   elif choice == "flash":
-    problem = flash.compiles(jnp.dtype(q_btnh.dtype).name, h, flash.BLOCKS, device)  # the tiles the call below runs
-    if problem and impl == "flash":
-      raise ConfigError(f"config.model.attention_impl='flash' does not compile on this GPU: {problem}")
-    if problem:
-      _warn_once(f"the flash attention kernel does not compile on this GPU ({problem}); using XLA")
-      out_btnh = dot_product_attention(q_btnh, k_bsnh, v_bsnh, dense_b1ts())
-    else:
-      out_btnh = flash_attention(q_btnh, k_bsnh, v_bsnh, mask)
+    return flash_attention(q_btnh, k_bsnh, v_bsnh, mask)  # padding queries already zeros
   elif choice == "splash":
     out_btnh = splash_attention(q_btnh, k_bsnh, v_bsnh, mask)
   else:

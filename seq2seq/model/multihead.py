@@ -17,18 +17,22 @@ import jax
 from flax import nnx
 
 from seq2seq.errors import ConfigError
+from seq2seq.model import flash
 from seq2seq.model.attention import (
+  FUSED_HEADS,
+  HEADS,
   IMPLEMENTATIONS,
   SegmentMask,
   _zero_padding_queries,
   attention,
   explicit_attention,
+  fused_flash_attention,
+  implementation,
   single_query_attention,
 )
 from seq2seq.model.layers import dense, param, rope, weight, xavier
 from seq2seq.sharding import constrain
 
-HEADS = ("batch", "length", "heads", "kv")  # logical axes of q, k, v [b, t, n, h]
 # A fused weight is [d, n, p, h] (p = 3: q, k, v; p = 2: k, v), heads before the projection
 # axis. The tensor mesh axis splits heads, so each device holds whole q, k and v of its own
 # heads; and `dense` flattens the output axes to one of n*p*h with heads major, which the same
@@ -79,16 +83,28 @@ class MultiHeadAttention(nnx.Module):
   def _rope(self, x_btnh: jax.Array, positions_bt: jax.Array | None) -> jax.Array:
     return rope(x_btnh, positions_bt, self.rope_base) if self.use_rope else x_btnh
 
+  def project_q(self, x_btd: jax.Array) -> jax.Array:
+    """A cross-attention layer's queries [b, t, n, h] before their bias."""
+    return constrain(dense(x_btd, weight(self.wq_dnh)), HEADS)
+
+  def project_kv(self, x_bsd: jax.Array) -> jax.Array:
+    """A cross-attention layer's keys and values [b, s, n, 2, h] before their biases: one matrix product."""
+    return constrain(dense(x_bsd, weight(self.wkv_dn2h)), FUSED_HEADS)
+
+  def project_qkv(self, x_btd: jax.Array) -> jax.Array:
+    """A self-attention layer's queries, keys and values [b, t, n, 3, h] before their biases: one matrix product."""
+    return constrain(dense(x_btd, weight(self.wqkv_dn3h)), FUSED_HEADS)
+
   def query(self, x_btd: jax.Array, positions_bt: jax.Array | None = None) -> jax.Array:
     """Queries [b, t, n, h] of a cross-attention layer."""
-    q_btnh = constrain(dense(x_btd, weight(self.wq_dnh)), HEADS)
+    q_btnh = self.project_q(x_btd)
     if self.use_bias:
       q_btnh = q_btnh + self.bq_nh[...].astype(x_btd.dtype)
     return self._rope(q_btnh, positions_bt)
 
   def key_value(self, x_bsd: jax.Array, positions_bs: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """Keys and values [b, s, n, h] of a cross-attention layer, from one matrix product."""
-    kv_bsn2h = constrain(dense(x_bsd, weight(self.wkv_dn2h)), ("batch", "length", "heads", None, "kv"))
+    kv_bsn2h = self.project_kv(x_bsd)
     k_bsnh, v_bsnh = kv_bsn2h[..., 0, :], kv_bsn2h[..., 1, :]
     if self.use_bias:
       v_bsnh = v_bsnh + self.bv_nh[...].astype(x_bsd.dtype)
@@ -96,7 +112,7 @@ class MultiHeadAttention(nnx.Module):
 
   def query_key_value(self, x_btd: jax.Array, positions_bt: jax.Array | None = None):
     """Queries, keys and values [b, t, n, h] of a self-attention layer, from one matrix product."""
-    qkv_btn3h = constrain(dense(x_btd, weight(self.wqkv_dn3h)), ("batch", "length", "heads", None, "kv"))
+    qkv_btn3h = self.project_qkv(x_btd)
     q_btnh, k_btnh, v_btnh = (qkv_btn3h[..., i, :] for i in range(3))
     if self.use_bias:
       b_n2h = self.bqv_n2h[...].astype(x_btd.dtype)
@@ -116,24 +132,53 @@ class MultiHeadAttention(nnx.Module):
     else:
       ctx_btnh = attention(q_btnh, k_bsnh, v_bsnh, mask, impl=self.impl, dropout_rate=self.dropout_rate, rng=rng,
                            bias_bnts=bias_bnts)
+    return self._out(ctx_btnh)
+
+  def _out(self, ctx_btnh: jax.Array) -> jax.Array:
+    """The output projection of attention's [b, t, n, h] (or [b, n, h]): [b, t, d] (or [b, d])."""
     y_btd = dense(ctx_btnh, weight(self.wo_nhd), contract=2)
     return y_btd + self.bo_d[...].astype(y_btd.dtype) if self.use_bias else y_btd
+
+  def _fused_flash(self, x_btd, context_bsd, mask, rng, bias_bnts) -> jax.Array | None:
+    """Attention [b, t, n, h] by the flash kernel reading q, k and v in place from the fused
+    projections, their biases added as it reads them (`flash.Layout`): no slice of the
+    projections' output and no bias pass before the kernel, no concatenation of the gradient
+    after it. None where the flash kernel does not run (`attention.implementation`), or rotary
+    positions or recorded weights need q and k themselves."""
+    if (not flash.IN_PLACE or self.use_rope or self.record_weights or bias_bnts is not None
+        or not isinstance(mask, SegmentMask)):
+      return None
+    layout = flash.SELF if self.self_attention else flash.CROSS
+    choice = implementation(self.impl, dtype=x_btd.dtype, head_dim=self.wo_nhd.shape[1], q_len=x_btd.shape[1],
+                            kv_len=context_bsd.shape[1], mask=mask, dropout=rng is not None and self.dropout_rate > 0,
+                            layout=layout)
+    if choice != "flash":
+      return None
+    if self.self_attention:
+      arrays = (self.project_qkv(x_btd),)
+      biases = (self.bqv_n2h[...][:, 0], self.bqv_n2h[...][:, 1]) if self.use_bias else ()
+    else:
+      arrays = (self.project_q(x_btd)[:, :, :, None, :], self.project_kv(context_bsd))
+      biases = (self.bq_nh[...], self.bv_nh[...]) if self.use_bias else ()
+    q_bias, v_bias = (b.astype(x_btd.dtype) for b in biases) if biases else (None, None)
+    return fused_flash_attention(arrays, layout, mask, q_bias_nh=q_bias, v_bias_nh=v_bias)
 
   def attend_cached(self, q_bnh, k_bnsh, v_bnsh, mask_bns, bias_ns: jax.Array | None = None) -> jax.Array:
     """`attend` for one decoding position over a heads-first cache: [b, d]. `bias_ns`: the
     additive bias [n, s] of this position's query over the cached keys, or None."""
-    ctx_bnh = single_query_attention(q_bnh, k_bnsh, v_bnsh, mask_bns, bias_ns)
-    y_bd = dense(ctx_bnh, weight(self.wo_nhd), contract=2)
-    return y_bd + self.bo_d[...].astype(y_bd.dtype) if self.use_bias else y_bd
+    return self._out(single_query_attention(q_bnh, k_bnsh, v_bnsh, mask_bns, bias_ns))
 
   def __call__(self, x_btd: jax.Array, context_bsd: jax.Array, mask: SegmentMask | jax.Array, *,
                positions_bt: jax.Array | None = None, context_positions_bs: jax.Array | None = None,
                rng: jax.Array | None = None, bias_bnts: jax.Array | None = None) -> jax.Array:
     """Attention of `x` over `context`; a self-attention layer takes x itself as context.
     `bias_bnts`: an additive bias [1 or b, n, t, s] on the scores, or None."""
+    if self.self_attention and context_bsd is not x_btd:
+      raise ValueError("a self-attention layer attends over its own input: pass x as the context")
+    ctx_btnh = self._fused_flash(x_btd, context_bsd, mask, rng, bias_bnts)
+    if ctx_btnh is not None:
+      return self._out(ctx_btnh)
     if self.self_attention:
-      if context_bsd is not x_btd:
-        raise ValueError("a self-attention layer attends over its own input: pass x as the context")
       q_btnh, k_bsnh, v_bsnh = self.query_key_value(x_btd, positions_bt)
     else:
       q_btnh = self.query(x_btd, positions_bt)
