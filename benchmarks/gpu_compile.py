@@ -196,7 +196,7 @@ def report(args, rows: dict) -> dict:
   model, its predicted step time and speed against the baseline (target tokens per second)."""
   import jax
 
-  model, check = None, {}
+  model, check, fitted = None, {}, None
   if args.model:
     model = profile_table.CostModel.from_json(json.loads(args.model.read_text())["model"])
   elif args.measured:
@@ -223,7 +223,10 @@ def report(args, rows: dict) -> dict:
           "measured": _shown(args.measured),
           "fitted_to": _shown(args.model) if args.model else (_shown(args.fit_hlo) if args.fit_hlo else
                                                                "baseline" if model else ""),
-          "model": None if model is None else model.to_json(), "fit_check": check, "variants": variants}
+          "model": None if model is None else model.to_json(), "fit_check": check,
+          # the program the model was fitted to (the one the profile measured), as the model predicts it
+          "fitted_table": profile_table.static_table(fitted, model) if fitted and args.fit_hlo else None,
+          "variants": variants}
 
 
 def parse(argv: list[str]):

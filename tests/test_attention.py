@@ -507,28 +507,47 @@ os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_p
 import jax, jax.numpy as jnp, numpy as np
 from seq2seq import sharding
 import sys
-from seq2seq.model.attention import SegmentMask, explicit_attention, flash_attention, splash_attention
-kernel = {"splash": splash_attention, "flash": flash_attention}[sys.argv[1]]
+from seq2seq.model import flash
+from seq2seq.model.attention import (SegmentMask, explicit_attention, flash_attention, fused_flash_attention,
+                                     splash_attention)
 rng = np.random.default_rng(0)
 q, k, v = (jnp.asarray(rng.normal(size=(4, 128, 4, 16)), jnp.float32) for _ in range(3))
+bq, bv = (jnp.asarray(rng.normal(size=(4, 16)), jnp.float32) for _ in range(2))
 seg = np.ones((4, 128), np.int32); seg[0, 60:] = 2; seg[1, 100:] = 0; seg = jnp.asarray(seg)
 mask = SegmentMask(seg, seg, causal=True)
 mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
-def run(q, k, v, mask):
-  with sharding.activation_mesh(mesh):
-    return kernel(q, k, v, mask, interpret=True)
 real = (seg != 0)[:, :, None, None]  # padding queries: attention() zeroes them on every path
-got = jnp.where(real, jax.jit(run)(q, k, v, mask), 0.0)
-want = jnp.where(real, explicit_attention(q, k, v, mask.dense_b1ts()), 0.0)
-print(float(jnp.max(jnp.abs(got - want))), "shard_map" in str(jax.make_jaxpr(run)(q, k, v, mask)))
+if sys.argv[1] == "flash_fused":  # one [b, t, n, 3, h] array and the biases, split on heads too; and gradients
+  def run(q, k, v, bq, bv):
+    with sharding.activation_mesh(mesh):
+      return fused_flash_attention((jnp.stack([q, k, v], axis=3),), flash.SELF, mask, q_bias_nh=bq, v_bias_nh=bv,
+                                   interpret=True)
+  want_fn = lambda q, k, v, bq, bv: jnp.where(real, explicit_attention(q + bq, k, v + bv, mask.dense_b1ts()), 0.0)
+  args, dz = (q, k, v, bq, bv), jnp.asarray(rng.normal(size=q.shape), jnp.float32)
+  got, got_vjp = jax.vjp(lambda *a: jnp.where(real, jax.jit(run)(*a), 0.0), *args)
+  want, want_vjp = jax.vjp(want_fn, *args)
+  # each output's largest error relative to its largest value (sums over 128 keys: gradients of about 10)
+  error = max(float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b))) for a, b in zip((got, *got_vjp(dz)),
+                                                                                     (want, *want_vjp(dz))))
+  print(error, "shard_map" in str(jax.make_jaxpr(run)(*args)))
+else:
+  kernel = {"splash": splash_attention, "flash": flash_attention}[sys.argv[1]]
+  def run(q, k, v, mask):
+    with sharding.activation_mesh(mesh):
+      return kernel(q, k, v, mask, interpret=True)
+  got = jnp.where(real, jax.jit(run)(q, k, v, mask), 0.0)
+  want = jnp.where(real, explicit_attention(q, k, v, mask.dense_b1ts()), 0.0)
+  print(float(jnp.max(jnp.abs(got - want))), "shard_map" in str(jax.make_jaxpr(run)(q, k, v, mask)))
 """
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kernel", ["splash", "flash"])
+@pytest.mark.parametrize("kernel", ["splash", "flash", "flash_fused"])
 def test_pallas_kernels_run_per_device_in_shard_map_on_a_data_fsdp_tensor_mesh(kernel):
   """On a (2, 2, 2) mesh of fake CPU devices the Pallas kernel (interpreted) runs in
-  shard_map on each device's rows and heads and equals explicit attention."""
+  shard_map on each device's rows and heads and equals explicit attention; the flash kernel
+  reading a fused [b, t, n, 3, h] projection with its biases (split on heads too) in its
+  gradients as well."""
   import subprocess
   import sys
 
