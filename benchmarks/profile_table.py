@@ -528,7 +528,24 @@ def static_table(costs: list, model: CostModel | None = None, rows: int | None =
       row["ms"] = round(ms[c], 4)
     out["ms_per_step"] = round(sum(ms.values()), 4)
     out["matmul_sites_ms_per_step"] = {s: round(v, 4) for s, v in sites.most_common()}
+  out["largest_kernels"] = _largest(costs, model)
   return out
+
+
+def _largest(costs: list, model: CostModel | None, count: int = 15) -> list:
+  """XLA's kernels of one kind (a fusion's name without its number) and category, the largest
+  by predicted ms (or by bytes, without a model): launches, GB and ms per step."""
+  groups = collections.defaultdict(lambda: [0, 0.0, 0.0])
+  for k in costs:
+    if k.library:
+      continue
+    row = groups[(re.sub(r"\.\d+$", "", k.name), k.category + (f": {k.site}" if k.site else ""))]
+    row[0] += k.launches
+    row[1] += k.launches * k.bytes
+    row[2] += model.kernel_ms(k) if model else 0.0
+  ranked = sorted(groups.items(), key=lambda x: -(x[1][2] if model else x[1][1]))[:count]
+  return [{"kernel": name, "category": category, "launches_per_step": n, "gb_per_step": round(b / 1e9, 4),
+           **({"ms_per_step": round(ms, 4)} if model else {})} for (name, category), (n, b, ms) in ranked]
 
 
 def device_events(trace: dict) -> list:
