@@ -367,7 +367,7 @@ def test_the_variants_table_is_device_checks_variants():
   assert "--sections=variants,variants_big,profile_after --budget_s=570" in page
   compile_s = _record("device_check_nvidia_h100_80gb_hbm3.json")["sections"]["steps_bfloat16"]["packed"]["compile_s"]
   assert f"(the H100's device check compiled the packed step in {compile_s:.0f} s)" in page
-  call = page.split("--variants=", 1)[1].split(" ", 1)[0]
+  call = page.split("--budget_s=570", 1)[1].split("--variants=", 1)[1].split(" ", 1)[0]  # the device check's call
   assert len(call.split(",")) == 5 and "one call holds about eight: the five above, the baseline with packed" in page
 
 
@@ -383,3 +383,107 @@ def test_the_flash_checks_gradients_are_the_two_h100_records():
     for name in ("dq", "dk", "dv"):
       assert row[f"{name}_max_abs_err"] <= 2 * 2.0 ** (math.floor(math.log2(row[f"{name}_max_abs"])) - 7), row
   assert "def test_flash_queries_without_keys_attend_to_nothing" in (REPO / "tests" / "test_attention.py").read_text()
+
+
+def gpu_compile_figures() -> dict:
+  """'Without a GPU: the step compiled for one': every figure the section quotes, from
+  gpu_compile_h200.json (and the H200 profile and the model formula it is read against), in
+  the page's format; the two tables' rows."""
+  from seq2seq import configs
+  from seq2seq.model import flops
+  from seq2seq.model.config import ModelConfig
+
+  record, profile = _record("gpu_compile_h200.json"), _record("profile_h200.json")
+  measured = profile["layouts"]["packed"]["table"]
+  model, variants, fitted = record["model"], record["variants"], record["fitted_table"]
+  base = variants["baseline"]["table"]
+  ms = lambda table, category: table["by_category"][category]["ms"]
+  config = configs.get("wmt14_base")
+  formula = flops.train_step_flops(ModelConfig.from_config(config.model, vocab_size=config.data.vocab_size),
+                                   *record["shape"]) / 1e12
+  fit_rows = "\n".join(f"| {c} | {_fixed(r['measured_ms'], 2)} | {_fixed(r['predicted_ms'], 2)} | "
+                       f"{_fixed(r['predicted_ms_left_out'], 2)} |" for c, r in record["fit_check"].items())
+  variant_rows = []
+  for name, row in variants.items():
+    table = row["table"]
+    timed = (f"{_fixed(table['ms_per_step'], 2)} | {_fixed(row['predicted_speed_vs_baseline'], 3)}x"
+             if row["predicted"] else "- | -")
+    variant_rows.append(f"| `{name}` | {'yes' if row['predicted'] else 'no: ' + _flagged(row)} | "
+                        f"{table['kernel_launches_per_step']} | {_fixed(table['gb_per_step'], 1)} | {timed} |")
+  return {
+      "bandwidth": _fixed(model["bandwidth_tb_s"], 2), "bandwidth_share": f"{model['bandwidth_tb_s'] / 4.8:.0%}",
+      "launch": _fixed(model["launch_us"], 1), "matmul": _fixed(model["matmul_tflop_s"], 0),
+      "library": _fixed(model["library_ms"]["attention"], 2), "fit_rows": fit_rows,
+      "fitted_ms": _fixed(fitted["ms_per_step"], 2), "measured_ms": _fixed(measured["step_ms"], 2),
+      "variant_rows": "\n".join(variant_rows),
+      "attn_measured": _fixed(measured["ms_per_step"]["attention elementwise (biases, layout)"], 2),
+      "attn_before": _fixed(ms(fitted, "attention elementwise (biases, layout)"), 2),
+      "attn_after": _fixed(ms(base, "attention elementwise (biases, layout)"), 2),
+      "before_ms": _fixed(fitted["ms_per_step"], 2), "after_ms": _fixed(base["ms_per_step"], 2),
+      "inplace_speed": _fixed(fitted["ms_per_step"] / base["ms_per_step"], 3),
+      "sliced_speed": _fixed(variants["flash_sliced"]["table"]["ms_per_step"] / base["ms_per_step"], 3),
+      "target_ms": _fixed(formula / (0.4 * 989.4) * 1e3, 1), "formula_tflop": _fixed(formula, 2),
+      "attn_kernels": _fixed(ms(base, "attention"), 2), "norm_ms": _fixed(ms(base, "norm"), 2),
+      "ffn_ms": _fixed(ms(base, "FFN elementwise (bias, activation)"), 2),
+      "loss_ms": _fixed(ms(base, "loss and logits (softmax, casts)"), 2),
+      "logits_saves": _fixed(base["ms_per_step"] - variants["logits_bfloat16"]["table"]["ms_per_step"], 2),
+      "optimizer_launches": str(base["by_category"]["optimizer"]["launches"]),
+      "optimizer_ms": _fixed(ms(base, "optimizer"), 2),
+      "dropout_ms": _fixed(ms(base, "dropout") + ms(base, "residual adds"), 2),
+      "cudnn_ms": _fixed(profile["layouts"]["unpacked"]["table"]["ms_per_step"]["attention"], 2),
+      "pad_gb": _fixed(sum(k["gb_per_step"] for k in variants["loss_chunk_32"]["table"]["largest_kernels"]
+                           if k["kernel"] == "loop_pad_fusion"), 1)}
+
+
+def _flagged(row: dict) -> str:
+  """Why a variant is not predicted: the XLA flags or flash tiles autotuning or kernels decide."""
+  return f"`{row['xla_flags']}`" if row["xla_flags"] else f"tiles `{row['flash_blocks']}`"
+
+
+# Where the section quotes each figure: (the text before it, the text after it), whitespace normalised.
+SECTION_TEMPLATE_FIGURES = {
+    "bandwidth": [("it gives ", " TB/s (")], "bandwidth_share": [("TB/s (", " of the H200's nominal 4.8 TB/s)")],
+    "launch": [("4.8 TB/s), ", " µs a launch")], "matmul": [("µs a launch, ", " TFLOP/s for the matmuls")],
+    "library": [("matmuls and ", " ms for the flash kernels")],
+    "fitted_ms": [("The fitted program comes to ", " ms a step against")],
+    "measured_ms": [("against the profile's ", " ms.")],
+    "attn_measured": [('"attention elementwise" line (', " ms measured)")],
+    "attn_before": [("that line goes from ", " to ")], "attn_after": [(" to ", " ms and the step from")],
+    "before_ms": [("the step from ", " to ")],
+    "after_ms": [(" to ", " ms, "), ("between the predicted ", " ms and 40% MFU")],
+    "inplace_speed": [(" ms, ", "x (against `flash_sliced`")],
+    "sliced_speed": [("(against `flash_sliced`, ", "x: that variant")],
+    "target_ms": [("40% MFU (", " ms a step for the model formula's")],
+    "formula_tflop": [("the model formula's ", " TFLOP at 989 TFLOP/s)")],
+    "attn_kernels": [("the flash kernels (", " ms; the profile")], "norm_ms": [("norms (", " ms)")],
+    "ffn_ms": [("bias and ReLU (", " ms)")], "loss_ms": [("the loss and logits (", " ms; `logits_bfloat16`")],
+    "logits_saves": [("is predicted to take ", " ms off)")],
+    "optimizer_launches": [("the optimizer's ", " kernels (")], "optimizer_ms": [(" kernels (", " ms), dropout")],
+    "dropout_ms": [("dropout and residual adds (", " ms).")],
+    "pad_gb": [("(37000 is not a multiple of 16), ", " GB of copies a step")],
+    "cudnn_ms": [("the profile's unpacked step spent ", " ms in cuDNN's)")],
+}
+
+
+def test_the_gpu_compile_section_is_gpu_compile_h200_json():
+  """The section's figures and both tables are the record's; the record was fitted to the profile's
+  measured categories, at the profile's shape, in bf16 packed rows on an H200; the in-place flash
+  path is the baseline and `flash_sliced` the step as before."""
+  record, profile = _record("gpu_compile_h200.json"), _record("profile_h200.json")
+  assert record["measured"] == "benchmarks/results/profile_h200.json" and record["target"] == "h200"
+  assert (record["shape"], record["dtype"], record["layout"]) == (profile["shape"], profile["dtype"], "packed")
+  assert record["versions"]["jax"] == profile["versions"]["jax"]
+  measured = profile["layouts"]["packed"]["table"]["ms_per_step"]
+  assert all(row["measured_ms"] == measured[c] for c, row in record["fit_check"].items())
+  assert record["variants"]["flash_sliced"]["flash_sliced"] and "flash_sliced" not in record["variants"]["baseline"]
+  raw, page = _raw(), _page()
+  figures = gpu_compile_figures()
+  fit_header = "| category | measured ms | fitted ms | predicted without it, ms |"
+  assert _table_lines(raw, fit_header) == figures.pop("fit_rows").splitlines()
+  variant_header = ("| variant | predicted | kernels a step | GB a step (XLA's kernels) | ms a step | speed against the "
+                    "baseline |")
+  assert _table_lines(raw, variant_header) == figures.pop("variant_rows").splitlines()
+  text = SECTION_TEMPLATE_FIGURES
+  for name, value in figures.items():
+    for before, after in text[name]:
+      assert f"{before}{value}{after}" in page, (name, before, value, after)

@@ -18,12 +18,21 @@ algorithm (Dao, 2023) with a segment mask built from two arrays:
             over the query blocks, one per query block accumulates dQ over the key blocks.
 
 Causal attention skips the key blocks after the query block (and query blocks before the
-key block). A query with no key of its segment (a padding query of a row without padding
-keys) attends to nothing: its output is zeros and it takes and gives no gradient (the masked
-softmax would give it uniform weights over masked keys; callers zero padding queries' outputs,
-and a real query always has keys of its own pair). The ops are those
-the shipped Triton kernel uses (`plgpu.load`/`dot`/`store`, `exp2`, `lax.fori_loop`).
-`interpret=True` runs the kernels in Pallas' interpreter on any platform (tests).
+key block). A padding query (segment 0), and a query with no key of its segment, attends to
+nothing: its output is zeros and it takes and gives no gradient (the masked softmax would
+give it uniform weights over masked keys; a real query always has keys of its own pair), so
+callers need not zero padding queries' outputs themselves. The ops are those the shipped
+Triton kernel uses (`plgpu.load`/`dot`/`store`, `exp2`, `lax.fori_loop`). `interpret=True`
+runs the kernels in Pallas' interpreter on any platform (tests).
+
+The kernels read q, k and v where a `Layout` says: slots of the fused projections' outputs,
+[b, t, n, 3, h] for self-attention (`SELF`), [b, t, n, 1, h] and [b, s, n, 2, h] for
+cross-attention (`CROSS`), read in place, with the query and value biases added as a block
+is read; their gradients are written in place the same way (dk and dv into their slots of
+one array, dq into its slot of the same array when q shares it). Around the kernels there is
+then no slice of the projections, no bias pass and no concatenation of gradients, which were
+most of the "attention elementwise" time of the H200 profile (docs/scaling.md).
+`flash_attention` takes q, k and v as three arrays (`SEPARATE`).
 
 Tiles, warps and pipeline stages are a `Blocks`; the defaults (forward 64x64, backward 32s,
 4 or 8 warps forward, 2 stages) are what the kernel has always run. A benchmark times other
