@@ -87,14 +87,15 @@ def use_this_checkout() -> None:
   assert pathlib.Path(seq2seq.__file__).resolve().parent == REPO / "seq2seq", seq2seq.__file__
 
 
-def _attention(model_cfg, t: int, packed: bool, devices: int) -> str:
-  """The self-attention implementation the model picks for this step, or why it is unknown."""
+def _attention(model_cfg, t: int, packed: bool, devices: int, platform: str = "") -> str:
+  """The self-attention implementation the model picks for this step on `platform` (default
+  JAX's backend), or why it is unknown."""
   try:
     import jax
 
     from seq2seq.model import attention
 
-    return attention.choose_implementation(model_cfg.attention_impl, platform=jax.default_backend(),
+    return attention.choose_implementation(model_cfg.attention_impl, platform=platform or jax.default_backend(),
                                            dtype=model_cfg.compute_dtype, head_dim=model_cfg.head_size, q_len=t,
                                            kv_len=t, packed=packed, device_count=devices, mesh_size=devices)
   except Exception as err:  # noqa: BLE001  (a record, not a failure)

@@ -120,8 +120,6 @@ def compile_child(args) -> None:
   prints one JSON line (compile time, XLA's memory figures, the attention the model chose)."""
   import jax
 
-  from seq2seq.model import attention
-
   variant = device_check.VARIANTS[args.child]
   device_check._set_flash_blocks(variant.flash_blocks, variant.flash_sliced)
   rows, s, t = (int(x) for x in args.shape.split("x"))
@@ -137,10 +135,7 @@ def compile_child(args) -> None:
   compile_s = time.perf_counter() - start
   pathlib.Path(args.hlo).write_text(step.compiled.as_text())
   memory = step.compiled.memory_analysis()
-  cfg = step.model_cfg
-  chosen = attention.choose_implementation(cfg.attention_impl, platform=devices[0].platform, dtype=cfg.compute_dtype,
-                                           head_dim=cfg.head_size, q_len=t, kv_len=t, packed=args.layout == "packed",
-                                           device_count=len(devices), mesh_size=len(devices))
+  chosen = device_check._attention(step.model_cfg, t, args.layout == "packed", len(devices), devices[0].platform)
   print(json.dumps({"variant": args.child, "shape": list(step.shape), "compile_s": round(compile_s, 1),
                     "device_kind": devices[0].device_kind, "attention": chosen, "config": applied,
                     "temp_gib": round(memory.temp_size_in_bytes / 2**30, 3),

@@ -212,12 +212,11 @@ def _per_device(local, arrays, axes, mask: SegmentMask) -> jax.Array:
   mesh = current_mesh()
   if mesh is None or mesh.size == 1:
     return local(*args)
-  b, t = mask.q_segments_bt.shape
   specs = [activation_spec(a, x.shape, mesh) for a, x in zip(axes, arrays)]
   spec_bt = activation_spec(("batch", "length"), mask.q_segments_bt.shape, mesh)
   spec_bs = activation_spec(("batch", "length"), mask.k_segments_bs.shape, mesh)
-  n, h = arrays[0].shape[2], arrays[0].shape[-1]
-  out_spec = activation_spec(("batch", "length", "heads", "kv"), (b, t, n, h), mesh)
+  q = arrays[0]  # the queries' array: [b, t, n, h], or [b, t, n, slots, h]
+  out_spec = activation_spec(HEADS, (*q.shape[:3], q.shape[-1]), mesh)
   return jax.shard_map(local, mesh=mesh, in_specs=(*specs, spec_bt, spec_bs), out_specs=out_spec,
                        check_vma=False)(*args)
 

@@ -152,9 +152,9 @@ def _slot_spec(array_shape, length: int, where, index):
   return pl.BlockSpec((None, length, None, None, h), lambda x, j, k: (*index(x, j, k), where[1], 0))
 
 
-def _bias_specs(q_bias, v_bias):
+def _bias_specs(bias_args):
   """Specs of the present biases ([n, h]: this head's [h])."""
-  return [pl.BlockSpec((None, b.shape[-1]), lambda x, j, k: (k, 0)) for b in (q_bias, v_bias) if b is not None]
+  return [pl.BlockSpec((None, b.shape[-1]), lambda x, j, k: (k, 0)) for b in bias_args]
 
 
 def forward(arrays, q_bias, v_bias, q_seg, k_seg, layout: Layout, causal: bool, interpret: bool, blocks: Blocks):
@@ -164,18 +164,19 @@ def forward(arrays, q_bias, v_bias, q_seg, k_seg, layout: Layout, causal: bool, 
   per_q = lambda i, j, k: (j, i, k)
   whole = lambda i, j, k: (j, 0, k)
   biases = (q_bias is not None, v_bias is not None)
+  bias_args = [x for x in (q_bias, v_bias) if x is not None]
   out, lse = pl.pallas_call(
       functools.partial(_forward_kernel, scale=h**-0.5, causal=causal, block_k=block_k, biases=biases),
       grid=(t // block_q, b, n),
       in_specs=[_slot_spec(qa.shape, block_q, layout.q, per_q), _slot_spec(ka.shape, s, layout.k, whole),
-                _slot_spec(va.shape, s, layout.v, whole), *_bias_specs(q_bias, v_bias),
+                _slot_spec(va.shape, s, layout.v, whole), *_bias_specs(bias_args),
                 pl.BlockSpec((None, block_q), lambda i, j, k: (j, i)), pl.BlockSpec((None, s), lambda i, j, k: (j, 0))],
       out_specs=[pl.BlockSpec((None, block_q, None, h), lambda i, j, k: (j, i, k, 0)),
                  pl.BlockSpec((None, None, block_q), lambda i, j, k: (j, k, i))],
       out_shape=[jax.ShapeDtypeStruct((b, t, n, h), qa.dtype), jax.ShapeDtypeStruct((b, n, t), jnp.float32)],
       compiler_params=_params(blocks.forward_warps(h), blocks.stages), interpret=interpret,
       name="seq2seq_flash_forward",
-  )(qa, ka, va, *(x for x in (q_bias, v_bias) if x is not None), q_seg, k_seg)
+  )(qa, ka, va, *bias_args, q_seg, k_seg)
   return out, lse
 
 
@@ -211,7 +212,7 @@ def backward(layout: Layout, causal: bool, interpret: bool, blocks: Blocks, resi
       functools.partial(_dkdv_kernel, scale=h**-0.5, causal=causal, block_q=block_q, biases=biases, slots=slots),
       grid=(s // block_k, b, n),
       in_specs=[_slot_spec(qa.shape, t, layout.q, whole), _slot_spec(ka.shape, block_k, layout.k, block),
-                _slot_spec(va.shape, block_k, layout.v, block), *_bias_specs(q_bias, v_bias), seg_whole(t),
+                _slot_spec(va.shape, block_k, layout.v, block), *_bias_specs(bias_args), seg_whole(t),
                 pl.BlockSpec((None, block_k), lambda x, j, k: (j, x)), do_whole, stat_whole, stat_whole],
       out_specs=out_specs, out_shape=out_shape, compiler_params=params, interpret=interpret,
       name="seq2seq_flash_dkdv",
@@ -220,7 +221,7 @@ def backward(layout: Layout, causal: bool, interpret: bool, blocks: Blocks, resi
   block_q, block_k = fitted.dq  # one program per query block, a loop over key blocks
   stat_block = pl.BlockSpec((None, None, block_q), lambda x, j, k: (j, k, x))
   in_specs = [_slot_spec(qa.shape, block_q, layout.q, block), _slot_spec(ka.shape, s, layout.k, whole),
-              _slot_spec(va.shape, s, layout.v, whole), *_bias_specs(q_bias, v_bias),
+              _slot_spec(va.shape, s, layout.v, whole), *_bias_specs(bias_args),
               pl.BlockSpec((None, block_q), lambda x, j, k: (j, x)), seg_whole(s),
               pl.BlockSpec((None, block_q, None, h), lambda x, j, k: (j, x, k, 0)), stat_block, stat_block]
   dq_spec = _slot_spec(qa.shape, block_q, layout.q, block)
