@@ -1,6 +1,9 @@
 """One-call device check: what issue 45 measures on a GPU, in one command of at most 8
 minutes, written to one JSON (benchmarks/results/device_check_<device>.json):
 
+- flash: the Pallas kernels against XLA on this GPU, in values and gradients (the flash
+  kernel, also reading fused projections in place; the LayerNorm/RMSNorm kernels), and the
+  time of each against XLA's at the step's shape;
 - steps_bfloat16, steps_float32: the wmt14_base train step at 96x256x256 on random tokens,
   packed rows (`data.fill_rows`, the default) and one pair per row: target tokens/s and MFU
   against the nominal peak of the compute dtype (seq2seq.model.flops.PEAK_TFLOPS), with the
@@ -23,8 +26,8 @@ minutes, written to one JSON (benchmarks/results/device_check_<device>.json):
 
   python benchmarks/device_check.py --flax_models=PATH/models.py   # one GPU, ~7 minutes
   python benchmarks/device_check.py --sections=profile,variants --profile_dir=DIR  # ~6 minutes
-  python benchmarks/device_check.py --sections=variants,variants_big,profile_after --budget_s=570 \
-    --variants=logits_bfloat16,flash_tiles_128,flash_tiles_64,cublaslt,rows_x2  # issue 62
+  python benchmarks/device_check.py --sections=flash,variants,variants_big,profile_after --budget_s=570 \
+    --variants=xla_norms,flash_sliced,logits_bfloat16,flash_tiles_128,flash_tiles_64  # issue 62
   python benchmarks/device_check.py --smoke --out=/tmp/check.json  # CPU: tiny config, ~1.5 minutes
 
 Sections run in this order (the most wanted figures first), each in its own process (none
@@ -307,6 +310,58 @@ def flash_rows(rows: int = 96, length: int = 256, repeats: int = 20) -> None:
                         (time.perf_counter() - start) / repeats * 1e3}), flush=True)
     except Exception as err:  # noqa: BLE001
       print(json.dumps({"timing": impl, "error": f"{type(err).__name__}: {err}"[:2000]}), flush=True)
+  norm_rows(rows, length, repeats)
+
+
+def norm_rows(rows: int, length: int, repeats: int) -> None:
+  """Prints JSON lines: `Norm` with the Pallas kernels (norm_impl="pallas",
+  seq2seq/model/norm_kernels.py) against `Norm` as XLA computes it (norm_impl="xla") on this
+  GPU, LayerNorm and RMSNorm of width 512 at the train step's rows x `length` in bf16: the
+  output and the gradients of x and of each parameter; then each one's forward+backward time
+  (LayerNorm) at that shape."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from flax import nnx
+
+  from seq2seq.model.layers import Norm
+
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(2.0 * rng.standard_normal((rows, length, 512)) + 0.5, jnp.bfloat16)
+  dy = jnp.asarray(rng.standard_normal(x.shape), jnp.bfloat16)
+  steps = {}
+  for kind in ("layernorm", "rmsnorm"):
+    try:
+      graphdefs = {impl: nnx.split(Norm(kind, 512, impl=impl, rngs=nnx.Rngs(0))) for impl in ("pallas", "xla")}
+      state = jax.tree.map(lambda v: v + jnp.asarray(0.3 * rng.standard_normal(v.shape), v.dtype),
+                           graphdefs["xla"][1])  # the same scale (and bias) for both, not ones and zeros
+      for impl, (graphdef, _) in graphdefs.items():
+        steps[kind, impl] = jax.jit(lambda x, state, g=graphdef: jax.vjp(lambda x, s: nnx.merge(g, s)(x), x, state))
+      row = {"dtype": "bfloat16", "case": f"norm_{kind}"}
+      (y1, vjp1), (y0, vjp0) = (steps[kind, impl](x, state) for impl in ("pallas", "xla"))
+      pairs = [("out", y1, y0), *zip(("dx", "dparams"), vjp1(dy), vjp0(dy))]
+      for name, got, want in pairs:
+        for path, a, b in zip(jax.tree_util.tree_flatten_with_path(want)[0], jax.tree.leaves(got), jax.tree.leaves(want)):
+          key = name + "".join(f"[{k.key}]" for k in path[0] if isinstance(k, jax.tree_util.DictKey))
+          a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+          row[f"{key}_max_abs_err"], row[f"{key}_max_abs"] = float(np.max(np.abs(a - b))), float(np.max(np.abs(b)))
+      row["out_within_1_bf16_ulp"] = row["out_max_abs_err"] <= 2.0 ** (math.floor(math.log2(row["out_max_abs"])) - 7)
+    except Exception as err:  # noqa: BLE001  (a record, not a failure)
+      row = {"dtype": "bfloat16", "case": f"norm_{kind}", "error": f"{type(err).__name__}: {err}"[:2000]}
+    print(json.dumps(row), flush=True)
+  for impl in ("pallas", "xla"):  # LayerNorm's forward + backward at the step's shape
+    try:
+      graphdef, state = nnx.split(Norm("layernorm", 512, impl=impl, rngs=nnx.Rngs(0)))
+      step = jax.jit(lambda x, state, g=graphdef: jax.vjp(lambda x, s: nnx.merge(g, s)(x), x, state)[1](dy))
+      jax.block_until_ready(step(x, state))
+      start = time.perf_counter()
+      for _ in range(repeats):
+        out = step(x, state)
+      jax.block_until_ready(out)
+      print(json.dumps({"timing": f"norm_{impl}", "shape": list(x.shape),
+                        "layernorm_fwd_bwd_ms": (time.perf_counter() - start) / repeats * 1e3}), flush=True)
+    except Exception as err:  # noqa: BLE001
+      print(json.dumps({"timing": f"norm_{impl}", "error": f"{type(err).__name__}: {err}"[:2000]}), flush=True)
 
 
 # -- in the parent -------------------------------------------------------------------------
@@ -401,6 +456,8 @@ VARIANTS = {  # in the order they run: the likeliest gains first
     # the Triton tutorial's Hopper tiles: large outer blocks, small inner ones, more stages
     # the layers' q, k and v sliced out of their fused projections for the kernel, as before it read them in place
     "flash_sliced": Variant(FLASH, flash_sliced=True),
+    # LayerNorm as XLA fuses it, as before the Pallas norm kernels (seq2seq/model/norm_kernels.py)
+    "xla_norms": Variant(("model.norm_impl=xla",)),
     "flash_tiles_128": Variant(FLASH, flash_blocks="forward=128x64,dkdv=128x32,dq=128x32,stages=3", group="flash"),
     "flash_tiles_64": Variant(FLASH, flash_blocks="forward=128x128,dkdv=64x64,dq=64x64,warps=8,backward_warps=8",
                               group="flash"),

@@ -66,7 +66,7 @@ CATEGORIES = (
     (("cross_entropy", "_xent", "_token_stats", "_stats_in_one_pass", "label_smooth", "Embed.attend", "_logits"),
      "loss and logits (softmax, casts)"),
     (("scale_by_", "apply_gradients", "apply_updates", "tree_", "clip", "safe_increment", "schedule"), "optimizer"),
-    (("Norm.__call__", "layer_norm", "rms_norm", "adanorm"), "norm"),
+    (("Norm.__call__", "layer_norm", "rms_norm", "adanorm", "fused_norm", "_norm_fwd", "_norm_bwd"), "norm"),
     (("Embed.__call__", "_embed", "sinusoidal", "_rope", "positions"), "embedding"),
     (("FeedForward.__call__",), "FFN elementwise (bias, activation)"),
     (("MultiHeadAttention.",), "attention elementwise (biases, layout)"),
@@ -413,7 +413,7 @@ def kernel_costs(text: str) -> list[KernelCost]:
         flops = _library_flops(op, shapes) if op.opcode == "custom-call" else _dot_flops([op], shapes)
       category, site = categorize(hlo.by_name.get(op.name), kernel_name(op.name), matmul=flops > 0)
       out.append(KernelCost(op.name, category, site, float(read + written), flops, times,
-                            library=op.opcode == "custom-call" and not flops))
+                            library=op.opcode == "custom-call" and not flops and category == "attention"))
 
   walk(entry, 1)
   return out

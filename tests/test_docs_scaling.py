@@ -364,7 +364,7 @@ def test_the_variants_table_is_device_checks_variants():
   assert f"The flash variants also set `{flash_override}`" in page
   assert f"at least `MIN_GAIN` ({device_check.MIN_GAIN}x) faster" in page
   assert device_check.CAPS_S["variants"] + device_check.CAPS_S["variants_big"] >= 570
-  assert "--sections=variants,variants_big,profile_after --budget_s=570" in page
+  assert "--sections=flash,variants,variants_big,profile_after --budget_s=570" in page
   compile_s = _record("device_check_nvidia_h100_80gb_hbm3.json")["sections"]["steps_bfloat16"]["packed"]["compile_s"]
   assert f"(the H100's device check compiled the packed step in {compile_s:.0f} s)" in page
   call = page.split("--budget_s=570", 1)[1].split("--variants=", 1)[1].split(" ", 1)[0]  # the device check's call
@@ -396,8 +396,9 @@ def gpu_compile_figures() -> dict:
   record, profile = _record("gpu_compile_h200.json"), _record("profile_h200.json")
   measured = profile["layouts"]["packed"]["table"]
   model, variants, fitted = record["model"], record["variants"], record["fitted_table"]
-  base = variants["baseline"]["table"]
+  base, xla_norms = variants["baseline"]["table"], variants["xla_norms"]["table"]
   ms = lambda table, category: table["by_category"][category]["ms"]
+  norms = lambda table: sum(ms(table, c) for c in ("norm", "dropout", "residual adds"))
   config = configs.get("wmt14_base")
   formula = flops.train_step_flops(ModelConfig.from_config(config.model, vocab_size=config.data.vocab_size),
                                    *record["shape"]) / 1e12
@@ -418,11 +419,17 @@ def gpu_compile_figures() -> dict:
       "variant_rows": "\n".join(variant_rows),
       "attn_measured": _fixed(measured["ms_per_step"]["attention elementwise (biases, layout)"], 2),
       "attn_before": _fixed(ms(fitted, "attention elementwise (biases, layout)"), 2),
-      "attn_after": _fixed(ms(base, "attention elementwise (biases, layout)"), 2),
-      "before_ms": _fixed(fitted["ms_per_step"], 2), "after_ms": _fixed(base["ms_per_step"], 2),
-      "inplace_speed": _fixed(fitted["ms_per_step"] / base["ms_per_step"], 3),
+      "attn_after": _fixed(ms(xla_norms, "attention elementwise (biases, layout)"), 2),
+      "before_ms": _fixed(fitted["ms_per_step"], 2), "inplace_ms": _fixed(xla_norms["ms_per_step"], 2),
+      "inplace_speed": _fixed(fitted["ms_per_step"] / xla_norms["ms_per_step"], 3),
+      "norms_before": _fixed(norms(xla_norms), 2), "norms_after": _fixed(norms(base), 2),
+      "after_ms": _fixed(base["ms_per_step"], 2),
+      "norms_speed": _fixed(xla_norms["ms_per_step"] / base["ms_per_step"], 3),
+      "norms_temp": _fixed(variants["baseline"]["temp_gib"], 2), "xla_norms_temp": _fixed(variants["xla_norms"]["temp_gib"], 2),
       "sliced_speed": _fixed(variants["flash_sliced"]["table"]["ms_per_step"] / base["ms_per_step"], 3),
       "target_ms": _fixed(formula / (0.4 * 989.4) * 1e3, 1), "formula_tflop": _fixed(formula, 2),
+      "predicted_mfu": f"{formula / (base['ms_per_step'] / 1e3) / 989.4:.0%}",
+      "profiled_mfu": f"{formula / (measured['step_ms'] / 1e3) / 989.4:.0%}",
       "attn_kernels": _fixed(ms(base, "attention"), 2), "norm_ms": _fixed(ms(base, "norm"), 2),
       "ffn_ms": _fixed(ms(base, "FFN elementwise (bias, activation)"), 2),
       "loss_ms": _fixed(ms(base, "loss and logits (softmax, casts)"), 2),
@@ -449,11 +456,15 @@ SECTION_TEMPLATE_FIGURES = {
     "measured_ms": [("against the profile's ", " ms.")],
     "attn_measured": [('"attention elementwise" line (', " ms measured)")],
     "attn_before": [("that line goes from ", " to ")], "attn_after": [(" to ", " ms and the step from")],
-    "before_ms": [("the step from ", " to ")],
-    "after_ms": [(" to ", " ms, "), ("between the predicted ", " ms and 40% MFU")],
+    "before_ms": [("the step from ", " to ")], "inplace_ms": [(" to ", " ms, 1."), ("and the step from ", " to ")],
+    "norms_before": [("residual adds together go from ", " to ")], "norms_after": [(" to ", " ms, and the step")],
+    "after_ms": [(" to ", " ms: "), ("between the predicted ", " ms and 40% MFU")],
+    "norms_speed": [(" ms: ", "x, and ")], "norms_temp": [("x, and ", " GiB of temporary memory")],
+    "xla_norms_temp": [("temporary memory against ", ". Inside a mesh")],
     "inplace_speed": [(" ms, ", "x (against `flash_sliced`")],
     "sliced_speed": [("(against `flash_sliced`, ", "x: that variant")],
     "target_ms": [("40% MFU (", " ms a step for the model formula's")],
+    "predicted_mfu": [("the step would be ", " MFU")], "profiled_mfu": [("(the profiled one ", ").")],
     "formula_tflop": [("the model formula's ", " TFLOP at 989 TFLOP/s)")],
     "attn_kernels": [("the flash kernels (", " ms; the profile")], "norm_ms": [("norms (", " ms)")],
     "ffn_ms": [("bias and ReLU (", " ms)")], "loss_ms": [("the loss and logits (", " ms; `logits_bfloat16`")],
@@ -476,6 +487,8 @@ def test_the_gpu_compile_section_is_gpu_compile_h200_json():
   measured = profile["layouts"]["packed"]["table"]["ms_per_step"]
   assert all(row["measured_ms"] == measured[c] for c, row in record["fit_check"].items())
   assert record["variants"]["flash_sliced"]["flash_sliced"] and "flash_sliced" not in record["variants"]["baseline"]
+  assert record["variants"]["xla_norms"]["config"] == {"model.norm_impl": "xla"}
+  assert "model.norm_impl" not in record["variants"]["baseline"]["config"]
   raw, page = _raw(), _page()
   figures = gpu_compile_figures()
   fit_header = "| category | measured ms | fitted ms | predicted without it, ms |"

@@ -48,7 +48,7 @@ def test_an_intact_export_is_verified_and_translates_as_its_run(tiny_run, export
   model_cfg = ModelConfig.from_config(config.model, vocab_size=Tokenizer.load(tiny_run / "spm.model").vocab_size)
   assert manifest["format"] == export.FORMAT
   assert manifest["model"] == {k: v for k, v in dataclasses.asdict(model_cfg).items()
-                               if k not in ("attention_impl", "logits_dtype")}  # how, not what: checkpoint.NOT_IDENTITY
+                               if k not in ("attention_impl", "norm_impl", "logits_dtype")}  # how, not what: checkpoint.NOT_IDENTITY
   assert sorted(manifest["files"]) == ["config.json", "model.safetensors", "spm.model"]
   for name, record in manifest["files"].items():
     assert record == {"bytes": (exported / name).stat().st_size, "sha256": files.file_sha256(exported / name)}

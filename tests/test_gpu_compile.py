@@ -201,8 +201,9 @@ def test_gpu_compile_refuses_bad_flags_in_one_line(args, match):
 def test_the_train_step_compiles_for_an_h100_on_this_cpu(tmp_path):
   """tiny in bf16 with packed rows, compiled for an H100 by XLA's GPU pipeline on this CPU: the
   flash kernel is chosen and lowered through Triton (three Pallas calls per attention layer),
-  reading the fused projections in place; the step's matmul FLOPs are the model formula's but
-  for the attention scores (inside the kernels); the table names every kernel's category."""
+  reading the fused projections in place, and so are the norm kernels (one call each way per
+  norm); the step's matmul FLOPs are the model formula's but for the attention scores (inside
+  the kernels); the table names every kernel's category."""
   compiler = _compiler()
   if not compiler:
     pytest.skip("XLA's GPU compiler is not installed (SEQ2SEQ_GPU_COMPILER; .ci/run installs it)")
@@ -211,7 +212,7 @@ def test_the_train_step_compiles_for_an_h100_on_this_cpu(tmp_path):
   from seq2seq.model.config import ModelConfig
 
   out = _gpu_compile("--target=h100", "--config=configs/tiny.py", "--shape=8x32x32", f"--hlo_dir={tmp_path}",
-                     "--set=data.vocab_size=1024", "--variants=baseline,flash_sliced", f"--out={tmp_path / 'r.json'}",
+                     "--set=data.vocab_size=1024", "--variants=baseline,flash_sliced,xla_norms", f"--out={tmp_path / 'r.json'}",
                      compiler=compiler)
   assert out.returncode == 0, out.stderr[-3000:]
   record = json.loads((tmp_path / "r.json").read_text())
@@ -223,7 +224,10 @@ def test_the_train_step_compiles_for_an_h100_on_this_cpu(tmp_path):
   calls = [line for line in hlo.splitlines() if 'custom_call_target="__gpu$xla.gpu.triton"' in line]
   for kernel in ("seq2seq_flash_forward", "seq2seq_flash_dkdv", "seq2seq_flash_dq"):
     assert sum(f"({kernel})" in line for line in calls) == layers, kernel  # jvp(NAME) or transpose(jvp(NAME))
-  assert len(calls) == 3 * layers
+  norms = 2 * cfg.model.num_encoder_layers + 3 * cfg.model.num_decoder_layers + 2  # pre-norm: a final norm each
+  for kernel in ("seq2seq_norm_fwd", "seq2seq_norm_bwd"):
+    assert sum(f"({kernel})" in line for line in calls) == norms, kernel
+  assert len(calls) == 3 * layers + 2 * norms
   costs = _pt().kernel_costs(hlo)
   model_cfg = ModelConfig.from_config(cfg.model, vocab_size=1024)  # 1000 would be padded to 1024 in a GEMM
   n_h, (b, s, t) = model_cfg.num_heads * model_cfg.head_size, (8, 32, 32)
@@ -241,3 +245,11 @@ def test_the_train_step_compiles_for_an_h100_on_this_cpu(tmp_path):
   assert ours["launches"] < theirs["launches"] and ours["gb"] < theirs["gb"], (ours, theirs)
   assert row["table"]["gb_per_step"] < sliced["table"]["gb_per_step"]
   assert row["table"]["matmul_tflop_per_step"] == sliced["table"]["matmul_tflop_per_step"]
+  # The norms in XLA's fusions (as before the kernels): more kernels and bytes, the same matmuls.
+  xla = record["variants"]["xla_norms"]
+  assert xla["config"] == {"data.vocab_size": 1024, "model.norm_impl": "xla"}
+  ours, theirs = row["table"]["by_category"]["norm"], xla["table"]["by_category"]["norm"]
+  assert ours["launches"] < theirs["launches"] and ours["gb"] < theirs["gb"], (ours, theirs)
+  assert not any("seq2seq_norm" in line for line in (tmp_path / "xla_norms.hlo.txt").read_text().splitlines()
+                 if "custom_call_target" in line)
+  assert row["table"]["matmul_tflop_per_step"] == xla["table"]["matmul_tflop_per_step"]

@@ -49,6 +49,9 @@ def get_config() -> ml_collections.ConfigDict:
       # Pallas flash kernel for packed ones; splash on TPU (lengths multiples of 128); else XLA; attention
       # dropout always takes explicit. See seq2seq/model/attention.py.
       attention_impl="auto",
+      # auto | xla | pallas. auto: on GPU, LayerNorm and RMSNorm of a power-of-two width in the Pallas
+      # kernels of seq2seq/model/norm_kernels.py (one pass forward, one back); else XLA.
+      norm_impl="auto",
   ))
 
   config.data = ml_collections.ConfigDict(dict(

@@ -16,6 +16,7 @@ CHOICES = {
     "dtype": ("float32", "bfloat16"),
     "logits_dtype": ("float32", "bfloat16"),
     "attention_impl": ("auto", "xla", "explicit", "cudnn", "flash", "splash"),  # see seq2seq/model/attention.py
+    "norm_impl": ("auto", "xla", "pallas"),  # see seq2seq/model/norm_kernels.py
 }
 
 
@@ -53,6 +54,7 @@ class ModelConfig:
   # Decoding steps keep float32.
   logits_dtype: str = "float32"
   attention_impl: str = "auto"  # auto: cuDNN (GPU) / splash (TPU) where they apply, else XLA
+  norm_impl: str = "auto"  # auto: the Pallas LayerNorm/RMSNorm kernels on GPUs where they apply, else XLA
   # Settings that are fields no more, with the one value they may still have: the tokenizer
   # fixes them. Runs written before have them in config.json and in their checkpoints' identity.
   RETIRED: ClassVar[dict[str, Any]] = {"pad_id": SPECIAL.pad}
@@ -71,6 +73,8 @@ class ModelConfig:
     if self.positions == "relative" and self.attention_impl in ("cudnn", "flash", "splash"):
       raise ConfigError(f"config.model.attention_impl={self.attention_impl!r} takes no additive attention bias, which "
                         "config.model.positions='relative' adds to the scores: use 'auto', 'xla' or 'explicit'")
+    if self.norm_impl == "pallas" and self.norm == "adanorm":
+      raise ConfigError("config.model.norm_impl='pallas' computes layernorm and rmsnorm, not adanorm: use 'auto' or 'xla'")
     if self.head_dim == 0 and self.d_model % self.num_heads:
       raise ConfigError(f"config.model.d_model={self.d_model} is not divisible by num_heads={self.num_heads};"
                        " set config.model.head_dim")

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from seq2seq.errors import ConfigError
+from seq2seq.model import norm_kernels
 from seq2seq.sharding import constrain
 
 # Logical axis names a parameter may carry; `seq2seq.sharding` maps them onto a mesh.
@@ -258,21 +259,26 @@ class Norm(nnx.Module):
 
   AdaNorm (Xu et al. 2019) has no gain or bias: z = C * (1 - k*y) * y with
   y the standardised input and the factor C(1 - k*y) detached from the gradient.
+  `impl` (`config.model.norm_impl`): "auto" runs LayerNorm and RMSNorm in the Pallas kernels of
+  seq2seq.model.norm_kernels where they apply (GPUs), "xla" always as written below.
   """
 
   KINDS = ("layernorm", "rmsnorm", "adanorm")
 
   def __init__(self, kind: str, d_model: int, *, eps: float = 1e-6, adanorm_k: float = 0.1,
-               adanorm_c: float = 1.0, rngs: nnx.Rngs):
+               adanorm_c: float = 1.0, impl: str = "auto", rngs: nnx.Rngs):
     if kind not in self.KINDS:
       raise ConfigError(f"norm must be one of {self.KINDS}, got {kind!r}")
-    self.kind, self.eps, self.k, self.c = kind, eps, adanorm_k, adanorm_c
+    self.kind, self.eps, self.k, self.c, self.impl = kind, eps, adanorm_k, adanorm_c, impl
     if kind in ("layernorm", "rmsnorm"):
       self.scale_d = param(rngs, nnx.initializers.ones, (d_model,), ("embed",))
     if kind == "layernorm":
       self.bias_d = param(rngs, nnx.initializers.zeros, (d_model,), ("embed",))
 
   def __call__(self, x_btd: jax.Array) -> jax.Array:
+    if norm_kernels.chosen(self.impl, self.kind, x_btd.shape[-1], x_btd.dtype):  # GPUs: one pass each way
+      bias_d = self.bias_d[...] if self.kind == "layernorm" else None
+      return norm_kernels.fused_norm(x_btd, self.scale_d[...], bias_d, eps=self.eps)
     x = x_btd.astype(jnp.float32)
     if self.kind == "rmsnorm":
       y = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps)

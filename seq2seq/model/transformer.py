@@ -68,7 +68,8 @@ class DecoderState:
 
 
 def _norm(cfg: ModelConfig, rngs: nnx.Rngs) -> Norm:
-  return Norm(cfg.norm, cfg.d_model, eps=cfg.norm_eps, adanorm_k=cfg.adanorm_k, adanorm_c=cfg.adanorm_c, rngs=rngs)
+  return Norm(cfg.norm, cfg.d_model, eps=cfg.norm_eps, adanorm_k=cfg.adanorm_k, adanorm_c=cfg.adanorm_c,
+              impl=cfg.norm_impl, rngs=rngs)
 
 
 def _attention(cfg: ModelConfig, rngs: nnx.Rngs, *, self_attention: bool) -> MultiHeadAttention:

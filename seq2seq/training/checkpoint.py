@@ -95,7 +95,7 @@ def verify(step_dir: pathlib.Path) -> str | None:
 
 # Model settings that choose how the same function is computed, not what the parameters mean:
 # a run may resume or be evaluated with another value (e.g. on another platform).
-NOT_IDENTITY = ("attention_impl", "logits_dtype")
+NOT_IDENTITY = ("attention_impl", "norm_impl", "logits_dtype")
 
 
 def identity(model_cfg: ModelConfig, spm_model: bytes, data: dict | None = None) -> dict:

@@ -1,0 +1,194 @@
+"""The Pallas LayerNorm/RMSNorm kernels (seq2seq/model/norm_kernels.py), run in Pallas'
+interpreter on the CPU: equal to `Norm` as XLA computes it, in values and in every gradient,
+alone, inside a Transformer (pre- and post-norm), and per device in shard_map on a mesh;
+and where `config.model.norm_impl` lets them run."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from seq2seq.errors import ConfigError
+from seq2seq.model import norm_kernels
+from seq2seq.model.config import ModelConfig
+from seq2seq.model.layers import Norm
+from seq2seq.model.transformer import Transformer
+
+
+@pytest.fixture
+def kernels(monkeypatch):
+  """`Norm` with impl="auto" runs the kernels, interpreted, whatever the platform."""
+  monkeypatch.setattr(norm_kernels, "chosen", lambda impl, *_: impl != "xla")
+  monkeypatch.setattr(norm_kernels, "fused_norm", functools.partial(norm_kernels.fused_norm, interpret=True))
+
+
+def _norms(kind: str, d: int):
+  """The same norm (random scale and bias) as XLA computes it and as the kernels do."""
+  rng = np.random.default_rng(1)
+  scale, bias = 1.0 + 0.3 * rng.standard_normal(d, dtype=np.float32), 0.2 * rng.standard_normal(d, dtype=np.float32)
+  norms = [Norm(kind, d, impl=impl, rngs=nnx.Rngs(0)) for impl in ("xla", "auto")]
+  for norm in norms:
+    norm.scale_d[...] = jnp.asarray(scale)
+    if kind == "layernorm":
+      norm.bias_d[...] = jnp.asarray(bias)
+  return norms
+
+
+def _value_and_grads(norm: Norm, x, w):
+  """y, and the gradients of sum(y * w) with respect to x and to the norm's parameters."""
+  graphdef, params = nnx.split(norm)
+
+  def loss(params, x):
+    y = nnx.merge(graphdef, params)(x)
+    return jnp.sum(y.astype(jnp.float32) * w), y
+  (_, y), (d_params, d_x) = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(params, x)
+  return y, d_x, {"/".join(map(str, k)): v for k, v in nnx.to_flat_state(d_params)}
+
+
+@pytest.mark.parametrize("kind", norm_kernels.KINDS)
+@pytest.mark.parametrize("shape", [(3, 40, 128), (1, 7, 64)])  # 120 rows in blocks of 8; 7 rows in blocks of 1
+def test_the_kernels_equal_the_xla_norm_in_values_and_gradients(kernels, kind, shape):
+  """f32: the output, d x and d scale (and d bias) of the kernels equal XLA's `Norm` to float32
+  rounding (|x| up to ~8, 7 to 120 rows, each a block or several)."""
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(3.0 * rng.standard_normal(shape, dtype=np.float32) + 1.0)
+  w = jnp.asarray(rng.standard_normal(shape, dtype=np.float32))
+  want, got = (_value_and_grads(norm, x, w) for norm in _norms(kind, shape[-1]))
+  np.testing.assert_allclose(got[0], want[0], rtol=0, atol=2e-6)
+  np.testing.assert_allclose(got[1], want[1], rtol=0, atol=2e-6 * float(jnp.max(jnp.abs(want[1]))))
+  assert got[2].keys() == want[2].keys() == ({"scale_d", "bias_d"} if kind == "layernorm" else {"scale_d"})
+  for name in want[2]:
+    np.testing.assert_allclose(got[2][name], want[2][name], rtol=2e-6, atol=2e-6 * float(jnp.max(jnp.abs(want[2][name]))))
+
+
+def test_in_bfloat16_the_kernels_round_once_as_xla_does(kernels):
+  """bf16 input: the output is XLA's but for the rounding of one f32 value to bf16 (at most one
+  bf16 step, 2^-8 of its magnitude); the gradients the same, at their magnitude."""
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(2.0 * rng.standard_normal((4, 32, 256), dtype=np.float32)).astype(jnp.bfloat16)
+  w = jnp.asarray(rng.standard_normal((4, 32, 256), dtype=np.float32))
+  (y0, dx0, dp0), (y1, dx1, dp1) = (_value_and_grads(norm, x, w) for norm in _norms("layernorm", 256))
+  assert y1.dtype == dx1.dtype == jnp.bfloat16
+  step = 2.0 ** -8
+  assert np.all(np.abs(np.float32(y1) - np.float32(y0)) <= step * np.maximum(np.abs(np.float32(y0)), 1e-30))
+  assert np.all(np.abs(np.float32(dx1) - np.float32(dx0)) <= step * np.abs(np.float32(dx0)) + step * 1e-3)
+  for name in dp0:
+    np.testing.assert_allclose(dp1[name], dp0[name], rtol=1e-5, atol=1e-5 * float(jnp.max(jnp.abs(dp0[name]))))
+
+
+@pytest.mark.parametrize("kind, position", [("layernorm", "post"), ("layernorm", "pre"), ("rmsnorm", "pre")])
+def test_a_transformer_with_the_kernels_equals_one_without(kernels, kind, position):
+  """The whole model (f32, packed padding in the batch): logits and every parameter's gradient
+  with norm_impl="auto" (the kernels) equal those with norm_impl="xla"."""
+  def run(impl):
+    cfg = ModelConfig(vocab_size=41, d_model=64, num_heads=4, num_encoder_layers=2, num_decoder_layers=2, d_ff=96,
+                      max_len=32, dropout_rate=0.0, norm=kind, norm_position=position, norm_impl=impl)
+    graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
+    src = jnp.array([[5, 6, 7, 8, 9, 10, 0, 0], [11, 12, 13, 14, 15, 16, 17, 18]])
+    tgt = jnp.array([[1, 20, 21, 22, 23, 24, 25, 0], [1, 26, 27, 28, 0, 0, 0, 0]])
+
+    def loss(params):
+      logits = nnx.merge(graphdef, params)(src, tgt)
+      return jnp.sum(jax.nn.log_softmax(logits)[..., 3]), logits
+    (_, logits), grads = jax.value_and_grad(loss, has_aux=True)(params)
+    return logits, dict(nnx.to_flat_state(grads))
+  (want, want_grads), (got, got_grads) = run("xla"), run("auto")
+  np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * float(jnp.max(jnp.abs(want))))
+  assert got_grads.keys() == want_grads.keys()
+  for name, g in want_grads.items():
+    np.testing.assert_allclose(got_grads[name][...], g[...], rtol=0, atol=1e-5 * float(jnp.max(jnp.abs(g[...]))) + 1e-9,
+                               err_msg=str(name))
+
+
+def test_rows_come_in_power_of_two_blocks_that_divide_them():
+  assert norm_kernels.rows_block(24576, 512) == 32 and norm_kernels.rows_block(24576, 1024) == 16
+  assert norm_kernels.rows_block(120, 128) == 8 and norm_kernels.rows_block(7, 64) == 1
+  assert norm_kernels.rows_block(96 * 256, 64) == 256
+
+
+def test_the_setting_says_where_the_kernels_run():
+  """On this CPU "auto" takes XLA, "pallas" is a ConfigError naming the setting and why, and a
+  norm the kernels do not compute is refused before anything is built."""
+  assert not norm_kernels.chosen("auto", "layernorm", 512, jnp.bfloat16)
+  assert not norm_kernels.chosen("xla", "layernorm", 512, jnp.bfloat16)
+  with pytest.raises(ConfigError, match=r"norm_impl='pallas' cannot run here: .*GPU only \(platform is cpu\)"):
+    norm_kernels.chosen("pallas", "layernorm", 512, jnp.bfloat16)
+  with pytest.raises(ConfigError, match="norm_impl must be one of"):
+    ModelConfig(vocab_size=8, norm_impl="triton")
+  with pytest.raises(ConfigError, match="not adanorm"):
+    ModelConfig(vocab_size=8, norm="adanorm", norm_impl="pallas")
+  assert norm_kernels.blockers(platform="gpu", kind="layernorm", d_model=512) in ([], [
+      "this JAX has no Pallas Triton backend (jax.experimental.pallas.triton)"])
+  assert norm_kernels.blockers(platform="gpu", kind="adanorm", d_model=384)[-2:] == [
+      "the norm kernels compute ('layernorm', 'rmsnorm'), not adanorm",
+      "the norm kernels need d_model in (64, 128, 256, 512, 1024, 2048, 4096, 8192), got 384"]
+
+
+ON_A_MESH = """
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh
+from seq2seq import sharding
+from seq2seq.model import norm_kernels
+mesh = Mesh(np.array(jax.devices()).reshape(2, 2, 2), sharding.MESH_AXES)
+rng = np.random.default_rng(0)
+x, w = (jnp.asarray(rng.standard_normal((8, 16, 128), dtype=np.float32)) for _ in range(2))
+scale, bias = (jnp.asarray(rng.standard_normal(128, dtype=np.float32)) for _ in range(2))
+
+def reference(x, scale, bias):
+  centred = x - x.mean(-1, keepdims=True)
+  return jnp.sum((centred * jax.lax.rsqrt(jnp.mean(centred ** 2, -1, keepdims=True) + 1e-6) * scale + bias) * w)
+
+def kernel(x, scale, bias):
+  with sharding.activation_mesh(mesh):
+    return jnp.sum(norm_kernels.fused_norm(x, scale, bias, eps=1e-6, interpret=True) * w)
+
+got = jax.jit(jax.grad(kernel, argnums=(0, 1, 2)))(x, scale, bias)
+want = jax.grad(reference, argnums=(0, 1, 2))(x, scale, bias)
+print(max(float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b))) for a, b in zip(got, want)),
+      "shard_map" in str(jax.make_jaxpr(kernel)(x, scale, bias)))
+"""
+
+
+@pytest.mark.slow
+def test_the_kernels_run_per_device_in_shard_map_on_a_data_fsdp_tensor_mesh():
+  """On a (2, 2, 2) mesh of fake CPU devices the kernels run in shard_map on each device's rows
+  (the features whole) and the gradients of x, scale and bias equal the formula's: the scale
+  and bias gradients summed over the devices that hold rows, once."""
+  import os
+  import subprocess
+  import sys
+
+  from conftest import REPO
+
+  env = os.environ | {"XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"}
+  out = subprocess.run([sys.executable, "-c", ON_A_MESH], capture_output=True, text=True, timeout=300, cwd=REPO,
+                       env=env)
+  assert out.returncode == 0, out.stderr[-3000:]
+  error, used_shard_map = out.stdout.split()
+  assert used_shard_map == "True" and float(error) < 1e-6
+
+
+def test_the_device_checks_norm_rows_compare_the_kernels_with_xla(kernels, capsys):
+  """benchmarks/device_check.py's GPU check of the kernels, with them interpreted here: one row
+  per norm whose output and every gradient (x, scale, bias) it compares with XLA's, all within
+  bf16 rounding, and a timing of each."""
+  import json
+
+  from conftest import benchmark
+
+  benchmark("device_check").norm_rows(2, 16, 1)
+  rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+  checks, timings = rows[:2], {r["timing"]: r for r in rows[2:]}
+  assert [r["case"] for r in checks] == ["norm_layernorm", "norm_rmsnorm"]
+  assert {k.rsplit("_max_abs", 1)[0] for k in checks[0] if k.endswith("_max_abs")} == {
+      "out", "dx", "dparams[bias_d]", "dparams[scale_d]"}, checks[0]
+  assert {k.rsplit("_max_abs", 1)[0] for k in checks[1] if k.endswith("_max_abs")} == {"out", "dx", "dparams[scale_d]"}
+  for row in checks:
+    assert row["out_within_1_bf16_ulp"], row
+    for key in row:
+      if key.endswith("_max_abs_err"):
+        assert row[key] <= 2.0 ** -7 * row[key.replace("_err", "")], (key, row)
+  assert set(timings) == {"norm_pallas", "norm_xla"} and all(r["layernorm_fwd_bwd_ms"] > 0 for r in timings.values())
