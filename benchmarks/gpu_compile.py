@@ -18,11 +18,14 @@ the changes issue 62 weighs), in a process of its own so that its XLA flags appl
 With `--measured` (a profile of the same step on that GPU: device_check's profile section), a
 CostModel is fitted to the baseline's measured categories (profile_table.fit: memory-bound
 kernels at one bandwidth plus a launch cost each, matmuls at their measured rate, attention
-kernels at their measured time per byte) and every variant's step time is predicted.
+kernels at their measured time per row; other Pallas kernels, the norms', as memory-bound
+ones) and every variant's step time is predicted.
 
 What a compile here cannot see: autotuning (XLA takes its default GEMM tilings, and Triton GEMMs
 where a GPU might pick cuBLAS), so variants that change XLA flags or kernel tiles are compiled but
-marked `predicted: false`; and how fast the kernels run, which only the fitted model says.
+marked `predicted: false`; cuDNN attention (unpacked rows), which needs the GPU's cuDNN to
+trace, so the step takes XLA attention and the record says so (`compiled_attention`); and how
+fast the kernels run, which only the fitted model says.
 """
 
 from __future__ import annotations
@@ -133,13 +136,25 @@ def compile_child(args) -> None:
 
     step = plan.compile_step(config, devices, (rows * variant.rows, s, t))
   compile_s = time.perf_counter() - start
-  pathlib.Path(args.hlo).write_text(step.compiled.as_text())
+  hlo = step.compiled.as_text()
+  pathlib.Path(args.hlo).write_text(hlo)
   memory = step.compiled.memory_analysis()
-  chosen = device_check._attention(step.model_cfg, t, args.layout == "packed", len(devices), devices[0].platform)
+  chosen = compiled_attention(
+      device_check._attention(step.model_cfg, t, args.layout == "packed", len(devices), devices[0].platform), hlo)
   print(json.dumps({"variant": args.child, "shape": list(step.shape), "compile_s": round(compile_s, 1),
                     "device_kind": devices[0].device_kind, "attention": chosen, "config": applied,
                     "temp_gib": round(memory.temp_size_in_bytes / 2**30, 3),
                     "argument_gib": round(memory.argument_size_in_bytes / 2**30, 3)}), flush=True)
+
+
+def compiled_attention(chosen: str, hlo: str) -> str:
+  """The attention the step compiled with: the model's choice, but cuDNN's only if the HLO
+  calls it. Tracing cuDNN attention asks the GPU's cuDNN for its version, which a compile-only
+  target lacks, so the model falls back to XLA attention (with a warning): unpacked rows here
+  are not the step a GPU runs."""
+  if chosen == "cudnn" and "__cudnn$fmha" not in hlo:
+    return "xla (cuDNN attention needs a GPU to trace)"
+  return chosen
 
 
 def measured_table(path: pathlib.Path, layout: str) -> dict:

@@ -253,3 +253,13 @@ def test_the_train_step_compiles_for_an_h100_on_this_cpu(tmp_path):
   assert not any("seq2seq_norm" in line for line in (tmp_path / "xla_norms.hlo.txt").read_text().splitlines()
                  if "custom_call_target" in line)
   assert row["table"]["matmul_tflop_per_step"] == xla["table"]["matmul_tflop_per_step"]
+
+
+def test_a_step_without_cudnns_call_says_its_attention_is_xla():
+  """Tracing cuDNN attention needs a GPU's cuDNN: where the model chose it but the compiled
+  step holds no cuDNN call (a compile-only target), the record says XLA attention ran."""
+  gpu_compile = benchmark("gpu_compile")
+  call = '%custom-call.7 = bf16[8,32,4,16] custom-call(%q), custom_call_target="__cudnn$fmhaSoftmax"'
+  assert gpu_compile.compiled_attention("cudnn", call) == "cudnn"
+  assert gpu_compile.compiled_attention("cudnn", HLO) == "xla (cuDNN attention needs a GPU to trace)"
+  assert gpu_compile.compiled_attention("flash", HLO) == "flash"
