@@ -407,3 +407,23 @@ def test_profile_table_matches_command_buffer_kernels_to_their_instructions():
   assert table["kernel_launches_per_step"] == 8 and table["attributed_fraction"] == 7 / 8
   assert table["busy_ms"] == 36 / 1e3 and table["step_ms"] == (70 + 8) / 1e3  # span: first start to last end
   assert table["ms_per_step"]["idle gaps (device)"] == (78 - 36) / 1e3
+
+
+def test_flash_blocks_counts_what_the_kernels_visit(tmp_path):
+  """benchmarks/flash_blocks.py at a toy size: the spans it finds are the kernels' (a block of
+  two pairs meets the other side's blocks of those pairs; padding none), skipping leaves a
+  fraction of the work on packed rows, and shapes whose lengths are not multiples of 16 (XLA
+  attention) are named, not counted."""
+  import numpy as np
+
+  blocks = benchmark("flash_blocks")
+  own = np.array([[1] * 8 + [2] * 4 + [3] * 4 + [0] * 16])  # blocks of 8: {1}, {2, 3}, {0}, {0}
+  other = np.array([[1] * 12 + [2] * 10 + [3] * 6 + [0] * 4])  # blocks of 4: 1, 1, 1, 2, 2, (2, 3), 3, 0
+  start, stop = blocks.spans(own, other, 8, 4)
+  assert start.tolist() == [[0, 3, 8, 8]] and stop.tolist() == [[3, 7, 8, 8]]
+  out = subprocess.run([sys.executable, "benchmarks/flash_blocks.py", "--pairs=3000", f"--out={tmp_path / 'b.json'}"],
+                       cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  record = json.loads((tmp_path / "b.json").read_text())
+  assert 0.2 < record["packed"]["left"] < 0.8 and list(record["packed"]["by_shape"]) == ["[96, 256, 256]"]
+  assert record["bucketed"]["by_shape"]["[624, 40, 40]"]["left"] == "no flash: lengths not multiples of 16"

@@ -476,6 +476,23 @@ SECTION_TEMPLATE_FIGURES = {
 }
 
 
+def test_the_flash_blocks_paragraph_is_flash_blocks_wmt_json():
+  """'The flash kernels visit only the blocks of their pairs': the fractions of the kernels' work
+  left, packed and bucketed, and the bucketed rows of 64, as the record has them; the flash
+  kernels' time they are applied to is the gpu_compile record's."""
+  record, page = _record("flash_blocks_wmt.json"), _page()
+  packed, bucketed = record["packed"], record["bucketed"]
+  assert list(packed["by_shape"]) == ["[96, 256, 256]"] and record["pairs"] == 200000
+  assert record["lengths_from"] == "benchmarks/results/data_pipeline_wmt_cpu2.json"
+  attention = _record("gpu_compile_h200.json")["variants"]["baseline"]["table"]["by_category"]["attention"]["ms"]
+  assert (f"the kernels do {packed['left']:.0%} of the work they did (so, if their time follows their FLOPs, about "
+          f"{_fixed(packed['left'] * attention, 1)} of the {_fixed(attention, 2)} ms); bucketed, the config's default, "
+          f"{bucketed['left']:.0%}, since most of its batches have rows of 64 "
+          f"({bucketed['by_shape']['[384, 64, 64]']['left']:.0%} left there") in page
+  assert max(bucketed["by_shape"].items(), key=lambda kv: kv[1]["batches"])[0] == "[384, 64, 64]"
+  assert "([flash_blocks_wmt.json](../benchmarks/results/flash_blocks_wmt.json), 200000 pairs)" in _raw()
+
+
 def test_the_gpu_compile_section_is_gpu_compile_h200_json():
   """The section's figures and both tables are the record's; the record was fitted to the profile's
   measured categories, at the profile's shape, in bf16 packed rows on an H200; the in-place flash

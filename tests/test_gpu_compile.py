@@ -263,3 +263,42 @@ def test_a_step_without_cudnns_call_says_its_attention_is_xla():
   assert gpu_compile.compiled_attention("cudnn", call) == "cudnn"
   assert gpu_compile.compiled_attention("cudnn", HLO) == "xla (cuDNN attention needs a GPU to trace)"
   assert gpu_compile.compiled_attention("flash", HLO) == "flash"
+
+
+KERNELS_AT_ODD_LENGTHS = """
+import sys
+sys.path.insert(0, "benchmarks")
+import jax, jax.numpy as jnp
+import gpu_compile
+from seq2seq.model import flash, norm_kernels
+device = gpu_compile.compile_only_devices(gpu_compile.TARGETS["h100"])[0]
+placed = jax.sharding.SingleDeviceSharding(device)
+spec = lambda *shape, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dtype, sharding=placed)
+with jax.default_device(device):
+  for t, s, causal in ((48, 80, False), (80, 48, True), (112, 112, True)):
+    loss = lambda q, k, v, qs, ks: jnp.sum(flash.flash_attention(q, k, v, qs, ks, causal=causal).astype(jnp.float32))
+    hlo = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(
+        spec(2, t, 8, 64), spec(2, s, 8, 64), spec(2, s, 8, 64), spec(2, t, dtype=jnp.int32),
+        spec(2, s, dtype=jnp.int32)).compile().as_text()
+    print(t, s, causal, hlo.count("__gpu$xla.gpu.triton"))
+  for kind in norm_kernels.KINDS:
+    for width in (64, 1024):
+      print(kind, width, norm_kernels._compiles(kind, width, "bfloat16", device))
+"""
+
+
+@pytest.mark.slow
+def test_the_kernels_compile_for_an_h100_at_lengths_that_are_not_powers_of_two():
+  """Triton takes only power-of-two arrays: the flash kernels (whose segment spans read the other
+  side's row a block at a time) compile for sm_90 at lengths of 48, 80 and 112, causal or not,
+  three Triton calls each; the norm kernels at the narrowest and a wide width, both kinds."""
+  compiler = _compiler()
+  if not compiler:
+    pytest.skip("XLA's GPU compiler is not installed (SEQ2SEQ_GPU_COMPILER; .ci/run installs it)")
+  env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "XLA_FLAGS")} | {
+      "PYTHONPATH": os.pathsep.join([compiler, str(REPO)]), "JAX_PLATFORMS": "cpu"}
+  out = subprocess.run([sys.executable, "-c", KERNELS_AT_ODD_LENGTHS], cwd=REPO, capture_output=True, text=True,
+                       env=env, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert out.stdout.split("\n")[:7] == ["48 80 False 3", "80 48 True 3", "112 112 True 3", "layernorm 64 None",
+                                        "layernorm 1024 None", "rmsnorm 64 None", "rmsnorm 1024 None"], out.stdout

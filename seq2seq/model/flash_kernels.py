@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # the settings' types, defined where they are set (seq2seq.mo
   from seq2seq.model.flash import Blocks, Layout
 
 MASK = -0.7 * float(np.finfo(np.float32).max)  # a masked logit: finite, so fully masked rows stay finite
+BIG_SEGMENT = 2**30  # above any segment id
 LOG2E = math.log2(math.e)
 
 
@@ -41,6 +42,27 @@ def _causal_upper(i, block_q: int, block_k: int, kv_len: int):
   its last query, ceil(block_q (i + 1) / block_k), any block sizes; at most the key blocks
   there are (queries past the last key, t > s, see them all)."""
   return jnp.minimum(lax.div(block_q * (i + 1) + block_k - 1, block_k), kv_len // block_k)
+
+
+def _segment_span(own_seg, other_ref, block: int):
+  """[start, stop) of the blocks of `block` positions of the other side's row (the ref of its
+  segment ids, whole) that hold a position of a segment in this block's range of segments
+  (`own_seg`, padding 0 left out): the only blocks that can share a segment with it. Packed
+  rows hold their pairs in order, so a block's pairs meet a few blocks of the other side
+  rather than the row. Empty where none does (a block of padding). Any layout of segment ids
+  gives a superset of the blocks needed, so skipping the rest changes nothing. Read a block
+  at a time (Triton's arrays are powers of two; a row need not be)."""
+  live = own_seg != 0
+  low, high = jnp.min(jnp.where(live, own_seg, BIG_SEGMENT)), jnp.max(jnp.where(live, own_seg, 0))
+  count = other_ref.shape[0] // block
+
+  def scan(j, span):
+    seg = other_ref[pl.ds(j * block, block)]
+    hit = jnp.max(((seg >= low) & (seg <= high)).astype(jnp.int32)) > 0
+    return jnp.where(hit, jnp.minimum(span[0], j), span[0]), jnp.where(hit, j + 1, span[1])
+
+  start, stop = lax.fori_loop(0, count, scan, (jnp.int32(count), jnp.int32(0)))
+  return start, jnp.maximum(stop, start)
 
 
 def _logits2(q, k, q_seg, k_seg, q_start, k_start, scale: float, causal: bool):
@@ -93,7 +115,10 @@ def _forward_kernel(q_ref, k_ref, v_ref, *refs, scale, causal, block_k, biases):
 
   init = (jnp.zeros((block_q, q_ref.shape[1]), jnp.float32), jnp.full((block_q,), -jnp.inf, jnp.float32),
           jnp.zeros((block_q,), jnp.float32))
-  o, m, l = lax.fori_loop(0, _causal_upper(i, block_q, block_k, kv_len) if causal else kv_len // block_k, body, init)
+  start, stop = _segment_span(q_seg, k_seg_ref, block_k)
+  if causal:
+    stop = jnp.minimum(stop, _causal_upper(i, block_q, block_k, kv_len))
+  o, m, l = lax.fori_loop(start, stop, body, init)
   # A padding query (segment 0), or one with no key of its segment (every logit masked: m is
   # MASK), attends to nothing: zeros, and an infinite log-sum-exp, so that the backward pass's
   # weights for it are zeros too.
@@ -104,7 +129,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, *refs, scale, causal, block_k, biases):
 
 def _dkdv_kernel(q_ref, k_ref, v_ref, *refs, scale, causal, block_q, biases, slots):
   qb_ref, vb_ref, (q_seg_ref, k_seg_ref, do_ref, lse_ref, delta_ref, *out_refs) = _take_biases(refs, biases)
-  block_k, q_len = k_ref.shape[0], q_ref.shape[0]
+  block_k = k_ref.shape[0]
   j = pl.program_id(0)
   k, v, k_seg = k_ref[...], _with_bias(v_ref[...], vb_ref), k_seg_ref[...]
 
@@ -119,8 +144,10 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, *refs, scale, causal, block_q, biases, slo
     return dk + jnp.dot(ds.T, q, preferred_element_type=jnp.float32), dv
 
   zeros = jnp.zeros((block_k, k_ref.shape[1]), jnp.float32)
-  lower = lax.div(j * block_k, block_q) if causal else 0
-  dk, dv = lax.fori_loop(lower, q_len // block_q, body, (zeros, zeros))
+  start, stop = _segment_span(k_seg, q_seg_ref, block_q)
+  if causal:
+    start = jnp.maximum(start, lax.div(j * block_k, block_q))
+  dk, dv = lax.fori_loop(start, stop, body, (zeros, zeros))
   dk_ref, dv_ref = (out_refs[0], out_refs[0]) if len(out_refs) == 1 else out_refs  # one fused gradient, or two
   _store(dk_ref, slots[0], dk)
   _store(dv_ref, slots[1], dv)
@@ -141,8 +168,11 @@ def _dq_kernel(q_ref, k_ref, v_ref, *refs, scale, causal, block_k, biases):
     dp = jnp.dot(do, _with_bias(v_ref[keys, :], vb_ref).T, preferred_element_type=jnp.float32) - delta[:, None]
     return dq + jnp.dot((p * dp * scale).astype(k.dtype), k, preferred_element_type=jnp.float32)
 
-  upper = _causal_upper(i, block_q, block_k, kv_len) if causal else kv_len // block_k
-  dq_ref[...] = lax.fori_loop(0, upper, body, jnp.zeros((block_q, q_ref.shape[1]), jnp.float32)).astype(dq_ref.dtype)
+  start, stop = _segment_span(q_seg, k_seg_ref, block_k)
+  if causal:
+    stop = jnp.minimum(stop, _causal_upper(i, block_q, block_k, kv_len))
+  dq_ref[...] = lax.fori_loop(start, stop, body, jnp.zeros((block_q, q_ref.shape[1]), jnp.float32)).astype(
+      dq_ref.dtype)
 
 
 def _slot_spec(array_shape, length: int, where, index):
