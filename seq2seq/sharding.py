@@ -137,6 +137,15 @@ def current_mesh() -> Mesh | None:
   return _ACTIVATION_MESH.get()
 
 
+def kernel_device(mesh: Mesh | None):
+  """The device a kernel is checked for at trace time (None: JAX's default): the first of the
+  activation mesh's devices that this process holds (on many hosts the mesh's first device is
+  another process's), else its first."""
+  if mesh is None:
+    return None
+  return next((d for d in mesh.devices.flat if d.process_index == jax.process_index()), mesh.devices.flat[0])
+
+
 def with_activation_mesh(fn, mesh: Mesh):
   """`fn` traced with `activation_mesh(mesh)`: what `jax.jit` of a model function takes."""
   @functools.wraps(fn)

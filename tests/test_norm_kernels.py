@@ -192,3 +192,19 @@ def test_the_device_checks_norm_rows_compare_the_kernels_with_xla(kernels, capsy
       if key.endswith("_max_abs_err"):
         assert row[key] <= 2.0 ** -7 * row[key.replace("_err", "")], (key, row)
   assert set(timings) == {"norm_pallas", "norm_xla"} and all(r["layernorm_fwd_bwd_ms"] > 0 for r in timings.values())
+
+
+def test_kernels_are_checked_for_a_device_of_this_process():
+  """On many hosts the mesh's first device may be another process's: a kernel's compile check
+  at trace time takes the first device this process holds; with none, the first; without a
+  mesh, JAX's default (None)."""
+  import types
+
+  from seq2seq import sharding
+
+  me, other = jax.process_index(), jax.process_index() + 1
+  devices = [types.SimpleNamespace(id=i, process_index=p) for i, p in enumerate([other, other, me, me])]
+  mesh = types.SimpleNamespace(devices=np.array(devices, dtype=object).reshape(2, 2))
+  assert sharding.kernel_device(mesh) is devices[2]
+  theirs = types.SimpleNamespace(devices=np.array(devices[:2], dtype=object))
+  assert sharding.kernel_device(theirs) is devices[0] and sharding.kernel_device(None) is None

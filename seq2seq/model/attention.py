@@ -36,7 +36,7 @@ import jax.numpy as jnp
 from seq2seq.errors import ConfigError
 from seq2seq.model import flash
 from seq2seq.model.layers import dropout
-from seq2seq.sharding import activation_spec, current_mesh
+from seq2seq.sharding import activation_spec, current_mesh, kernel_device
 
 try:  # experimental API; absent or moved in other JAX versions: TPU then takes XLA
   from jax.experimental.pallas.ops.tpu import splash_attention as _splash
@@ -311,7 +311,7 @@ def implementation(impl: str, *, dtype, head_dim: int, q_len: int, kv_len: int, 
   ConfigError when "flash" was asked for)."""
   segments = isinstance(mask, SegmentMask)
   mesh = current_mesh()
-  device = None if mesh is None else mesh.devices.flat[0]
+  device = kernel_device(mesh)
   choice = choose_implementation(impl, platform=jax.default_backend() if device is None else device.platform,
                                  dtype=dtype, head_dim=head_dim, q_len=q_len, kv_len=kv_len,
                                  packed=not segments or mask.packed, segments=segments, dropout=dropout,

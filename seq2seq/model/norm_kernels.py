@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from seq2seq.errors import ConfigError
-from seq2seq.sharding import activation_spec, current_mesh
+from seq2seq.sharding import activation_spec, current_mesh, kernel_device
 
 try:  # the Triton backend's helpers; absent in JAX builds without Pallas GPU support
   from jax.experimental.pallas import triton as plgpu
@@ -190,8 +190,7 @@ def chosen(impl: str, kind: str, d_model: int, dtype) -> bool:
     raise ConfigError(f"config.model.norm_impl must be one of {IMPLEMENTATIONS}, got {impl!r}")
   if impl == "xla":
     return False
-  mesh = current_mesh()
-  device = None if mesh is None else mesh.devices.flat[0]
+  device = kernel_device(current_mesh())
   why = blockers(platform=jax.default_backend() if device is None else device.platform, kind=kind, d_model=d_model)
   if not why:
     problem = _compiles(kind, d_model, jnp.dtype(dtype).name, device)
