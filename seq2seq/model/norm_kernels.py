@@ -89,7 +89,7 @@ def _backward_kernel(x_ref, dy_ref, scale_ref, *refs, rms: bool):
   dscale_ref[...] = jnp.sum(dy * x_hat, axis=0)[None, :]
 
 
-def _specs(rows: int, d: int, block: int):
+def _specs(d: int, block: int):
   tile = pl.BlockSpec((block, d), lambda i: (i, 0))
   stat = pl.BlockSpec((block,), lambda i: (i,))
   vector = pl.BlockSpec((d,), lambda i: (0,))
@@ -100,7 +100,7 @@ def _specs(rows: int, d: int, block: int):
 def _forward(x, scale, bias, eps: float, interpret: bool):
   rows, d = x.shape
   block = rows_block(rows, d)
-  tile, stat, vector, _ = _specs(rows, d, block)
+  tile, stat, vector, _ = _specs(d, block)
   rms = bias is None
   stats = 1 if rms else 2
   return pl.pallas_call(
@@ -115,7 +115,7 @@ def _forward(x, scale, bias, eps: float, interpret: bool):
 def _backward(x, dy, scale, stats, rms: bool, interpret: bool):
   rows, d = x.shape
   block = rows_block(rows, d)
-  tile, stat, vector, partial = _specs(rows, d, block)
+  tile, stat, vector, partial = _specs(d, block)
   sums = 1 if rms else 2
   out = pl.pallas_call(
       functools.partial(_backward_kernel, rms=rms), grid=(rows // block,),
