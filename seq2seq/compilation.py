@@ -6,6 +6,8 @@ The default folder is $SEQ2SEQ_CACHE/xla/host-HASH (else $XDG_CACHE_HOME/seq2seq
 ~/.cache/seq2seq/...), one folder per host CPU type. The commands' `--compilation_cache`
 and `Translator.from_workdir(..., compilation_cache=...)` choose another; an empty value
 turns it off. JAX_COMPILATION_CACHE_DIR, when set, wins over both.
+
+`compile_problem`: whether a kernel's program compiles here (the GPU kernels' checks).
 """
 
 from __future__ import annotations
@@ -70,3 +72,16 @@ def check_folder(folder) -> None:
                         "compiled programs, cached tokenizers, token arrays and downloads)")
     raise ConfigError(f"the compilation cache {folder} (--compilation_cache, or SEQ2SEQ_CACHE): {there} is a file; "
                       "give a folder, or --compilation_cache= to compile every time")
+
+
+def compile_problem(fn, *args) -> str | None:
+  """None if `jax.jit(fn)` compiles for `args` (abstract arrays, placed on the device to check),
+  else why not, in one line: a kernel that cannot build there (a Triton or driver version, its
+  tiles) then costs a warning and XLA's code, not the run."""
+  import jax
+
+  try:
+    jax.jit(fn).lower(*args).compile()
+  except Exception as err:  # noqa: BLE001 - Triton/driver failures come in many kinds
+    return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+  return None

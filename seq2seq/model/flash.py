@@ -52,6 +52,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from seq2seq.compilation import compile_problem
 from seq2seq.model import flash_kernels as kernels
 from seq2seq.model.flash_kernels import plgpu
 
@@ -266,8 +267,4 @@ def _compiles(dtype_name: str, head_dim: int, blocks: Blocks, device=None, layou
                                 blocks=blocks)
     return jnp.sum(out.astype(jnp.float32))
 
-  try:
-    jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(arrays, bias, bias, segments, segments).compile()
-  except Exception as err:  # noqa: BLE001 - Triton/driver failures come in many kinds
-    return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
-  return None
+  return compile_problem(jax.grad(loss, argnums=(0, 1, 2)), arrays, bias, bias, segments, segments)

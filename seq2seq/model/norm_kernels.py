@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from seq2seq.compilation import compile_problem
 from seq2seq.errors import ConfigError
 from seq2seq.sharding import activation_spec, current_mesh, kernel_device
 
@@ -211,11 +212,8 @@ def _compiles(kind: str, d_model: int, dtype_name: str, device=None) -> str | No
   def loss(x, scale, bias):
     return jnp.sum(fused_norm(x, scale, None if kind == "rmsnorm" else bias, eps=1e-6).astype(jnp.float32))
 
-  try:
-    jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(x, vector, vector).compile()
-  except Exception as err:  # noqa: BLE001 - Triton/driver failures come in many kinds
-    problem = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+  problem = compile_problem(jax.grad(loss, argnums=(0, 1, 2)), x, vector, vector)
+  if problem:
     warnings.warn(f"the norm kernels do not compile on this GPU ({problem}); config.model.norm_impl=auto "
                   "uses XLA", stacklevel=3)
-    return problem
-  return None
+  return problem
