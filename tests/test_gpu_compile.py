@@ -272,7 +272,7 @@ import jax, jax.numpy as jnp
 import gpu_compile
 from seq2seq.model import flash, norm_kernels
 device = gpu_compile.compile_only_devices(gpu_compile.TARGETS["h100"])[0]
-placed = jax.sharding.SingleDeviceSharding(device)
+placed = jax.sharding.make_single_device_sharding(device)
 spec = lambda *shape, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dtype, sharding=placed)
 with jax.default_device(device):
   for t, s, causal in ((48, 80, False), (80, 48, True), (112, 112, True)):

@@ -255,7 +255,7 @@ def compiles(dtype_name: str, head_dim: int, blocks: Blocks | None = None, devic
 @functools.cache
 def _compiles(dtype_name: str, head_dim: int, blocks: Blocks, device=None, layout: Layout = SEPARATE) -> str | None:
   length = blocks.largest()  # every block divides it, so each kernel runs its configured tiles
-  placed = {} if device is None else {"sharding": jax.sharding.SingleDeviceSharding(device)}
+  placed = {} if device is None else {"sharding": jax.sharding.make_single_device_sharding(device)}
   slots = collections.Counter(array for array, _ in (layout.q, layout.k, layout.v))  # of each array
   arrays = [jax.ShapeDtypeStruct((1, length, 1, slots[n], head_dim), jnp.dtype(dtype_name), **placed)
             for n in sorted(slots)]

@@ -205,7 +205,7 @@ def chosen(impl: str, kind: str, d_model: int, dtype) -> bool:
 def _compiles(kind: str, d_model: int, dtype_name: str, device=None) -> str | None:
   """None if the kernels and their gradient compile for `device` (None: the default one), else
   why not, said once in a warning: checked once per process and setting."""
-  placed = {} if device is None else {"sharding": jax.sharding.SingleDeviceSharding(device)}
+  placed = {} if device is None else {"sharding": jax.sharding.make_single_device_sharding(device)}
   x = jax.ShapeDtypeStruct((2 * max(TILE // d_model, 1), d_model), jnp.dtype(dtype_name), **placed)
   vector = jax.ShapeDtypeStruct((d_model,), jnp.float32, **placed)
 
