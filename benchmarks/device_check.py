@@ -436,6 +436,7 @@ class Variant:
   flash_blocks: str = ""  # seq2seq.model.flash.Blocks.parse form; "" the kernel's defaults
   flash_sliced: bool = False  # q, k and v sliced out of the projections for the kernel (flash.IN_PLACE off)
   group: str = ""  # variants of one group are alternatives: a combination takes the fastest
+  combine: bool = True  # False: timed alone only; it changes the model, so the winners' step leaves it out
 
   def child_flags(self) -> list[str]:
     """The steps / profile_capture child's flags for this variant's settings."""
@@ -454,7 +455,7 @@ VARIANTS = {  # in the order they run: the likeliest gains first
     "baseline": Variant(),
     "logits_bfloat16": Variant(("model.logits_dtype=bfloat16",)),  # the [tokens, vocab] logits in bf16
     # no biases in attention and feed-forward (T5, MaxText, LLaMA): ablations.md's `nobias`, inconclusive at ±0.02 NLL
-    "no_bias": Variant(("model.use_bias=False",)),
+    "no_bias": Variant(("model.use_bias=False",), combine=False),
     # the layers' q, k and v sliced out of their fused projections for the kernel, as before it read them in place
     "flash_sliced": Variant(FLASH, flash_sliced=True),
     # LayerNorm as XLA fuses it, as before the Pallas norm kernels (seq2seq/model/norm_kernels.py)
@@ -486,12 +487,12 @@ def union(names: list[str], variants: dict = VARIANTS) -> Variant:
 
 
 def combine(results: dict, variants: dict = VARIANTS) -> tuple[list[str], Variant]:
-  """The variants at least MIN_GAIN faster than the baseline (the fastest of each group), in
-  the table's order, and their `union`."""
+  """The variants at least MIN_GAIN faster than the baseline (the fastest of each group; none
+  that changes the model), in the table's order, and their `union`."""
   best = {}
   for name, row in results.items():
     speed = (row.get("speed_vs_baseline") if isinstance(row, dict) else None) or 0.0  # ("seconds": a number)
-    if name != "baseline" and name in variants and speed >= MIN_GAIN:
+    if name != "baseline" and name in variants and variants[name].combine and speed >= MIN_GAIN:
       group = variants[name].group or name
       if group not in best or speed > results[best[group]]["speed_vs_baseline"]:
         best[group] = name

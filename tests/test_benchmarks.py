@@ -304,16 +304,17 @@ def test_a_calls_children_share_one_compilation_cache_its_own_unless_one_is_set(
 
 def test_variants_that_won_combine_the_fastest_of_each_group():
   """`combine`: variants at least MIN_GAIN faster than the baseline join, the fastest of a
-  group of alternatives (two flash tilings) only; overrides are merged in the table's order,
-  XLA flags joined, row factors multiplied."""
+  group of alternatives (two flash tilings) only, and none that changes the model however fast;
+  overrides are merged in the table's order, XLA flags joined, row factors multiplied."""
   device_check = _device_check()
   V = device_check.Variant
   table = {"baseline": V(), "a": V(("model.x=1",), rows=2), "tiles_1": V(("model.impl=f",), flash_blocks="dq=64x16",
                                                                           group="tiles"),
            "tiles_2": V(("model.impl=f",), flash_blocks="dq=128x16", group="tiles"), "flag": V(xla_flags="--f=1"),
-           "slow": V(xla_flags="--g=0")}
+           "slow": V(xla_flags="--g=0"), "other_model": V(("model.use_bias=False",), combine=False)}
   gain = device_check.MIN_GAIN
-  speeds = {"baseline": 1.0, "a": gain, "tiles_1": gain + 0.1, "tiles_2": gain + 0.05, "flag": 1.3, "slow": gain - 1e-9}
+  speeds = {"baseline": 1.0, "a": gain, "tiles_1": gain + 0.1, "tiles_2": gain + 0.05, "flag": 1.3, "slow": gain - 1e-9,
+            "other_model": 1.5}
   members, together = device_check.combine({k: {"speed_vs_baseline": v} for k, v in speeds.items()}, table)
   assert members == ["a", "tiles_1", "flag"]
   assert together == V(("model.x=1", "model.impl=f"), "--f=1", 2, "dq=64x16")

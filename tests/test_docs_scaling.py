@@ -437,6 +437,9 @@ def gpu_compile_figures() -> dict:
       "no_bias_saves": _fixed(base["ms_per_step"] - variants["no_bias"]["table"]["ms_per_step"], 2),
       "no_bias_ffn": _fixed(ms(variants["no_bias"]["table"], "FFN elementwise (bias, activation)"), 2),
       "no_bias_attention": _fixed(ms(variants["no_bias"]["table"], "attention"), 2),
+      "attn_launches": str(base["by_category"]["attention"]["launches"]),
+      "no_bias_attn_gone": str(base["by_category"]["attention"]["launches"]
+                               - variants["no_bias"]["table"]["by_category"]["attention"]["launches"]),
       "optimizer_launches": str(base["by_category"]["optimizer"]["launches"]),
       "optimizer_ms": _fixed(ms(base, "optimizer"), 2),
       "dropout_ms": _fixed(ms(base, "dropout") + ms(base, "residual adds"), 2),
@@ -474,6 +477,8 @@ SECTION_TEMPLATE_FIGURES = {
     "logits_saves": [("is predicted to take ", " ms off)")],
     "no_bias_saves": [("the step is predicted to take ", " ms less")],
     "no_bias_ffn": [("(its line from 2.42 to ", " ms)")], "no_bias_attention": [("the attention line from 6.75 to ", " ms)")],
+    "attn_launches": [(" of its ", " kernels, sums over tokens")],
+    "no_bias_attn_gone": [("the attention line loses ", " of its")],
     "optimizer_launches": [("the optimizer's ", " kernels (")], "optimizer_ms": [(" kernels (", " ms), dropout")],
     "dropout_ms": [("dropout and residual adds (", " ms).")],
     "pad_gb": [("(37000 is not a multiple of 16), ", " GB of copies a step")],
