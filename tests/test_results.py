@@ -175,7 +175,7 @@ def test_the_recipe_search_states_its_question_protocol_limits_and_what_survives
   alone = [r for r in records if not any(r.run.startswith(p) for p in prefixes)]
   assert f"**Protocol.** {len(records)} runs" in head and f"{len(alone)} of the {len(records)} runs are in no comparison" in head
   assert "(2-core AMD EPYC, 2-core Xeon, H100, H200)" in head and "2 tokenizations (16,345, 16,842 validation" in head
-  assert "not the page's 18" in head and "3 seeds a side: Welch's degrees of freedom are 2 to 4" in head
+  assert "not the page's 21" in head and "3 seeds a side: Welch's degrees of freedom are 2 to 4" in head
   one = [dataclasses.replace(r, val_tokens=16345) for r in records]
   assert "one tokenization (16,345 validation target tokens)" in "\n".join(recipe_search.scope(one))
   lines = [line for line in recipe_search.survives(records) if line.startswith("- ")]
@@ -667,3 +667,28 @@ def test_the_rows_of_64_figures_are_the_data_commands(real_data_dir, session_cac
   text = " ".join(pages_prose())
   assert (f"(the longest target has {longest} tokens: `python -m seq2seq.data --config=multi30k`), and padding rises "
           f"from {padding[0]:.1f}% to {padding[1]:.1f}%, so a batch still holds about 2000 target tokens") in text
+
+
+def test_the_bf16_logits_seeds_paragraph_is_their_comparison():
+  """docs/scaling.md's three seeds of bf16 logits against the main job's three (rows of 64): each
+  metric's difference, interval and reading as recipe_search's comparison (docs/results.md's
+  table) has them; seed 0 trained on the Xeon with the f32 seeds, seeds 1 and 2 on the EPYC."""
+  from seq2seq.research import recipe_search
+
+  records = recipe_search.load(REPO / "docs" / "runs" / "main_job_search.jsonl")
+  bf16 = sorted((r for r in records if r.run.startswith(recipe_search.LOGITS_BF16)), key=lambda r: r.seed)
+  assert [r.seed for r in bf16] == [0, 1, 2]
+  assert all(r.overrides == ["--config.model.logits_dtype=bfloat16"] and r.reached == r.steps == 4200 for r in bf16)
+  assert [r.call.split(", ", 1)[1] for r in bf16] == ["2-core Xeon", "2-core AMD EPYC", "2-core AMD EPYC"]
+  rows, adjusted = recipe_search.comparison(records, recipe_search.LOGITS_BF16, recipe_search.ROWS64)
+  readings = recipe_search.readings(rows, adjusted)
+  page = " ".join((REPO / "docs" / "scaling.md").read_text(encoding="utf-8").split())
+  for (_, _, _, w), metric, reading in zip(rows, recipe_search.METRICS, readings):
+    d = metric.digits
+    assert (f"{metric.name} {signed(w.difference, d)} [{signed(w.low, d)}, {signed(w.high, d)}], "
+            f"{reading.split(' (')[0]}") in page, metric.name
+  f32 = {r.seed: r for r in records if r.run.startswith(recipe_search.ROWS64)}
+  by_seed = [f32[r.seed].nll - r.nll for r in bf16]
+  assert all(x > 0 for x in by_seed)
+  assert (f"bf16 logits ended lower in NLL all three times (by {by_seed[0]:.3f}, {by_seed[1]:.3f} and "
+          f"{by_seed[2]:.3f})") in page

@@ -11,7 +11,8 @@ prints (or writes between the search markers) the search's question, protocol an
 (from the records), every run, then the confirmatory seeds of the
 chosen recipe, and of the main job as shipped until 2026-12-01 (3600 steps), against the former
 default, of the main job re-tuned at 3600 steps and of the chosen recipe's 7000 steps against
-it, and of the main job in rows of 64 (4200 steps) against both (COMPARISONS), with Welch's t-test
+it, of the main job in rows of 64 (4200 steps) against both, and of that job with bf16 logits
+against it (COMPARISONS), with Welch's t-test
 and Holm's correction over each table's three metrics (seq2seq/research/significance.py), and
 what survives of each comparison.
 NLLs compare only between runs of one tokenization (one count of validation tokens, recorded
@@ -34,14 +35,17 @@ START, END = "<!-- search:start -->", "<!-- search:end -->"
 # Run-name prefixes of the confirmatory seeds: the former default, the chosen recipe (7000
 # steps), the main job as shipped until 2026-12-01 (the chosen recipe in 3600 steps, rows of
 # 128), its re-tuning at 3600 steps (a peak rate of 0.007) and the main job as shipped since
-# (rows of 64, whose faster step buys 4200 steps in the same time); each comparison is
-# (runs, against).
+# (rows of 64, whose faster step buys 4200 steps in the same time), and that job with its
+# teacher-forced logits in bf16 (model.logits_dtype=bfloat16, issue 62: the same seeds, so the
+# same initialisation and batches); each comparison is (runs, against).
 BASELINE, CHOSEN, SHIPPED, RETUNED = "default_s", "d128_drop02_s", "m30k_3600_s", "m30k_3600_lr007_s"
 ROWS64 = "m30k_p64_"  # seed 0 (the README's run: it chose nothing) and seeds 1, 2
+LOGITS_BF16 = "m30k_logits_bf16"  # seeds 0 (no suffix), 1, 2
 LABELS = {BASELINE: "former default", CHOSEN: "chosen, 7000 steps", SHIPPED: "main job, 3600 steps",
-          RETUNED: "peak rate 0.007, 3600 steps", ROWS64: "main job, rows of 64, 4200 steps"}
+          RETUNED: "peak rate 0.007, 3600 steps", ROWS64: "main job, rows of 64, 4200 steps",
+          LOGITS_BF16: "main job, bf16 logits"}
 COMPARISONS = [(CHOSEN, BASELINE), (SHIPPED, BASELINE), (RETUNED, SHIPPED), (CHOSEN, SHIPPED), (ROWS64, SHIPPED),
-               (ROWS64, BASELINE)]
+               (ROWS64, BASELINE), (LOGITS_BF16, ROWS64)]
 
 
 @dataclasses.dataclass(frozen=True)
