@@ -18,8 +18,13 @@ the changes issue 62 weighs), in a process of its own so that its XLA flags appl
 With `--measured` (a profile of the same step on that GPU: device_check's profile section), a
 CostModel is fitted to the baseline's measured categories (profile_table.fit: memory-bound
 kernels at one bandwidth plus a launch cost each, matmuls at their measured rate, attention
-kernels at their measured time per row; other Pallas kernels, the norms', as memory-bound
-ones) and every variant's step time is predicted.
+kernels at their measured time per attention FLOP of the model formula; other Pallas kernels,
+the norms', as memory-bound ones) and every variant's step time and MFU are predicted. With
+`--model` (an earlier record), its fitted model predicts another config's step: wmt14_big's
+
+  PYTHONPATH=build/gpu_compiler python benchmarks/gpu_compile.py --target=h200 \\
+      --config=configs/wmt14_big.py --model=benchmarks/results/gpu_compile_h200.json \\
+      --variants=baseline,logits_bfloat16 --out=benchmarks/results/gpu_compile_h200_big.json
 
 What a compile here cannot see: autotuning (XLA takes its default GEMM tilings, and Triton GEMMs
 where a GPU might pick cuBLAS), so variants that change XLA flags or kernel tiles are compiled but
@@ -120,7 +125,8 @@ def compile_only_devices(target: Target, count: int = 1) -> list:
 
 def compile_child(args) -> None:
   """One variant: compiles the step for the target and writes its optimized HLO to `--hlo`;
-  prints one JSON line (compile time, XLA's memory figures, the attention the model chose)."""
+  prints one JSON line (compile time, XLA's memory figures, the attention the model chose, the
+  step's TFLOP by the model formula and those of its attention kernels)."""
   import jax
 
   variant = device_check.VARIANTS[args.child]
@@ -132,9 +138,12 @@ def compile_child(args) -> None:
   devices = compile_only_devices(TARGETS[args.target], args.devices)
   start = time.perf_counter()
   with jax.default_device(devices[0]):  # Pallas reads the GPU it lowers for from the default device
+    from seq2seq.model import flops
     from seq2seq.training import plan
 
     step = plan.compile_step(config, devices, (rows * variant.rows, s, t))
+  formula = {"model_tflop": flops.train_step_flops(step.model_cfg, *step.shape) / 1e12,
+             "attention_tflop": 3 * flops.attention_flops(step.model_cfg, *step.shape) / 1e12}  # forward and back
   compile_s = time.perf_counter() - start
   hlo = step.compiled.as_text()
   pathlib.Path(args.hlo).write_text(hlo)
@@ -144,7 +153,8 @@ def compile_child(args) -> None:
   print(json.dumps({"variant": args.child, "shape": list(step.shape), "compile_s": round(compile_s, 1),
                     "device_kind": devices[0].device_kind, "attention": chosen, "config": applied,
                     "temp_gib": round(memory.temp_size_in_bytes / 2**30, 3),
-                    "argument_gib": round(memory.argument_size_in_bytes / 2**30, 3)}), flush=True)
+                    "argument_gib": round(memory.argument_size_in_bytes / 2**30, 3),
+                    **{k: round(v, 6) for k, v in formula.items()}}), flush=True)
 
 
 def compiled_attention(chosen: str, hlo: str) -> str:
@@ -203,8 +213,11 @@ def _shown(path: pathlib.Path | None) -> str:
 
 def report(args, rows: dict) -> dict:
   """The JSON record: the fitted model and its check, each variant's static table and, with a
-  model, its predicted step time and speed against the baseline (target tokens per second)."""
+  model, its predicted step time, speed against the baseline (target tokens per second) and MFU
+  (the model formula's FLOPs against the target's nominal bf16 or f32 peak)."""
   import jax
+
+  from seq2seq.model import flops
 
   model, check, fitted = None, {}, None
   if args.model:
@@ -212,18 +225,22 @@ def report(args, rows: dict) -> dict:
   elif args.measured:
     fitted = (profile_table.kernel_costs(args.fit_hlo.read_text()) if args.fit_hlo
               else rows.get("baseline", {}).get("costs"))
-    if fitted:
-      model, check = profile_table.fit(fitted, measured_table(args.measured, args.layout), rows=args.rows)
+    attention = rows.get("baseline", {}).get("attention_tflop")  # the fitted step is the baseline's (or --fit_hlo:
+    if fitted and attention:                                       # the baseline's as the profile measured it)
+      model, check = profile_table.fit(fitted, measured_table(args.measured, args.layout), library_tflop=attention)
   variants = {}
   for name, row in rows.items():
     costs = row.pop("costs", None)
     variants[name] = row if costs is None else row | {
-        "table": profile_table.static_table(costs, model, rows=args.rows * row["rows"])}
+        "table": profile_table.static_table(costs, model, library_tflop=row["attention_tflop"])}
   base = variants.get("baseline", {}).get("table", {}).get("ms_per_step")
+  peak = flops.nominal_peak(TARGETS[args.target].device_kind, args.dtype)
   for row in variants.values():
-    ms = row.get("table", {}).get("ms_per_step")
+    ms = row.get("table", {}).get("ms_per_step") if row.get("predicted") else None  # flags, tiles: the GPU's to say
     if base and ms:
       row["predicted_speed_vs_baseline"] = round(base / (ms / row["rows"]), 4)
+    if ms and peak:
+      row["predicted_mfu"] = round(row["model_tflop"] / (ms * 1e-3) / peak, 4)
   return {"check": "benchmarks/gpu_compile.py", "date": datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
           "command": shlex.join([pathlib.Path(sys.executable).name, *sys.argv]), "target": args.target,
           "device_kind": TARGETS[args.target].device_kind, "devices": args.devices, "config": args.config,
@@ -268,12 +285,11 @@ def parse(argv: list[str]):
     parser.error(f"--variants: unknown {', '.join(unknown)}; known: {', '.join(device_check.VARIANTS)}")
   if args.measured and not args.measured.is_file():
     parser.error(f"--measured: no file {args.measured}")
-  if args.measured and not args.fit_hlo and names[0] != "baseline":
-    parser.error("--measured fits the model to the baseline: --variants must start with baseline (or give --fit_hlo)")
+  if args.measured and names[0] != "baseline":  # with --fit_hlo too: the baseline's FLOPs are the fitted step's
+    parser.error("--measured fits the model to the baseline: --variants must start with baseline")
   for flag in ("fit_hlo", "model"):
     if getattr(args, flag) and not getattr(args, flag).is_file():
       parser.error(f"--{flag}: no file {getattr(args, flag)}")
-  args.rows = int(args.shape.split("x")[0])
   return args
 
 

@@ -425,13 +425,15 @@ class CostModel:
   bytes / `bandwidth` plus `launch_us` (its launch and tail, inside a CUDA graph); a matmul
   FLOPs / `matmul_flops`; the library kernels of a category (attention's Pallas kernels,
   compute-bound, whose operands say little of what they read) take that category's measured
-  time `library_ms` at `rows` rows a step, in proportion to the rows."""
+  time `library_ms` in a step of `library_tflop` attention FLOPs (the model formula's,
+  seq2seq.model.flops.attention_flops, forward and backward), in proportion to those FLOPs:
+  twice the rows, or twice the heads, twice the time."""
 
   bandwidth: float  # bytes/s that memory-bound kernels reach
   launch_us: float
   matmul_flops: float  # FLOP/s that the step's matmuls reach
   library_ms: dict = dataclasses.field(default_factory=dict)  # {category: ms per step of its library kernels}
-  rows: int = 1  # of the step the model was fitted to
+  library_tflop: float = 1.0  # the attention TFLOP of the step the model was fitted to
 
   def kernel_ms(self, k: KernelCost) -> float:
     """ms per step of one kernel (a library kernel's share is given by `static_table`)."""
@@ -442,12 +444,13 @@ class CostModel:
   def to_json(self) -> dict:
     return {"bandwidth_tb_s": round(self.bandwidth / 1e12, 4), "launch_us": round(self.launch_us, 4),
             "matmul_tflop_s": round(self.matmul_flops / 1e12, 2),
-            "library_ms": {c: round(v, 4) for c, v in self.library_ms.items()}, "rows": self.rows}
+            "library_ms": {c: round(v, 4) for c, v in self.library_ms.items()},
+            "library_tflop": round(self.library_tflop, 6)}
 
   @classmethod
   def from_json(cls, record: dict) -> CostModel:
     return cls(record["bandwidth_tb_s"] * 1e12, record["launch_us"], record["matmul_tflop_s"] * 1e12,
-               dict(record["library_ms"]), record["rows"])
+               dict(record["library_ms"]), record["library_tflop"])
 
 
 FITTED_OUT = ("matmul", "attention", "memsets/copies", "idle gaps (device)", "host-to-device copies", "unattributed",
@@ -467,9 +470,9 @@ def _totals(costs: list, library: bool | None = None) -> dict:
   return dict(out)
 
 
-def fit(costs: list, measured_ms: dict, rows: int) -> tuple[CostModel, dict]:
+def fit(costs: list, measured_ms: dict, library_tflop: float) -> tuple[CostModel, dict]:
   """The CostModel whose predictions best match `measured_ms`, a profile table's ms per step
-  of the same program at `rows` rows: least squares of ms = bytes/bandwidth + launches x
+  of the same program (whose attention takes `library_tflop` by the model formula): least squares of ms = bytes/bandwidth + launches x
   launch_us over the memory-bound categories; the matmul rate from the matmuls' FLOPs and
   measured time; the library kernels' time per category, what its measured time leaves after
   its other kernels. Also, per fitted category, the measured and predicted ms and the
@@ -494,7 +497,8 @@ def fit(costs: list, measured_ms: dict, rows: int) -> tuple[CostModel, dict]:
                 "predicted_ms_left_out": round(float(left_out), 4)}
   matmul_flops = totals.get("matmul", [0, 0, 0.0])[2] / (measured_ms["matmul"] / 1e3) if measured_ms.get("matmul") \
       else 0.0
-  model = CostModel(bandwidth=1e12 / ms_per_gb, launch_us=float(launch_us), matmul_flops=matmul_flops, rows=rows)
+  model = CostModel(bandwidth=1e12 / ms_per_gb, launch_us=float(launch_us), matmul_flops=matmul_flops,
+                    library_tflop=library_tflop)
   others = collections.Counter()
   for k in costs:
     if not k.library and k.category != "matmul":
@@ -503,11 +507,12 @@ def fit(costs: list, measured_ms: dict, rows: int) -> tuple[CostModel, dict]:
   return dataclasses.replace(model, library_ms={c: max(measured_ms[c] - others[c], 0.0) for c in library}), check
 
 
-def static_table(costs: list, model: CostModel | None = None, rows: int | None = None) -> dict:
+def static_table(costs: list, model: CostModel | None = None, library_tflop: float | None = None) -> dict:
   """Per step, by category: kernel launches, GB moved by XLA's kernels (what a library or
   Pallas kernel reads of its operands is unknown: not counted), matmul TFLOP and (with a model)
-  predicted ms, the total and the matmul sites; the shape of `table`'s figures. `rows`: the
-  step's (the model's library kernels scale with them; default the model's)."""
+  predicted ms, the total and the matmul sites; the shape of `table`'s figures.
+  `library_tflop`: the step's attention TFLOP by the model formula (the model's library kernels
+  scale with them; default the fitted step's)."""
   totals, xla = _totals(costs), _totals(costs, library=False)
   out = {"kernel_launches_per_step": sum(v[0] for v in totals.values()),
          "gb_per_step": round(sum(v[1] for v in xla.values()) / 1e9, 4),
@@ -522,8 +527,8 @@ def static_table(costs: list, model: CostModel | None = None, rows: int | None =
         ms[k.category] += model.kernel_ms(k)
       if k.site:
         sites[k.site] += model.kernel_ms(k)
-    for c in _totals(costs, library=True):  # a category's library kernels, as measured, per row
-      ms[c] += model.library_ms.get(c, 0.0) * (rows or model.rows) / model.rows
+    for c in _totals(costs, library=True):  # a category's library kernels, as measured, per attention FLOP
+      ms[c] += model.library_ms.get(c, 0.0) * (library_tflop or model.library_tflop) / model.library_tflop
     for c, row in out["by_category"].items():
       row["ms"] = round(ms[c], 4)
     out["ms_per_step"] = round(sum(ms.values()), 4)

@@ -407,8 +407,11 @@ def gpu_compile_figures() -> dict:
   variant_rows = []
   for name, row in variants.items():
     table = row["table"]
-    timed = (f"{_fixed(table['ms_per_step'], 2)} | {_fixed(row['predicted_speed_vs_baseline'], 3)}x"
-             if row["predicted"] else "- | -")
+    timed = (f"{_fixed(table['ms_per_step'], 2)} | {_fixed(row['predicted_speed_vs_baseline'], 3)}x | "
+             f"{_fixed(row['predicted_mfu'] * 100, 1)}%" if row["predicted"] else "- | - | -")
+    assert ("predicted_mfu" in row) == row["predicted"]
+    if row["predicted"]:  # the model formula's FLOPs in the predicted time, against the H200's bf16 peak
+      assert row["predicted_mfu"] == round(formula * row["rows"] / (table["ms_per_step"] / 1e3) / 989.4, 4)
     variant_rows.append(f"| `{name}` | {'yes' if row['predicted'] else 'no: ' + _flagged(row)} | "
                         f"{table['kernel_launches_per_step']} | {_fixed(table['gb_per_step'], 1)} | {timed} |")
   return {
@@ -523,9 +526,55 @@ def test_the_gpu_compile_section_is_gpu_compile_h200_json():
   fit_header = "| category | measured ms | fitted ms | predicted without it, ms |"
   assert _table_lines(raw, fit_header) == figures.pop("fit_rows").splitlines()
   variant_header = ("| variant | predicted | kernels a step | GB a step (XLA's kernels) | ms a step | speed against the "
-                    "baseline |")
+                    "baseline | MFU |")
   assert _table_lines(raw, variant_header) == figures.pop("variant_rows").splitlines()
   text = SECTION_TEMPLATE_FIGURES
   for name, value in figures.items():
     for before, after in text[name]:
       assert f"{before}{value}{after}" in page, (name, before, value, after)
+
+
+def test_the_big_paragraph_is_gpu_compile_h200_big_json():
+  """'wmt14_big, predicted the same way': the record applies the wmt14_base record's fitted model,
+  unchanged, to wmt14_big's step at the same shape, dtype, layout and target; its attention kernels
+  do twice wmt14_base's FLOPs (16 heads of 64 against 8); every figure of the paragraph is the
+  record's, and the 45% target is the model formula's FLOPs at the H200's bf16 peak."""
+  from seq2seq import configs
+  from seq2seq.model import flops
+  from seq2seq.model.config import ModelConfig
+
+  big, base = _record("gpu_compile_h200_big.json"), _record("gpu_compile_h200.json")
+  assert big["model"] == base["model"] and big["fitted_to"] == "benchmarks/results/gpu_compile_h200.json"
+  assert big["config"] == "configs/wmt14_big.py" and big["target"] == base["target"] == "h200"
+  assert (big["shape"], big["dtype"], big["layout"]) == (base["shape"], base["dtype"], base["layout"])
+  config = configs.get("wmt14_big")
+  cfg = ModelConfig.from_config(config.model, vocab_size=config.data.vocab_size)
+  v, shape = big["variants"], big["shape"]
+  row, t = v["baseline"], v["baseline"]["table"]
+  formula = flops.train_step_flops(cfg, *shape) / 1e12
+  assert row["model_tflop"] == round(formula, 6)
+  assert row["attention_tflop"] == round(3 * flops.attention_flops(cfg, *shape) / 1e12, 6)
+  base_config = configs.get("wmt14_base")
+  base_cfg = ModelConfig.from_config(base_config.model, vocab_size=base_config.data.vocab_size)
+  assert flops.attention_flops(cfg, *shape) == 2 * flops.attention_flops(base_cfg, *shape)
+  assert base["variants"]["baseline"]["attention_tflop"] == round(3 * flops.attention_flops(base_cfg, *shape) / 1e12, 6)
+  assert all(r["predicted"] and r["attention"] == "flash" for n, r in v.items() if n != "no_triton_gemm")
+  step, cat = t["ms_per_step"], lambda c: t["by_category"][c]["ms"]
+  target = formula / (0.45 * 989.4) * 1e3
+  mfu = lambda name: f"{v[name]['predicted_mfu'] * 100:.1f}%"
+  ms = lambda name: f"{v[name]['table']['ms_per_step']:.2f}"
+  expected = (
+      f"The step comes to {step:.2f} ms, {mfu('baseline')} MFU of the model formula's {formula:.2f} TFLOP, "
+      f"against {target:.1f} ms for issue 62's 45%. Its matmuls take {cat('matmul'):.2f} ms "
+      f"({t['matmul_tflop_per_step']:.1f} TFLOP at wmt14_base's {base['model']['matmul_tflop_s']:.0f} TFLOP/s), "
+      f"the flash kernels {cat('attention'):.2f} ms, and the elementwise lines "
+      f"{step - cat('matmul') - cat('attention'):.2f} ms: the FFN's bias and ReLU "
+      f"{cat('FFN elementwise (bias, activation)'):.2f}, the optimizer {cat('optimizer'):.2f}, the loss and logits "
+      f"{cat('loss and logits (softmax, casts)'):.2f} (the same [24576, 37000] logits as wmt14_base's), norms "
+      f"{cat('norm'):.2f}. Predicted the same way, `no_bias` takes it to {ms('no_bias')} ms ({mfu('no_bias')}), "
+      f"`logits_bfloat16` to {ms('logits_bfloat16')} ms ({mfu('logits_bfloat16')}) and `adam_mu_bfloat16` to "
+      f"{ms('adam_mu_bfloat16')} ms ({mfu('adam_mu_bfloat16')}). The {step - target:.1f} ms between {step:.2f} and "
+      f"{target:.1f} ms is under a third of the flash kernels' time")
+  assert expected in _page()
+  assert step - target < cat("attention") / 3 and [shape[0] * shape[2], cfg.vocab_size] == [24576, 37000]
+  assert "([gpu_compile_h200_big.json](../benchmarks/results/gpu_compile_h200_big.json): the model above," in _raw()

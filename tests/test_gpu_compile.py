@@ -137,12 +137,12 @@ def _synthetic(bandwidth: float, launch_us: float, matmul_flops: float):
 def test_the_fit_recovers_the_rates_of_a_device_and_predicts_the_step():
   """Measured times made by known rates: the fit gives those rates back, every category's
   prediction (left out of the fit too) is its measured time, the library kernels take what the
-  measured attention leaves, and twice the rows twice their time."""
+  measured attention leaves, and twice the attention FLOPs twice their time."""
   pt = _pt()
   costs, measured = _synthetic(bandwidth=2e12, launch_us=3.0, matmul_flops=5e14)
-  model, check = pt.fit(costs, measured, rows=96)
+  model, check = pt.fit(costs, measured, library_tflop=0.7)
   assert model.bandwidth == pytest.approx(2e12, rel=1e-9) and model.launch_us == pytest.approx(3.0, rel=1e-9)
-  assert model.matmul_flops == pytest.approx(5e14, rel=1e-12) and model.rows == 96
+  assert model.matmul_flops == pytest.approx(5e14, rel=1e-12) and model.library_tflop == 0.7
   assert model.library_ms == {"attention": pytest.approx(4.0, rel=1e-9)}
   assert set(check) == {"norm", "dropout", "optimizer", "residual adds"}
   for row in check.values():
@@ -152,7 +152,7 @@ def test_the_fit_recovers_the_rates_of_a_device_and_predicts_the_step():
   assert table["ms_per_step"] == pytest.approx(sum(measured.values()), abs=1e-3)
   assert {c: r["ms"] for c, r in table["by_category"].items()} == pytest.approx(measured, abs=1e-4)
   assert table["kernel_launches_per_step"] == 100 + 50 + 300 + 30 + 10 + 1 + 3
-  doubled = pt.static_table(costs, model, rows=192)  # the same kernels: only the library's time scales
+  doubled = pt.static_table(costs, model, library_tflop=1.4)  # the same kernels: only the library's time scales
   assert doubled["by_category"]["attention"]["ms"] == pytest.approx(measured["attention"] + 4.0, abs=1e-4)
   assert pt.CostModel.from_json(json.loads(json.dumps(model.to_json()))).to_json() == model.to_json()
 
@@ -161,7 +161,7 @@ def test_a_fit_with_too_few_categories_says_so():
   pt = _pt()
   costs, measured = _synthetic(bandwidth=2e12, launch_us=3.0, matmul_flops=5e14)
   with pytest.raises(ValueError, match="at least 3 memory-bound categories"):
-    pt.fit(costs, {"norm": measured["norm"], "dropout": measured["dropout"]}, rows=96)
+    pt.fit(costs, {"norm": measured["norm"], "dropout": measured["dropout"]}, library_tflop=0.7)
 
 
 def _compiler() -> str:
@@ -233,6 +233,9 @@ def test_the_train_step_compiles_for_an_h100_on_this_cpu(tmp_path):
   n_h, (b, s, t) = model_cfg.num_heads * model_cfg.head_size, (8, 32, 32)
   scores = 3 * 2 * 2 * b * n_h * (cfg.model.num_encoder_layers * s * s + cfg.model.num_decoder_layers * (t * t + t * s))
   assert sum(k.flops * k.launches for k in costs) == flops.train_step_flops(model_cfg, b, s, t) - scores
+  assert 3 * flops.attention_flops(model_cfg, b, s, t) == scores  # what the attention kernels' time scales with
+  assert row["attention_tflop"] == round(scores / 1e12, 6)
+  assert row["model_tflop"] == round(flops.train_step_flops(model_cfg, b, s, t) / 1e12, 6)
   assert sum(k.library for k in costs) == 3 * layers and all(k.category == "attention" for k in costs if k.library)
   assert "unattributed" not in row["table"]["by_category"] and row["table"]["kernel_launches_per_step"] == len(costs)
   assert record["settings"] == ["data.vocab_size=1024"] and row["config"] == {"data.vocab_size": 1024}

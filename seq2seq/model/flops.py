@@ -20,12 +20,18 @@ def forward_flops(cfg: ModelConfig, batch: int, src_len: int, tgt_len: int) -> f
   ffn_mats = 3 if cfg.activation in ("glu", "reglu", "geglu", "swiglu") else 2  # gated: three matrices
   s, t = batch * src_len, batch * tgt_len
   proj = lambda tokens, n_mats: 2 * tokens * d * hd * n_mats
-  scores = lambda q_len, k_len: 2 * 2 * batch * q_len * k_len * hd  # q k^T and weights v
   ffn = lambda tokens: 2 * tokens * d * f * ffn_mats
-  encoder = cfg.num_encoder_layers * (proj(s, 4) + scores(src_len, src_len) + ffn(s))
-  decoder = cfg.num_decoder_layers * (proj(t, 4) + scores(tgt_len, tgt_len) + proj(t, 2) + proj(s, 2)
-                                      + scores(tgt_len, src_len) + ffn(t))
-  return float(encoder + decoder + 2 * t * d * v)
+  encoder = cfg.num_encoder_layers * (proj(s, 4) + ffn(s))
+  decoder = cfg.num_decoder_layers * (proj(t, 4) + proj(t, 2) + proj(s, 2) + ffn(t))
+  return float(encoder + decoder + 2 * t * d * v) + attention_flops(cfg, batch, src_len, tgt_len)
+
+
+def attention_flops(cfg: ModelConfig, batch: int, src_len: int, tgt_len: int) -> float:
+  """The part of `forward_flops` in the attention kernels: q k^T and weights x v of every
+  self- and cross-attention layer, over whole rows (a kernel that skips blocks does less)."""
+  scores = lambda q_len, k_len: 2 * 2 * batch * q_len * k_len * cfg.num_heads * cfg.head_size
+  return float(cfg.num_encoder_layers * scores(src_len, src_len)
+               + cfg.num_decoder_layers * (scores(tgt_len, tgt_len) + scores(tgt_len, src_len)))
 
 
 def train_step_flops(cfg: ModelConfig, batch: int, src_len: int, tgt_len: int) -> float:
