@@ -253,6 +253,10 @@ def report(args, rows: dict) -> dict:
           "model": None if model is None else model.to_json(), "fit_check": check,
           # the program the model was fitted to (the one the profile measured), as the model predicts it
           "fitted_table": profile_table.static_table(fitted, model) if fitted and args.fit_hlo else None,
+          # the baseline as an earlier commit compiled it (its attention the baseline's), the change's "before"
+          **({"before": _shown(args.before_hlo), "before_table": profile_table.static_table(
+              profile_table.kernel_costs(args.before_hlo.read_text()), model,
+              library_tflop=variants.get("baseline", {}).get("attention_tflop"))} if args.before_hlo else {}),
           "variants": variants}
 
 
@@ -271,6 +275,8 @@ def parse(argv: list[str]):
                       help="a profile record of this step on the target (benchmarks/results/profile_h200.json)")
   parser.add_argument("--fit_hlo", type=pathlib.Path, default=None,
                       help="fit to this optimized HLO (the program --measured profiled) instead of the baseline's")
+  parser.add_argument("--before_hlo", type=pathlib.Path, default=None,
+                      help="the baseline's step as an earlier commit compiled it: its table beside the variants'")
   parser.add_argument("--model", type=pathlib.Path, default=None,
                       help="take the fitted model of this earlier record (its \"model\") instead of fitting")
   parser.add_argument("--hlo_dir", default="", help="keep each variant's optimized HLO here")
@@ -287,7 +293,7 @@ def parse(argv: list[str]):
     parser.error(f"--measured: no file {args.measured}")
   if args.measured and names[0] != "baseline":  # with --fit_hlo too: the baseline's FLOPs are the fitted step's
     parser.error("--measured fits the model to the baseline: --variants must start with baseline")
-  for flag in ("fit_hlo", "model"):
+  for flag in ("fit_hlo", "before_hlo", "model"):
     if getattr(args, flag) and not getattr(args, flag).is_file():
       parser.error(f"--{flag}: no file {getattr(args, flag)}")
   return args

@@ -395,7 +395,7 @@ def gpu_compile_figures() -> dict:
 
   record, profile = _record("gpu_compile_h200.json"), _record("profile_h200.json")
   measured = profile["layouts"]["packed"]["table"]
-  model, variants, fitted = record["model"], record["variants"], record["fitted_table"]
+  model, variants, fitted, before = record["model"], record["variants"], record["fitted_table"], record["before_table"]
   base, xla_norms = variants["baseline"]["table"], variants["xla_norms"]["table"]
   ms = lambda table, category: table["by_category"][category]["ms"]
   norms = lambda table: sum(ms(table, c) for c in ("norm", "dropout", "residual adds"))
@@ -425,9 +425,18 @@ def gpu_compile_figures() -> dict:
       "attn_after": _fixed(ms(xla_norms, "attention elementwise (biases, layout)"), 2),
       "before_ms": _fixed(fitted["ms_per_step"], 2), "inplace_ms": _fixed(xla_norms["ms_per_step"], 2),
       "inplace_speed": _fixed(fitted["ms_per_step"] / xla_norms["ms_per_step"], 3),
-      "norms_before": _fixed(norms(xla_norms), 2), "norms_after": _fixed(norms(base), 2),
-      "after_ms": _fixed(base["ms_per_step"], 2),
-      "norms_speed": _fixed(xla_norms["ms_per_step"] / base["ms_per_step"], 3),
+      "norms_before": _fixed(norms(xla_norms), 2), "norms_after": _fixed(norms(before), 2),
+      "norms_step": _fixed(before["ms_per_step"], 2), "after_ms": _fixed(base["ms_per_step"], 2),
+      "norms_speed": _fixed(xla_norms["ms_per_step"] / before["ms_per_step"], 3),
+      "fork_before": _fixed(before["ms_per_step"], 2), "fork_after": _fixed(base["ms_per_step"], 2),
+      "fork_speed": _fixed(before["ms_per_step"] / base["ms_per_step"], 3),
+      "fork_kernels_before": str(before["kernel_launches_per_step"]), "fork_kernels_after": str(base["kernel_launches_per_step"]),
+      "fork_gb_before": _fixed(before["gb_per_step"], 1), "fork_gb_after": _fixed(base["gb_per_step"], 1),
+      "fork_attn_before": _fixed(ms(before, "attention elementwise (biases, layout)"), 2),
+      "fork_attn_after": _fixed(ms(base, "attention elementwise (biases, layout)"), 2),
+      "fork_ffn_before": _fixed(ms(before, "FFN elementwise (bias, activation)"), 2),
+      "fork_ffn_after": _fixed(ms(base, "FFN elementwise (bias, activation)"), 2),
+      "fork_norm_before": _fixed(ms(before, "norm"), 2), "fork_norm_after": _fixed(ms(base, "norm"), 2),
       "norms_temp": _fixed(variants["baseline"]["temp_gib"], 2), "xla_norms_temp": _fixed(variants["xla_norms"]["temp_gib"], 2),
       "sliced_speed": _fixed(variants["flash_sliced"]["table"]["ms_per_step"] / base["ms_per_step"], 3),
       "target_ms": _fixed(formula / (0.4 * 989.4) * 1e3, 1), "formula_tflop": _fixed(formula, 2),
@@ -467,7 +476,15 @@ SECTION_TEMPLATE_FIGURES = {
     "attn_before": [("that line goes from ", " to ")], "attn_after": [(" to ", " ms and the step from")],
     "before_ms": [("the step from ", " to ")], "inplace_ms": [(" to ", " ms, 1."), ("and the step from ", " to ")],
     "norms_before": [("residual adds together go from ", " to ")], "norms_after": [(" to ", " ms, and the step")],
-    "after_ms": [(" to ", " ms: "), ("between the predicted ", " ms and 40% MFU")],
+    "norms_step": [(" to ", " ms: 1.")], "after_ms": [("between the predicted ", " ms and 40% MFU")],
+    "fork_before": [("On the model the step goes from ", " to ")], "fork_after": [(" to ", " ms (1.0")],
+    "fork_speed": [(" ms (", "x; ")], "fork_kernels_before": [("x; ", " to ")],
+    "fork_kernels_after": [(" to ", " kernels, ")], "fork_gb_before": [(" kernels, ", " to ")],
+    "fork_gb_after": [(" to ", " GB): the attention elementwise")],
+    "fork_attn_before": [("the attention elementwise line from ", " to ")],
+    "fork_attn_after": [(" to ", " ms, the FFN's from")], "fork_ffn_before": [("the FFN's from ", " to ")],
+    "fork_ffn_after": [(" to ", ", and the norm line from")], "fork_norm_before": [("and the norm line from ", " to ")],
+    "fork_norm_after": [(" to ", " (its backward reads the second array)")],
     "norms_speed": [(" ms: ", "x, and ")], "norms_temp": [("x, and ", " GiB of temporary memory")],
     "xla_norms_temp": [("temporary memory against ", ". Inside a mesh")],
     "inplace_speed": [(" ms, ", "x (against `flash_sliced`")],
@@ -522,6 +539,15 @@ def test_the_gpu_compile_section_is_gpu_compile_h200_json():
   assert record["variants"]["xla_norms"]["config"] == {"model.norm_impl": "xla"}
   assert "model.norm_impl" not in record["variants"]["baseline"]["config"]
   raw, page = _raw(), _page()
+  # the norms' backward adds their output's two gradients: JAX's adds before every post-norm but
+  # the last of each stack are gone from the baseline, one kernel of zeros (those last ones' unused copy) came
+  from seq2seq import configs
+
+  cfg = configs.get("wmt14_base").model
+  adds = 2 * cfg.num_encoder_layers + 3 * cfg.num_decoder_layers - 2
+  before, base = record["before_table"], record["variants"]["baseline"]["table"]
+  assert before["kernel_launches_per_step"] - base["kernel_launches_per_step"] == adds - 1
+  assert f"before every norm but the last of each stack, {adds} a step, counted in the attention and FFN" in page
   figures = gpu_compile_figures()
   fit_header = "| category | measured ms | fitted ms | predicted without it, ms |"
   assert _table_lines(raw, fit_header) == figures.pop("fit_rows").splitlines()

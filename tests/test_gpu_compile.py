@@ -8,6 +8,7 @@ SEQ2SEQ_GPU_COMPILER (.ci/run)."""
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -191,7 +192,8 @@ def test_gpu_compile_without_the_compiler_says_what_to_install():
 
 @pytest.mark.parametrize("args, match", [
     (["--variants=nope"], "unknown nope"), (["--variants=logits_bfloat16", "--measured=README.md"], "must start with"),
-    (["--measured=no/such.json"], "no file no/such.json"), (["--target=a100"], "invalid choice: 'a100'")])
+    (["--measured=no/such.json"], "no file no/such.json"), (["--before_hlo=no/such.txt"], "no file no/such.txt"),
+    (["--target=a100"], "invalid choice: 'a100'")])
 def test_gpu_compile_refuses_bad_flags_in_one_line(args, match):
   out = _gpu_compile(*args)
   assert out.returncode == 2 and match in out.stderr.strip().splitlines()[-1], out.stderr[-2000:]
@@ -256,6 +258,28 @@ def test_the_train_step_compiles_for_an_h100_on_this_cpu(tmp_path):
   assert not any("seq2seq_norm" in line for line in (tmp_path / "xla_norms.hlo.txt").read_text().splitlines()
                  if "custom_call_target" in line)
   assert row["table"]["matmul_tflop_per_step"] == xla["table"]["matmul_tflop_per_step"]
+
+
+@pytest.mark.slow
+def test_a_post_norm_step_compiled_for_an_h100_adds_each_norms_two_gradients_in_its_kernel(tmp_path):
+  """tiny made post-norm, compiled for an H100: every norm's backward kernel takes the gradients
+  of both copies of its output (transformer.Fork) as operands of its own, x, dy twice, scale,
+  mean and rstd, so that no XLA kernel adds them first."""
+  compiler = _compiler()
+  if not compiler:
+    pytest.skip("XLA's GPU compiler is not installed (SEQ2SEQ_GPU_COMPILER; .ci/run installs it)")
+  from seq2seq.configs import tiny
+
+  out = _gpu_compile("--target=h100", "--config=configs/tiny.py", "--shape=8x32x32", f"--hlo_dir={tmp_path}",
+                     "--set=data.vocab_size=1024", "--set=model.norm_position=post", "--variants=baseline",
+                     f"--out={tmp_path / 'r.json'}", compiler=compiler)
+  assert out.returncode == 0, out.stderr[-3000:]
+  hlo = (tmp_path / "baseline.hlo.txt").read_text()
+  calls = [line for line in hlo.splitlines()
+           if 'custom_call_target="__gpu$xla.gpu.triton"' in line and "(seq2seq_norm_bwd)" in line]
+  cfg = tiny.get_config().model
+  assert len(calls) == 2 * cfg.num_encoder_layers + 3 * cfg.num_decoder_layers  # post-norm: no final norms
+  assert all(len(re.search(r"custom-call\(([^)]*)\)", line).group(1).split(",")) == 6 for line in calls)
 
 
 def test_a_step_without_cudnns_call_says_its_attention_is_xla():

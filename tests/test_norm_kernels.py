@@ -79,8 +79,37 @@ def test_in_bfloat16_the_kernels_round_once_as_xla_does(kernels):
     np.testing.assert_allclose(dp1[name], dp0[name], rtol=1e-5, atol=1e-5 * float(jnp.max(jnp.abs(dp0[name]))))
 
 
+@pytest.mark.parametrize("kind", norm_kernels.KINDS)
+def test_copies_take_their_gradients_apart_and_add_them_in_the_kernel(kind):
+  """`copies=2` returns the output twice; given a gradient for each, the backward kernel reads
+  both and adds them: d x and the parameters' gradients equal, to the bit, those of one copy
+  given their sum (f32, the same addition), and JAX adds nothing of [rows, d] before the kernel."""
+  rng = np.random.default_rng(2)
+  x, w1, w2 = (jnp.asarray(rng.standard_normal((3, 40, 128), dtype=np.float32)) for _ in range(3))
+  scale, bias = (jnp.asarray(rng.standard_normal(128, dtype=np.float32)) for _ in range(2))
+  bias = bias if kind == "layernorm" else None
+  norm = functools.partial(norm_kernels.fused_norm, eps=1e-6, interpret=True)
+
+  def two(x, scale, bias):
+    y1, y2 = norm(x, scale, bias, copies=2)
+    return jnp.sum(y1 * w1) + jnp.sum(y2 * w2)
+
+  def one(x, scale, bias):
+    return jnp.sum(norm(x, scale, bias) * (w1 + w2))
+
+  y1, y2 = norm(x, scale, bias, copies=2)
+  np.testing.assert_array_equal(y1, norm(x, scale, bias))
+  np.testing.assert_array_equal(y2, y1)
+  argnums = (0, 1, 2) if bias is not None else (0, 1)
+  for got, want in zip(jax.grad(two, argnums)(x, scale, bias), jax.grad(one, argnums)(x, scale, bias)):
+    np.testing.assert_array_equal(got, want)
+  adds = [e for e in jax.make_jaxpr(jax.grad(two))(x, scale, bias).jaxpr.eqns
+          if e.primitive.name == "add_any" and e.outvars[0].aval.shape[-1] == 128]
+  assert adds == []  # one copy given both uses' gradients would have JAX add them first
+
+
 @pytest.mark.parametrize("kind, position", [("layernorm", "post"), ("layernorm", "pre"), ("rmsnorm", "pre")])
-def test_a_transformer_with_the_kernels_equals_one_without(kernels, kind, position):
+def test_a_transformer_with_the_kernels_equals_one_without(kernels, kind, position, monkeypatch):
   """The whole model (f32, packed padding in the batch): logits and every parameter's gradient
   with norm_impl="auto" (the kernels) equal those with norm_impl="xla"."""
   def run(impl):
@@ -95,7 +124,13 @@ def test_a_transformer_with_the_kernels_equals_one_without(kernels, kind, positi
       return jnp.sum(jax.nn.log_softmax(logits)[..., 3]), logits
     (_, logits), grads = jax.value_and_grad(loss, has_aux=True)(params)
     return logits, dict(nnx.to_flat_state(grads))
+  cotangents = []
+  backward = norm_kernels._backward
+  monkeypatch.setattr(norm_kernels, "_backward", lambda x, dys, *a: cotangents.append(len(dys)) or backward(x, dys, *a))
   (want, want_grads), (got, got_grads) = run("xla"), run("auto")
+  # post-norm: every norm's output is a Fork (residual path, next sublayer), its two gradients
+  # added in the kernel; the last of each stack gives the sublayer copy's zeros. Pre-norm: one.
+  assert cotangents == [2 if position == "post" else 1] * (2 * 2 + 3 * 2 + (position == "pre") * 2)
   np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * float(jnp.max(jnp.abs(want))))
   assert got_grads.keys() == want_grads.keys()
   for name, g in want_grads.items():
@@ -134,10 +169,10 @@ from seq2seq import sharding
 from seq2seq.model import norm_kernels
 mesh = Mesh(np.array(jax.devices()).reshape(2, 2, 2), sharding.MESH_AXES)
 rng = np.random.default_rng(0)
-x, w = (jnp.asarray(rng.standard_normal((8, 16, 128), dtype=np.float32)) for _ in range(2))
+x, w, w2 = (jnp.asarray(rng.standard_normal((8, 16, 128), dtype=np.float32)) for _ in range(3))
 scale, bias = (jnp.asarray(rng.standard_normal(128, dtype=np.float32)) for _ in range(2))
 
-def reference(x, scale, bias):
+def reference(x, scale, bias, w=w):
   centred = x - x.mean(-1, keepdims=True)
   return jnp.sum((centred * jax.lax.rsqrt(jnp.mean(centred ** 2, -1, keepdims=True) + 1e-6) * scale + bias) * w)
 
@@ -145,9 +180,17 @@ def kernel(x, scale, bias):
   with sharding.activation_mesh(mesh):
     return jnp.sum(norm_kernels.fused_norm(x, scale, bias, eps=1e-6, interpret=True) * w)
 
-got = jax.jit(jax.grad(kernel, argnums=(0, 1, 2)))(x, scale, bias)
-want = jax.grad(reference, argnums=(0, 1, 2))(x, scale, bias)
-print(max(float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b))) for a, b in zip(got, want)),
+def copies(x, scale, bias):  # two copies of the output, each with a gradient of its own
+  with sharding.activation_mesh(mesh):
+    y, y2 = norm_kernels.fused_norm(x, scale, bias, eps=1e-6, interpret=True, copies=2)
+    return jnp.sum(y * w) + jnp.sum(y2 * w2)
+
+def error(f, reference):
+  got = jax.jit(jax.grad(f, argnums=(0, 1, 2)))(x, scale, bias)
+  want = jax.grad(reference, argnums=(0, 1, 2))(x, scale, bias)
+  return max(float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b))) for a, b in zip(got, want))
+
+print(error(kernel, reference), error(copies, lambda *a: reference(*a, w=w + w2)),
       "shard_map" in str(jax.make_jaxpr(kernel)(x, scale, bias)))
 """
 
@@ -156,7 +199,8 @@ print(max(float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b))) for a, b in zip(g
 def test_the_kernels_run_per_device_in_shard_map_on_a_data_fsdp_tensor_mesh():
   """On a (2, 2, 2) mesh of fake CPU devices the kernels run in shard_map on each device's rows
   (the features whole) and the gradients of x, scale and bias equal the formula's: the scale
-  and bias gradients summed over the devices that hold rows, once."""
+  and bias gradients summed over the devices that hold rows, once; with two copies of the
+  output, the formula's given the sum of their gradients."""
   import os
   import subprocess
   import sys
@@ -167,8 +211,8 @@ def test_the_kernels_run_per_device_in_shard_map_on_a_data_fsdp_tensor_mesh():
   out = subprocess.run([sys.executable, "-c", ON_A_MESH], capture_output=True, text=True, timeout=300, cwd=REPO,
                        env=env)
   assert out.returncode == 0, out.stderr[-3000:]
-  error, used_shard_map = out.stdout.split()
-  assert used_shard_map == "True" and float(error) < 1e-6
+  error, copies_error, used_shard_map = out.stdout.split()
+  assert used_shard_map == "True" and float(error) < 1e-6 and float(copies_error) < 1e-6
 
 
 def test_the_device_checks_norm_rows_compare_the_kernels_with_xla(kernels, capsys):

@@ -161,6 +161,36 @@ def test_the_long_grid_covers_every_pair_then_every_triple_of_the_four_settings(
   assert set(marks.values()) == {"fast", "long"} and len(marks) == 86
 
 
+def test_a_post_norm_fork_is_the_norm_of_the_sum_to_the_bit():
+  """With XLA's norms (the CPU's), post-norm residual blocks that hand on a Fork (the norm's
+  output twice: residual path, next sublayer) give the formula norm(x + drop(f(x))) applied to a
+  plain array exactly: the same output and the same gradients, to the bit, dropout on."""
+  from seq2seq.model import transformer
+  from seq2seq.model.layers import Norm
+
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.standard_normal((2, 5, 16), dtype=np.float32))
+  w1, w2 = (jnp.asarray(rng.standard_normal((16, 16), dtype=np.float32)) for _ in range(2))
+  norms = [Norm("layernorm", 16, impl="xla", rngs=nnx.Rngs(i)) for i in range(2)]
+  keys = [jax.random.key(1), jax.random.key(2)]
+
+  def forked(x, w1, w2):
+    y = transformer.residual(x, lambda h: jnp.tanh(h @ w1), norms[0], pre=False, rate=0.3, rng=keys[0])
+    assert isinstance(y, transformer.Fork)
+    y = transformer.residual(y, lambda h: jnp.tanh(h @ w2), norms[1], pre=False, rate=0.3, rng=keys[1])
+    return jnp.sum(transformer.joined(y) ** 2)
+
+  def formula(x, w1, w2):
+    from seq2seq.model.layers import dropout
+    y = norms[0](x + dropout(jnp.tanh(x @ w1), 0.3, keys[0]))
+    y = norms[1](y + dropout(jnp.tanh(y @ w2), 0.3, keys[1]))
+    return jnp.sum(y ** 2)
+
+  got, want = (jax.value_and_grad(f, argnums=(0, 1, 2))(x, w1, w2) for f in (forked, formula))
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_array_equal(a, b)
+
+
 def test_dropout_depends_only_on_the_key():
   model = Transformer(small_config(dropout_rate=0.3), rngs=nnx.Rngs(0))
   fwd = nnx.jit(lambda m, key: m(SRC_BS, TGT_BT, dropout_rng=key))

@@ -275,10 +275,16 @@ class Norm(nnx.Module):
     if kind == "layernorm":
       self.bias_d = param(rngs, nnx.initializers.zeros, (d_model,), ("embed",))
 
-  def __call__(self, x_btd: jax.Array) -> jax.Array:
+  def __call__(self, x_btd: jax.Array, copies: int = 1):
+    """The normalised x; `copies` > 1: that many references to it (a tuple), whose gradients the
+    kernels add in their backward pass (`transformer.Fork`)."""
     if norm_kernels.chosen(self.impl, self.kind, x_btd.shape[-1], x_btd.dtype):  # GPUs: one pass each way
       bias_d = self.bias_d[...] if self.kind == "layernorm" else None
-      return norm_kernels.fused_norm(x_btd, self.scale_d[...], bias_d, eps=self.eps)
+      return norm_kernels.fused_norm(x_btd, self.scale_d[...], bias_d, eps=self.eps, copies=copies)
+    y = self._xla(x_btd)
+    return (y,) * copies if copies > 1 else y
+
+  def _xla(self, x_btd: jax.Array) -> jax.Array:
     x = x_btd.astype(jnp.float32)
     if self.kind == "rmsnorm":
       y = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps)

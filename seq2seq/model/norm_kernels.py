@@ -12,6 +12,11 @@ Here each program takes a block of rows whole (the feature axis, d, in one tile)
 - backward: from x, dy and those statistics, dx = rstd (g - mean(g) - x_hat mean(g x_hat)),
   g = dy * scale, and each block's partial sums of dy * x_hat and dy (f32 [blocks, d]), which
   one small XLA reduction adds up. RMSNorm: no mean, no bias, dx = rstd (g - x_hat mean(g x_hat)).
+- `copies`: the output returned that many times, as a post-norm's is (transformer.Fork: the
+  residual path and the next sublayer's input). Their gradients come in apart and the backward
+  kernel adds them as it reads them: JAX would add them first in an XLA kernel of its own, which
+  reads two [tokens, d] arrays and writes one (per norm of the wmt14_base step for an H200,
+  about 75 MB and a launch, 28 a step).
 
 Rows are [tokens, d] of the activations ([b, t, d] flattened); inside a train step's mesh the
 call runs per device in `jax.shard_map` over the batch (the residual stream's features are
@@ -73,12 +78,15 @@ def _forward_kernel(x_ref, scale_ref, *refs, eps: float, rms: bool):
   rstd_ref[...] = rstd
 
 
-def _backward_kernel(x_ref, dy_ref, scale_ref, *refs, rms: bool):
+def _backward_kernel(x_ref, *refs, rms: bool, cotangents: int):
+  dy_refs, (scale_ref, *refs) = refs[:cotangents], refs[cotangents:]
   if rms:
     rstd_ref, dx_ref, dscale_ref = refs
   else:
     mean_ref, rstd_ref, dx_ref, dscale_ref, dbias_ref = refs
-  x, dy = x_ref[...].astype(jnp.float32), dy_ref[...].astype(jnp.float32)
+  x, dy = x_ref[...].astype(jnp.float32), dy_refs[0][...].astype(jnp.float32)
+  for more_ref in dy_refs[1:]:  # the gradients of the output's other copies, added as they are read
+    dy = dy + more_ref[...].astype(jnp.float32)
   rstd = rstd_ref[...][:, None]
   x_hat = (x if rms else x - mean_ref[...][:, None]) * rstd
   g = dy * scale_ref[...].astype(jnp.float32)[None, :]
@@ -113,35 +121,35 @@ def _forward(x, scale, bias, eps: float, interpret: bool):
   )(x, scale, *(() if rms else (bias,)))
 
 
-def _backward(x, dy, scale, stats, rms: bool, interpret: bool):
+def _backward(x, dys, scale, stats, rms: bool, interpret: bool):
   rows, d = x.shape
   block = rows_block(rows, d)
   tile, stat, vector, partial = _specs(d, block)
   sums = 1 if rms else 2
   out = pl.pallas_call(
-      functools.partial(_backward_kernel, rms=rms), grid=(rows // block,),
-      in_specs=[tile, tile, vector] + [stat] * len(stats),
+      functools.partial(_backward_kernel, rms=rms, cotangents=len(dys)), grid=(rows // block,),
+      in_specs=[tile] * (1 + len(dys)) + [vector] + [stat] * len(stats),
       out_specs=[tile] + [partial] * sums,
       out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype)] +
       [jax.ShapeDtypeStruct((rows // block, d), jnp.float32)] * sums,
       compiler_params=_params(), interpret=interpret, name="seq2seq_norm_bwd",
-  )(x, dy, scale, *stats)
+  )(x, *dys, scale, *stats)
   return out[0], [jnp.sum(p, axis=0) for p in out[1:]]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _norm(x, scale, bias, eps: float, interpret: bool):
-  return _forward(x, scale, bias, eps, interpret)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _norm(x, scale, bias, eps: float, interpret: bool, copies: int):
+  return (_forward(x, scale, bias, eps, interpret)[0],) * copies
 
 
-def _norm_fwd(x, scale, bias, eps, interpret):
+def _norm_fwd(x, scale, bias, eps, interpret, copies):
   y, *stats = _forward(x, scale, bias, eps, interpret)
-  return y, (x, scale, bias, tuple(stats))
+  return (y,) * copies, (x, scale, bias, tuple(stats))
 
 
-def _norm_bwd(eps, interpret, residuals, dy):
+def _norm_bwd(eps, interpret, copies, residuals, dys):
   x, scale, bias, stats = residuals
-  dx, sums = _backward(x, dy, scale, stats, bias is None, interpret)
+  dx, sums = _backward(x, dys, scale, stats, bias is None, interpret)
   return dx, sums[0].astype(scale.dtype), None if bias is None else sums[1].astype(bias.dtype)
 
 
@@ -149,22 +157,24 @@ _norm.defvjp(_norm_fwd, _norm_bwd)
 
 
 def fused_norm(x_btd: jax.Array, scale_d: jax.Array, bias_d: jax.Array | None = None, *, eps: float,
-               interpret: bool = False) -> jax.Array:
+               interpret: bool = False, copies: int = 1):
   """LayerNorm (with `bias_d`) or RMSNorm (without) over the last axis, statistics in f32, the
-  result in x's dtype: what `seq2seq.model.layers.Norm` computes, in the kernels above.
-  Inside the train step's mesh, per device on its rows."""
+  result in x's dtype: what `seq2seq.model.layers.Norm` computes, in the kernels above; a tuple
+  of `copies` references to it if `copies` > 1. Inside the train step's mesh, per device on its rows."""
   bias = () if bias_d is None else (bias_d,)
 
   def local(x, scale, *bias):
     rows = x.reshape(-1, x.shape[-1])
-    return _norm(rows, scale, bias[0] if bias else None, eps, interpret).reshape(x.shape)
+    out = tuple(y.reshape(x.shape) for y in _norm(rows, scale, bias[0] if bias else None, eps, interpret, copies))
+    return out if copies > 1 else out[0]
 
   mesh = current_mesh()
   if mesh is None or mesh.size == 1:
     return local(x_btd, scale_d, *bias)
   spec = activation_spec(("batch",) + ("length",) * (x_btd.ndim - 2) + ("embed",), x_btd.shape, mesh)
   vector = jax.sharding.PartitionSpec(None)
-  return jax.shard_map(local, mesh=mesh, in_specs=(spec, vector) + (vector,) * len(bias), out_specs=spec,
+  return jax.shard_map(local, mesh=mesh, in_specs=(spec, vector) + (vector,) * len(bias),
+                       out_specs=(spec,) * copies if copies > 1 else spec,
                        check_vma=False)(x_btd, scale_d, *bias)
 
 

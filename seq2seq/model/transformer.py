@@ -23,7 +23,7 @@ config.model.max_len is refused while tracing (`LearnedPositions.check`).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -84,14 +84,29 @@ def _ffn(cfg: ModelConfig, rngs: nnx.Rngs) -> FeedForward:
                      hidden_dropout=cfg.ffn_dropout_rate, rngs=rngs)
 
 
+class Fork(NamedTuple):
+  """A post-norm's output, the same array twice: one for the residual path, one for the next
+  sublayer's input. Their gradients then reach the norm's backward apart, and on GPUs its kernel
+  adds them as it reads them (seq2seq/model/norm_kernels.py); JAX would add them first, in an
+  XLA pass of their own over [tokens, d] per norm (docs/scaling.md). `joined` ends a stack."""
+
+  residual: jax.Array
+  sublayer: jax.Array
+
+
+def joined(x_btd) -> jax.Array:
+  """The residual stream as one array (a `Fork`'s residual copy)."""
+  return x_btd.residual if isinstance(x_btd, Fork) else x_btd
+
+
 def residual(x_btd, sublayer, norm: Norm, *, pre: bool, rate: float, rng):
-  """Pre-norm: x + drop(f(norm(x))). Post-norm: norm(x + drop(f(x))). The residual stream
-  is split over the batch only (`sharding.ACTIVATION_RULES`)."""
+  """Pre-norm: x + drop(f(norm(x))). Post-norm: norm(x + drop(f(x))), as a `Fork`. The
+  residual stream is split over the batch only (`sharding.ACTIVATION_RULES`)."""
   if pre:
-    y_btd = x_btd + dropout(sublayer(norm(x_btd)), rate, rng)
-  else:
-    y_btd = norm(x_btd + dropout(sublayer(x_btd), rate, rng))
-  return constrain(y_btd, RESIDUAL)
+    return constrain(x_btd + dropout(sublayer(norm(x_btd)), rate, rng), RESIDUAL)
+  x = x_btd if isinstance(x_btd, Fork) else Fork(x_btd, x_btd)
+  y_btd = norm(x.residual + dropout(sublayer(x.sublayer), rate, rng), copies=2)
+  return Fork(*(constrain(y, RESIDUAL) for y in y_btd))
 
 
 class EncoderLayer(nnx.Module):
@@ -241,6 +256,7 @@ class Transformer(nnx.Module):
     bias_bnss = self._self_bias(self.encoder_bias, src_positions_bs, given)
     for i, layer in enumerate(self.encoder_layers):
       x_bsd = layer(x_bsd, mask, src_positions_bs, fold(dropout_rng, i + 1), bias_bnss)
+    x_bsd = joined(x_bsd)
     return x_bsd if self.encoder_norm is None else constrain(self.encoder_norm(x_bsd), RESIDUAL)
 
   def decode(self, tgt_in_bt, enc_bsd, src_segments_bs, *, tgt_segments_bt=None, tgt_positions_bt=None,
@@ -258,6 +274,7 @@ class Transformer(nnx.Module):
     bias_bntt = self._self_bias(self.decoder_bias, tgt_positions_bt, given)
     for i, layer in enumerate(self.decoder_layers):
       y_btd = layer(y_btd, self_mask, tgt_positions_bt, enc_bsd, cross_mask, fold(dropout_rng, i + 1), bias_bntt)
+    y_btd = joined(y_btd)
     if not project:
       return constrain(self._features(y_btd), RESIDUAL)
     return self._logits(y_btd, logits_dtype or self.cfg.logits_dtype)
@@ -326,7 +343,7 @@ class Transformer(nnx.Module):
       y_b1d, self_kv = layer.step(y_b1d, positions_b1, self_kv, cross_kv, index, cache.sentences["mask_bs"],
                                   bias_nl)
       rows.append(self_kv)
-    return self._logits(y_b1d)[:, 0], cache.replace(index=index + 1, rows=rows)
+    return self._logits(joined(y_b1d))[:, 0], cache.replace(index=index + 1, rows=rows)
 
 
 def abstract(cfg: ModelConfig) -> Transformer:
