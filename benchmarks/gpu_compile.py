@@ -24,7 +24,7 @@ the norms', as memory-bound ones) and every variant's step time and MFU are pred
 
   PYTHONPATH=build/gpu_compiler python benchmarks/gpu_compile.py --target=h200 \\
       --config=configs/wmt14_big.py --model=benchmarks/results/gpu_compile_h200.json \\
-      --variants=baseline,logits_bfloat16 --out=benchmarks/results/gpu_compile_h200_big.json
+      --variants=baseline,logits_bfloat16,no_bias --out=benchmarks/results/gpu_compile_h200_big.json
 
 What a compile here cannot see: autotuning (XLA takes its default GEMM tilings, and Triton GEMMs
 where a GPU might pick cuBLAS), so variants that change XLA flags or kernel tiles are compiled but

@@ -472,10 +472,10 @@ def _totals(costs: list, library: bool | None = None) -> dict:
 
 def fit(costs: list, measured_ms: dict, library_tflop: float) -> tuple[CostModel, dict]:
   """The CostModel whose predictions best match `measured_ms`, a profile table's ms per step
-  of the same program (whose attention takes `library_tflop` by the model formula): least squares of ms = bytes/bandwidth + launches x
-  launch_us over the memory-bound categories; the matmul rate from the matmuls' FLOPs and
-  measured time; the library kernels' time per category, what its measured time leaves after
-  its other kernels. Also, per fitted category, the measured and predicted ms and the
+  of the same program (its attention kernels do `library_tflop` by the model formula): least
+  squares of ms = bytes/bandwidth + launches x launch_us over the memory-bound categories; the
+  matmul rate from the matmuls' FLOPs and measured time; the library kernels' time per
+  category, what its measured time leaves after its other kernels. Also, per fitted category, the measured and predicted ms and the
   prediction of a fit without that category (how well the model predicts what it was not fitted to)."""
   import numpy as np
 
