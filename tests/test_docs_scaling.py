@@ -604,3 +604,18 @@ def test_the_big_paragraph_is_gpu_compile_h200_big_json():
   assert expected in _page()
   assert step - target < cat("attention") / 3 and [shape[0] * shape[2], cfg.vocab_size] == [24576, 37000]
   assert "([gpu_compile_h200_big.json](../benchmarks/results/gpu_compile_h200_big.json): the model above," in _raw()
+
+
+def test_the_pre_norm_sentence_is_gpu_compile_h200_pre_norm_json():
+  """The pre-norm counterpart of the post-norm's Fork: wmt14_base made pre-norm, compiled at HEAD
+  and as the commit before compiled it (`before`), on the wmt14_base record's model; the
+  sentence's figures are the record's."""
+  record, base = _record("gpu_compile_h200_pre_norm.json"), _record("gpu_compile_h200.json")
+  assert record["model"] == base["model"] and record["settings"] == ["model.norm_position=pre"]
+  assert record["variants"]["baseline"]["config"] == {"model.norm_position": "pre"} and record["before"]
+  before, after = record["before_table"], record["variants"]["baseline"]["table"]
+  assert (f"goes from {_fixed(before['ms_per_step'], 2)} to {_fixed(after['ms_per_step'], 2)} ms and from "
+          f"{_fixed(before['gb_per_step'], 1)} to {_fixed(after['gb_per_step'], 1)} GB, in the same "
+          f"{after['kernel_launches_per_step']} kernels (XLA had fused those adds into other kernels)") in _page()
+  assert before["kernel_launches_per_step"] == after["kernel_launches_per_step"]
+  assert "([gpu_compile_h200_pre_norm.json](../benchmarks/results/gpu_compile_h200_pre_norm.json))" in _raw()

@@ -230,6 +230,11 @@ def test_the_train_step_compiles_for_an_h100_on_this_cpu(tmp_path):
   for kernel in ("seq2seq_norm_fwd", "seq2seq_norm_bwd"):
     assert sum(f"({kernel})" in line for line in calls) == norms, kernel
   assert len(calls) == 3 * layers + 2 * norms
+  # pre-norm: each block's norm backward also takes the residual path's gradient of x (with_input),
+  # x, dy, that, scale, mean, rstd; the two final norms' take x, dy, scale, mean, rstd
+  operands = sorted(len(re.search(r"custom-call\(([^)]*)\)", line).group(1).split(","))
+                    for line in calls if "(seq2seq_norm_bwd)" in line)
+  assert operands == [5] * 2 + [6] * (norms - 2)
   costs = _pt().kernel_costs(hlo)
   model_cfg = ModelConfig.from_config(cfg.model, vocab_size=1024)  # 1000 would be padded to 1024 in a GEMM
   n_h, (b, s, t) = model_cfg.num_heads * model_cfg.head_size, (8, 32, 32)

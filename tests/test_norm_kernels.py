@@ -108,6 +108,36 @@ def test_copies_take_their_gradients_apart_and_add_them_in_the_kernel(kind):
   assert adds == []  # one copy given both uses' gradients would have JAX add them first
 
 
+@pytest.mark.parametrize("kind", norm_kernels.KINDS)
+def test_with_input_the_kernel_adds_the_gradient_of_x_handed_on(kind):
+  """`with_input` returns x beside the output, as a pre-norm hands x on to its residual path; the
+  backward kernel adds that copy's gradient to its d x: equal, to the bit, to JAX adding it to
+  the kernel's d x (f32), and JAX adds nothing of [rows, d] itself."""
+  rng = np.random.default_rng(3)
+  x, w1, w2 = (jnp.asarray(rng.standard_normal((3, 40, 128), dtype=np.float32)) for _ in range(3))
+  scale, bias = (jnp.asarray(rng.standard_normal(128, dtype=np.float32)) for _ in range(2))
+  bias = bias if kind == "layernorm" else None
+  norm = functools.partial(norm_kernels.fused_norm, eps=1e-6, interpret=True)
+
+  def handed_on(x, scale, bias):
+    y, x_copy = norm(x, scale, bias, with_input=True)
+    return jnp.sum(y * w1) + jnp.sum(x_copy * w2)
+
+  def apart(x, scale, bias):
+    return jnp.sum(norm(x, scale, bias) * w1) + jnp.sum(x * w2)
+
+  y, x_copy = norm(x, scale, bias, with_input=True)
+  np.testing.assert_array_equal(y, norm(x, scale, bias))
+  np.testing.assert_array_equal(x_copy, x)
+  argnums = (0, 1, 2) if bias is not None else (0, 1)
+  for got, want in zip(jax.grad(handed_on, argnums)(x, scale, bias), jax.grad(apart, argnums)(x, scale, bias)):
+    np.testing.assert_array_equal(got, want)
+  adds = [e for e in jax.make_jaxpr(jax.grad(handed_on))(x, scale, bias).jaxpr.eqns
+          if e.primitive.name == "add_any" and e.outvars[0].aval.shape[-1] == 128]
+  assert adds == [] and len([e for e in jax.make_jaxpr(jax.grad(apart))(x, scale, bias).jaxpr.eqns
+                             if e.primitive.name == "add_any" and e.outvars[0].aval.shape[-1] == 128]) == 1
+
+
 @pytest.mark.parametrize("kind, position", [("layernorm", "post"), ("layernorm", "pre"), ("rmsnorm", "pre")])
 def test_a_transformer_with_the_kernels_equals_one_without(kernels, kind, position, monkeypatch):
   """The whole model (f32, packed padding in the batch): logits and every parameter's gradient
@@ -126,11 +156,16 @@ def test_a_transformer_with_the_kernels_equals_one_without(kernels, kind, positi
     return logits, dict(nnx.to_flat_state(grads))
   cotangents = []
   backward = norm_kernels._backward
-  monkeypatch.setattr(norm_kernels, "_backward", lambda x, dys, *a: cotangents.append(len(dys)) or backward(x, dys, *a))
+  monkeypatch.setattr(norm_kernels, "_backward",
+                      lambda x, dys, dx_in, *a: cotangents.append((len(dys), dx_in is not None))
+                      or backward(x, dys, dx_in, *a))
   (want, want_grads), (got, got_grads) = run("xla"), run("auto")
   # post-norm: every norm's output is a Fork (residual path, next sublayer), its two gradients
-  # added in the kernel; the last of each stack gives the sublayer copy's zeros. Pre-norm: one.
-  assert cotangents == [2 if position == "post" else 1] * (2 * 2 + 3 * 2 + (position == "pre") * 2)
+  # added in the kernel; the last of each stack gives the sublayer copy's zeros. Pre-norm: each
+  # block's norm hands x on to the residual path and adds that gradient; the final norms, neither.
+  sublayers = 2 * 2 + 3 * 2
+  assert sorted(cotangents) == (sorted([(1, False)] * 2 + [(1, True)] * sublayers) if position == "pre"
+                                else [(2, False)] * sublayers)
   np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * float(jnp.max(jnp.abs(want))))
   assert got_grads.keys() == want_grads.keys()
   for name, g in want_grads.items():
@@ -190,7 +225,13 @@ def error(f, reference):
   want = jax.grad(reference, argnums=(0, 1, 2))(x, scale, bias)
   return max(float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b))) for a, b in zip(got, want))
 
+def handed_on(x, scale, bias):  # x itself beside the output, with a gradient of its own
+  with sharding.activation_mesh(mesh):
+    y, x_copy = norm_kernels.fused_norm(x, scale, bias, eps=1e-6, interpret=True, with_input=True)
+    return jnp.sum(y * w) + jnp.sum(x_copy * w2)
+
 print(error(kernel, reference), error(copies, lambda *a: reference(*a, w=w + w2)),
+      error(handed_on, lambda x, *a: reference(x, *a) + jnp.sum(x * w2)),
       "shard_map" in str(jax.make_jaxpr(kernel)(x, scale, bias)))
 """
 
@@ -200,7 +241,8 @@ def test_the_kernels_run_per_device_in_shard_map_on_a_data_fsdp_tensor_mesh():
   """On a (2, 2, 2) mesh of fake CPU devices the kernels run in shard_map on each device's rows
   (the features whole) and the gradients of x, scale and bias equal the formula's: the scale
   and bias gradients summed over the devices that hold rows, once; with two copies of the
-  output, the formula's given the sum of their gradients."""
+  output, the formula's given the sum of their gradients; with x handed on beside the output,
+  the formula's plus that copy's gradient."""
   import os
   import subprocess
   import sys
@@ -211,8 +253,8 @@ def test_the_kernels_run_per_device_in_shard_map_on_a_data_fsdp_tensor_mesh():
   out = subprocess.run([sys.executable, "-c", ON_A_MESH], capture_output=True, text=True, timeout=300, cwd=REPO,
                        env=env)
   assert out.returncode == 0, out.stderr[-3000:]
-  error, copies_error, used_shard_map = out.stdout.split()
-  assert used_shard_map == "True" and float(error) < 1e-6 and float(copies_error) < 1e-6
+  error, copies_error, input_error, used_shard_map = out.stdout.split()
+  assert used_shard_map == "True" and max(float(error), float(copies_error), float(input_error)) < 1e-6
 
 
 def test_the_device_checks_norm_rows_compare_the_kernels_with_xla(kernels, capsys):

@@ -161,10 +161,11 @@ def test_the_long_grid_covers_every_pair_then_every_triple_of_the_four_settings(
   assert set(marks.values()) == {"fast", "long"} and len(marks) == 86
 
 
-def test_a_post_norm_fork_is_the_norm_of_the_sum_to_the_bit():
+def test_residual_blocks_are_their_formulas_to_the_bit():
   """With XLA's norms (the CPU's), post-norm residual blocks that hand on a Fork (the norm's
   output twice: residual path, next sublayer) give the formula norm(x + drop(f(x))) applied to a
-  plain array exactly: the same output and the same gradients, to the bit, dropout on."""
+  plain array exactly, and pre-norm blocks that hand x on through the norm (`with_input`) give
+  x + drop(f(norm(x))): the same output and the same gradients, to the bit, dropout on."""
   from seq2seq.model import transformer
   from seq2seq.model.layers import Norm
 
@@ -187,6 +188,21 @@ def test_a_post_norm_fork_is_the_norm_of_the_sum_to_the_bit():
     return jnp.sum(y ** 2)
 
   got, want = (jax.value_and_grad(f, argnums=(0, 1, 2))(x, w1, w2) for f in (forked, formula))
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_array_equal(a, b)
+
+  def pre_blocks(x, w1, w2):  # pre-norm: x handed on through the norm (with_input)
+    for norm, w, key in zip(norms, (w1, w2), keys):
+      x = transformer.residual(x, lambda h, w=w: jnp.tanh(h @ w), norm, pre=True, rate=0.3, rng=key)
+    return jnp.sum(x ** 2)
+
+  def pre_formula(x, w1, w2):
+    from seq2seq.model.layers import dropout
+    for norm, w, key in zip(norms, (w1, w2), keys):
+      x = x + dropout(jnp.tanh(norm(x) @ w), 0.3, key)
+    return jnp.sum(x ** 2)
+
+  got, want = (jax.value_and_grad(f, argnums=(0, 1, 2))(x, w1, w2) for f in (pre_blocks, pre_formula))
   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     np.testing.assert_array_equal(a, b)
 

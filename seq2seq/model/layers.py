@@ -275,14 +275,16 @@ class Norm(nnx.Module):
     if kind == "layernorm":
       self.bias_d = param(rngs, nnx.initializers.zeros, (d_model,), ("embed",))
 
-  def __call__(self, x_btd: jax.Array, copies: int = 1):
+  def __call__(self, x_btd: jax.Array, copies: int = 1, with_input: bool = False):
     """The normalised x; `copies` > 1: that many references to it (a tuple), whose gradients the
-    kernels add in their backward pass (`transformer.Fork`)."""
+    kernels add in their backward pass (`transformer.Fork`); `with_input`: x itself after them,
+    whose gradient the backward kernel adds to its own (a pre-norm's residual path)."""
     if norm_kernels.chosen(self.impl, self.kind, x_btd.shape[-1], x_btd.dtype):  # GPUs: one pass each way
       bias_d = self.bias_d[...] if self.kind == "layernorm" else None
-      return norm_kernels.fused_norm(x_btd, self.scale_d[...], bias_d, eps=self.eps, copies=copies)
-    y = self._xla(x_btd)
-    return (y,) * copies if copies > 1 else y
+      return norm_kernels.fused_norm(x_btd, self.scale_d[...], bias_d, eps=self.eps, copies=copies,
+                                     with_input=with_input)
+    out = (self._xla(x_btd),) * copies + ((x_btd,) if with_input else ())
+    return out if len(out) > 1 else out[0]
 
   def _xla(self, x_btd: jax.Array) -> jax.Array:
     x = x_btd.astype(jnp.float32)

@@ -17,6 +17,8 @@ Here each program takes a block of rows whole (the feature axis, d, in one tile)
   kernel adds them as it reads them: JAX would add them first in an XLA kernel of its own, which
   reads two [tokens, d] arrays and writes one (per norm of the wmt14_base step for an H200,
   about 75 MB and a launch, 28 a step).
+- `with_input`: x returned beside the output, for a pre-norm's residual path: the backward
+  kernel adds that copy's gradient to dx as it writes it, where JAX would add the two after it.
 
 Rows are [tokens, d] of the activations ([b, t, d] flattened); inside a train step's mesh the
 call runs per device in `jax.shard_map` over the batch (the residual stream's features are
@@ -78,8 +80,9 @@ def _forward_kernel(x_ref, scale_ref, *refs, eps: float, rms: bool):
   rstd_ref[...] = rstd
 
 
-def _backward_kernel(x_ref, *refs, rms: bool, cotangents: int):
-  dy_refs, (scale_ref, *refs) = refs[:cotangents], refs[cotangents:]
+def _backward_kernel(x_ref, *refs, rms: bool, cotangents: int, with_input: bool):
+  dy_refs, refs = refs[:cotangents], refs[cotangents:]
+  dx_in_ref, (scale_ref, *refs) = (refs[0], refs[1:]) if with_input else (None, refs)
   if rms:
     rstd_ref, dx_ref, dscale_ref = refs
   else:
@@ -94,7 +97,10 @@ def _backward_kernel(x_ref, *refs, rms: bool, cotangents: int):
   if not rms:
     dx = dx - jnp.mean(g, axis=1)[:, None]
     dbias_ref[...] = jnp.sum(dy, axis=0)[None, :]
-  dx_ref[...] = (dx * rstd).astype(dx_ref.dtype)
+  dx = dx * rstd
+  if with_input:  # the gradient of x's copy handed on beside the output (the residual path's)
+    dx = dx + dx_in_ref[...].astype(jnp.float32)
+  dx_ref[...] = dx.astype(dx_ref.dtype)
   dscale_ref[...] = jnp.sum(dy * x_hat, axis=0)[None, :]
 
 
@@ -121,35 +127,38 @@ def _forward(x, scale, bias, eps: float, interpret: bool):
   )(x, scale, *(() if rms else (bias,)))
 
 
-def _backward(x, dys, scale, stats, rms: bool, interpret: bool):
+def _backward(x, dys, dx_in, scale, stats, rms: bool, interpret: bool):
   rows, d = x.shape
   block = rows_block(rows, d)
   tile, stat, vector, partial = _specs(d, block)
   sums = 1 if rms else 2
+  dx_in = () if dx_in is None else (dx_in,)
   out = pl.pallas_call(
-      functools.partial(_backward_kernel, rms=rms, cotangents=len(dys)), grid=(rows // block,),
-      in_specs=[tile] * (1 + len(dys)) + [vector] + [stat] * len(stats),
+      functools.partial(_backward_kernel, rms=rms, cotangents=len(dys), with_input=bool(dx_in)),
+      grid=(rows // block,),
+      in_specs=[tile] * (1 + len(dys) + len(dx_in)) + [vector] + [stat] * len(stats),
       out_specs=[tile] + [partial] * sums,
       out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype)] +
       [jax.ShapeDtypeStruct((rows // block, d), jnp.float32)] * sums,
       compiler_params=_params(), interpret=interpret, name="seq2seq_norm_bwd",
-  )(x, *dys, scale, *stats)
+  )(x, *dys, *dx_in, scale, *stats)
   return out[0], [jnp.sum(p, axis=0) for p in out[1:]]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
-def _norm(x, scale, bias, eps: float, interpret: bool, copies: int):
-  return (_forward(x, scale, bias, eps, interpret)[0],) * copies
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
+def _norm(x, scale, bias, eps: float, interpret: bool, copies: int, with_input: bool):
+  return (_forward(x, scale, bias, eps, interpret)[0],) * copies + ((x,) if with_input else ())
 
 
-def _norm_fwd(x, scale, bias, eps, interpret, copies):
+def _norm_fwd(x, scale, bias, eps, interpret, copies, with_input):
   y, *stats = _forward(x, scale, bias, eps, interpret)
-  return (y,) * copies, (x, scale, bias, tuple(stats))
+  return (y,) * copies + ((x,) if with_input else ()), (x, scale, bias, tuple(stats))
 
 
-def _norm_bwd(eps, interpret, copies, residuals, dys):
+def _norm_bwd(eps, interpret, copies, with_input, residuals, cotangents):
   x, scale, bias, stats = residuals
-  dx, sums = _backward(x, dys, scale, stats, bias is None, interpret)
+  dx_in = cotangents[copies] if with_input else None
+  dx, sums = _backward(x, cotangents[:copies], dx_in, scale, stats, bias is None, interpret)
   return dx, sums[0].astype(scale.dtype), None if bias is None else sums[1].astype(bias.dtype)
 
 
@@ -157,16 +166,18 @@ _norm.defvjp(_norm_fwd, _norm_bwd)
 
 
 def fused_norm(x_btd: jax.Array, scale_d: jax.Array, bias_d: jax.Array | None = None, *, eps: float,
-               interpret: bool = False, copies: int = 1):
+               interpret: bool = False, copies: int = 1, with_input: bool = False):
   """LayerNorm (with `bias_d`) or RMSNorm (without) over the last axis, statistics in f32, the
   result in x's dtype: what `seq2seq.model.layers.Norm` computes, in the kernels above; a tuple
-  of `copies` references to it if `copies` > 1. Inside the train step's mesh, per device on its rows."""
+  of `copies` references to it if `copies` > 1, and x itself after them if `with_input`. Inside
+  the train step's mesh, per device on its rows."""
   bias = () if bias_d is None else (bias_d,)
 
   def local(x, scale, *bias):
     rows = x.reshape(-1, x.shape[-1])
-    out = tuple(y.reshape(x.shape) for y in _norm(rows, scale, bias[0] if bias else None, eps, interpret, copies))
-    return out if copies > 1 else out[0]
+    out = tuple(y.reshape(x.shape)
+                for y in _norm(rows, scale, bias[0] if bias else None, eps, interpret, copies, with_input))
+    return out if len(out) > 1 else out[0]
 
   mesh = current_mesh()
   if mesh is None or mesh.size == 1:
@@ -174,7 +185,7 @@ def fused_norm(x_btd: jax.Array, scale_d: jax.Array, bias_d: jax.Array | None = 
   spec = activation_spec(("batch",) + ("length",) * (x_btd.ndim - 2) + ("embed",), x_btd.shape, mesh)
   vector = jax.sharding.PartitionSpec(None)
   return jax.shard_map(local, mesh=mesh, in_specs=(spec, vector) + (vector,) * len(bias),
-                       out_specs=(spec,) * copies if copies > 1 else spec,
+                       out_specs=(spec,) * (copies + with_input) if copies + with_input > 1 else spec,
                        check_vma=False)(x_btd, scale_d, *bias)
 
 

@@ -102,8 +102,9 @@ def joined(x_btd) -> jax.Array:
 def residual(x_btd, sublayer, norm: Norm, *, pre: bool, rate: float, rng):
   """Pre-norm: x + drop(f(norm(x))). Post-norm: norm(x + drop(f(x))), as a `Fork`. The
   residual stream is split over the batch only (`sharding.ACTIVATION_RULES`)."""
-  if pre:
-    return constrain(x_btd + dropout(sublayer(norm(x_btd)), rate, rng), RESIDUAL)
+  if pre:  # x handed on through the norm too: its two gradients meet in the norm's backward
+    h_btd, x_btd = norm(x_btd, with_input=True)
+    return constrain(x_btd + dropout(sublayer(h_btd), rate, rng), RESIDUAL)
   x = x_btd if isinstance(x_btd, Fork) else Fork(x_btd, x_btd)
   y_btd = norm(x.residual + dropout(sublayer(x.sublayer), rate, rng), copies=2)
   return Fork(*(constrain(y, RESIDUAL) for y in y_btd))
