@@ -79,63 +79,43 @@ def test_in_bfloat16_the_kernels_round_once_as_xla_does(kernels):
     np.testing.assert_allclose(dp1[name], dp0[name], rtol=1e-5, atol=1e-5 * float(jnp.max(jnp.abs(dp0[name]))))
 
 
+def _norm_adds(f, *args) -> int:
+  """JAX's additions of [rows, d] gradients (`add_any`) in the gradient of `f` (d = 128)."""
+  return sum(e.primitive.name == "add_any" and e.outvars[0].aval.shape[-1] == 128
+             for e in jax.make_jaxpr(jax.grad(f))(*args).jaxpr.eqns)
+
+
 @pytest.mark.parametrize("kind", norm_kernels.KINDS)
-def test_copies_take_their_gradients_apart_and_add_them_in_the_kernel(kind):
-  """`copies=2` returns the output twice; given a gradient for each, the backward kernel reads
-  both and adds them: d x and the parameters' gradients equal, to the bit, those of one copy
-  given their sum (f32, the same addition), and JAX adds nothing of [rows, d] before the kernel."""
+@pytest.mark.parametrize("handed_on", ["copies", "with_input"])
+def test_the_kernel_adds_the_gradients_of_what_it_hands_on(kind, handed_on):
+  """`copies=2` returns the output twice (a post-norm's Fork), `with_input` x beside it (a
+  pre-norm's residual path); each copy takes a gradient of its own, and the backward kernel adds
+  them as it reads them (copies) or adds x's to its d x (with_input). d x and the parameters'
+  gradients equal, to the bit, those of the one-output kernel with JAX adding the gradients (f32,
+  the same additions), and JAX adds nothing of [rows, d] itself."""
   rng = np.random.default_rng(2)
   x, w1, w2 = (jnp.asarray(rng.standard_normal((3, 40, 128), dtype=np.float32)) for _ in range(3))
   scale, bias = (jnp.asarray(rng.standard_normal(128, dtype=np.float32)) for _ in range(2))
   bias = bias if kind == "layernorm" else None
   norm = functools.partial(norm_kernels.fused_norm, eps=1e-6, interpret=True)
+  copies = handed_on == "copies"
+  second = lambda x, y: y if copies else x  # what the second output is: the output again, or x
 
-  def two(x, scale, bias):
-    y1, y2 = norm(x, scale, bias, copies=2)
-    return jnp.sum(y1 * w1) + jnp.sum(y2 * w2)
+  def kernel(x, scale, bias):
+    y, other = norm(x, scale, bias, **({"copies": 2} if copies else {"with_input": True}))
+    return jnp.sum(y * w1) + jnp.sum(other * w2)
 
-  def one(x, scale, bias):
-    return jnp.sum(norm(x, scale, bias) * (w1 + w2))
+  def jax_adds(x, scale, bias):  # one output; its uses' gradients added by JAX
+    y = norm(x, scale, bias)
+    return jnp.sum(y * w1) + jnp.sum(second(x, y) * w2)
 
-  y1, y2 = norm(x, scale, bias, copies=2)
-  np.testing.assert_array_equal(y1, norm(x, scale, bias))
-  np.testing.assert_array_equal(y2, y1)
-  argnums = (0, 1, 2) if bias is not None else (0, 1)
-  for got, want in zip(jax.grad(two, argnums)(x, scale, bias), jax.grad(one, argnums)(x, scale, bias)):
-    np.testing.assert_array_equal(got, want)
-  adds = [e for e in jax.make_jaxpr(jax.grad(two))(x, scale, bias).jaxpr.eqns
-          if e.primitive.name == "add_any" and e.outvars[0].aval.shape[-1] == 128]
-  assert adds == []  # one copy given both uses' gradients would have JAX add them first
-
-
-@pytest.mark.parametrize("kind", norm_kernels.KINDS)
-def test_with_input_the_kernel_adds_the_gradient_of_x_handed_on(kind):
-  """`with_input` returns x beside the output, as a pre-norm hands x on to its residual path; the
-  backward kernel adds that copy's gradient to its d x: equal, to the bit, to JAX adding it to
-  the kernel's d x (f32), and JAX adds nothing of [rows, d] itself."""
-  rng = np.random.default_rng(3)
-  x, w1, w2 = (jnp.asarray(rng.standard_normal((3, 40, 128), dtype=np.float32)) for _ in range(3))
-  scale, bias = (jnp.asarray(rng.standard_normal(128, dtype=np.float32)) for _ in range(2))
-  bias = bias if kind == "layernorm" else None
-  norm = functools.partial(norm_kernels.fused_norm, eps=1e-6, interpret=True)
-
-  def handed_on(x, scale, bias):
-    y, x_copy = norm(x, scale, bias, with_input=True)
-    return jnp.sum(y * w1) + jnp.sum(x_copy * w2)
-
-  def apart(x, scale, bias):
-    return jnp.sum(norm(x, scale, bias) * w1) + jnp.sum(x * w2)
-
-  y, x_copy = norm(x, scale, bias, with_input=True)
+  y, other = norm(x, scale, bias, **({"copies": 2} if copies else {"with_input": True}))
   np.testing.assert_array_equal(y, norm(x, scale, bias))
-  np.testing.assert_array_equal(x_copy, x)
+  np.testing.assert_array_equal(other, second(x, y))
   argnums = (0, 1, 2) if bias is not None else (0, 1)
-  for got, want in zip(jax.grad(handed_on, argnums)(x, scale, bias), jax.grad(apart, argnums)(x, scale, bias)):
+  for got, want in zip(jax.grad(kernel, argnums)(x, scale, bias), jax.grad(jax_adds, argnums)(x, scale, bias)):
     np.testing.assert_array_equal(got, want)
-  adds = [e for e in jax.make_jaxpr(jax.grad(handed_on))(x, scale, bias).jaxpr.eqns
-          if e.primitive.name == "add_any" and e.outvars[0].aval.shape[-1] == 128]
-  assert adds == [] and len([e for e in jax.make_jaxpr(jax.grad(apart))(x, scale, bias).jaxpr.eqns
-                             if e.primitive.name == "add_any" and e.outvars[0].aval.shape[-1] == 128]) == 1
+  assert _norm_adds(kernel, x, scale, bias) == 0 and _norm_adds(jax_adds, x, scale, bias) == 1
 
 
 @pytest.mark.parametrize("kind, position", [("layernorm", "post"), ("layernorm", "pre"), ("rmsnorm", "pre")])
