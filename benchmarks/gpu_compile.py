@@ -142,9 +142,9 @@ def compile_child(args) -> None:
     from seq2seq.training import plan
 
     step = plan.compile_step(config, devices, (rows * variant.rows, s, t))
+  compile_s = time.perf_counter() - start
   formula = {"model_tflop": flops.train_step_flops(step.model_cfg, *step.shape) / 1e12,
              "attention_tflop": 3 * flops.attention_flops(step.model_cfg, *step.shape) / 1e12}  # forward and back
-  compile_s = time.perf_counter() - start
   hlo = step.compiled.as_text()
   pathlib.Path(args.hlo).write_text(hlo)
   memory = step.compiled.memory_analysis()

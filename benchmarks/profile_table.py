@@ -475,8 +475,9 @@ def fit(costs: list, measured_ms: dict, library_tflop: float) -> tuple[CostModel
   of the same program (its attention kernels do `library_tflop` by the model formula): least
   squares of ms = bytes/bandwidth + launches x launch_us over the memory-bound categories; the
   matmul rate from the matmuls' FLOPs and measured time; the library kernels' time per
-  category, what its measured time leaves after its other kernels. Also, per fitted category, the measured and predicted ms and the
-  prediction of a fit without that category (how well the model predicts what it was not fitted to)."""
+  category, what its measured time leaves after its other kernels. Also, per fitted category,
+  the measured and predicted ms and the prediction of a fit without that category (how well the
+  model predicts what it was not fitted to)."""
   import numpy as np
 
   totals = _totals(costs, library=False)

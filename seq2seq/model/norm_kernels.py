@@ -171,13 +171,13 @@ def fused_norm(x_btd: jax.Array, scale_d: jax.Array, bias_d: jax.Array | None = 
   result in x's dtype: what `seq2seq.model.layers.Norm` computes, in the kernels above; a tuple
   of `copies` references to it if `copies` > 1, and x itself after them if `with_input`. Inside
   the train step's mesh, per device on its rows."""
-  bias = () if bias_d is None else (bias_d,)
+  bias, outputs = () if bias_d is None else (bias_d,), copies + with_input
 
   def local(x, scale, *bias):
     rows = x.reshape(-1, x.shape[-1])
     out = tuple(y.reshape(x.shape)
                 for y in _norm(rows, scale, bias[0] if bias else None, eps, interpret, copies, with_input))
-    return out if len(out) > 1 else out[0]
+    return out if outputs > 1 else out[0]
 
   mesh = current_mesh()
   if mesh is None or mesh.size == 1:
@@ -185,7 +185,7 @@ def fused_norm(x_btd: jax.Array, scale_d: jax.Array, bias_d: jax.Array | None = 
   spec = activation_spec(("batch",) + ("length",) * (x_btd.ndim - 2) + ("embed",), x_btd.shape, mesh)
   vector = jax.sharding.PartitionSpec(None)
   return jax.shard_map(local, mesh=mesh, in_specs=(spec, vector) + (vector,) * len(bias),
-                       out_specs=(spec,) * (copies + with_input) if copies + with_input > 1 else spec,
+                       out_specs=(spec,) * outputs if outputs > 1 else spec,
                        check_vma=False)(x_btd, scale_d, *bias)
 
 
