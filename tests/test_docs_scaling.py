@@ -619,3 +619,71 @@ def test_the_pre_norm_sentence_is_gpu_compile_h200_pre_norm_json():
           f"{after['kernel_launches_per_step']} kernels (XLA had fused those adds into other kernels)") in _page()
   assert before["kernel_launches_per_step"] == after["kernel_launches_per_step"]
   assert "([gpu_compile_h200_pre_norm.json](../benchmarks/results/gpu_compile_h200_pre_norm.json))" in _raw()
+
+
+TRITON_KERNELS = {"seq2seq_flash_forward": "forward", "seq2seq_flash_dkdv": "dK/dV", "seq2seq_flash_dq": "dQ"}
+
+
+def triton_kernels_table() -> str:
+  """The machine-code table: per tiling of triton_kernels_h100.json, in its order, the decoder
+  self-attention's three kernels (registers; bytes spilled; HGMMA:HMMA; programs x warps an SM),
+  named by the device check's variant of those tiles."""
+  from seq2seq.model.flash import Blocks
+
+  record, device_check = _record("triton_kernels_h100.json"), benchmark("device_check")
+  names = {Blocks.parse(v.flash_blocks).spec(): f"`{n}`" for n, v in device_check.VARIANTS.items() if v.flash_blocks}
+  names[Blocks().spec()] = "the default"
+  tilings = {}
+  for row in record["kernels"]:
+    if row["problem"] == "self causal":
+      tilings.setdefault(row["blocks"], {})[row["kernel"]] = row
+  cell = lambda r: f"{r['registers']}; {r['stack_bytes']}; {r['hgmma']}:{r['hmma']}; {r['programs_per_sm']}x{r['warps']}"
+  lines = ["| variant | tiles | forward | dK/dV | dQ |", "|---|---|---|---|---|"]
+  for spec, kernels in tilings.items():
+    lines.append(f"| {names.get(spec, '-')} | `{spec}` | " + " | ".join(cell(kernels[k]) for k in TRITON_KERNELS) + " |")
+  return "\n".join(lines)
+
+
+def triton_kernels_figures() -> dict:
+  """The figures the section's bullets quote, from the record."""
+  from seq2seq.model.flash import Blocks
+
+  record, device_check = _record("triton_kernels_h100.json"), benchmark("device_check")
+  spec = lambda name: Blocks.parse(device_check.VARIANTS[name].flash_blocks).spec()
+  row = lambda blocks, kernel, problem="self causal": next(
+      r for r in record["kernels"] if (r["blocks"], r["kernel"], r["problem"]) == (blocks, kernel, problem))
+  return {"DKDV_SPILL": row(spec("flash_tiles_128"), "seq2seq_flash_dkdv")["stack_bytes"],
+          "NORM_BWD_REGISTERS": row("", "seq2seq_norm_bwd", "layernorm")["registers"],
+          "NORM_FWD_PROGRAMS": {1: "one", 2: "two", 3: "three"}[row("", "seq2seq_norm_fwd", "layernorm")["programs_per_sm"]]}
+
+
+def test_the_machine_code_section_is_triton_kernels_h100_json():
+  """'The kernels' machine code': the table and the bullets' figures are the record's; what the
+  bullets say of each tiling holds there (the default's backward kernels issue HMMA only,
+  flash_tiles_128's dK/dV spills, flash_backward_64's three kernels issue HGMMA only and spill
+  nothing, for every attention of the step)."""
+  from seq2seq.model.flash import Blocks
+
+  record, device_check, raw = _record("triton_kernels_h100.json"), benchmark("device_check"), _raw()
+  assert triton_kernels_table() in raw
+  figures = triton_kernels_figures()
+  page = _page()
+  assert (f"holds 255 registers and spills {figures['DKDV_SPILL']} bytes a thread" in page
+          and f"the backward takes {figures['NORM_BWD_REGISTERS']} registers a thread, so an SM holds one program of "
+          f"8 warps (the forward {figures['NORM_FWD_PROGRAMS']})" in page)
+  assert record["versions"] == {"jax": "0.11.2", "triton": "3.9.0"} and record["target"] == "h100"
+  assert "Triton 3.9.0 and jax 0.11.2 ([triton_kernels_h100.json](../benchmarks/results/triton_kernels_h100.json);" in page
+  by = {(r["blocks"], r["kernel"], r["problem"]): r for r in record["kernels"]}
+  default, wide = Blocks().spec(), Blocks.parse(device_check.VARIANTS["flash_backward_64"].flash_blocks).spec()
+  for problem in ("self", "self causal", "cross"):
+    assert by[default, "seq2seq_flash_forward", problem]["hgmma"] > 0
+    for kernel in ("seq2seq_flash_dkdv", "seq2seq_flash_dq"):
+      assert by[default, kernel, problem]["hgmma"] == 0 < by[default, kernel, problem]["hmma"]
+    for kernel in TRITON_KERNELS:
+      row = by[wide, kernel, problem]
+      assert row["hmma"] == 0 < row["hgmma"] and row["stack_bytes"] == 0, row
+  assert [by[default, k, "self causal"]["programs_per_sm"] for k in ("seq2seq_flash_dkdv", "seq2seq_flash_dq")] == [3, 5]
+  assert by[wide, "seq2seq_flash_dkdv", "self causal"]["registers"] == 240
+  assert by[wide, "seq2seq_flash_dq", "self causal"]["registers"] == 166
+  assert "(240 and 166 registers), against three and five of 4 warps now" in page
+  assert by[Blocks.parse("dkdv=64x64,dq=64x64").spec(), "seq2seq_flash_dkdv", "self causal"]["stack_bytes"] == 128
