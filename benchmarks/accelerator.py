@@ -26,7 +26,17 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 def load_config(path: str):
-  """The ConfigDict of a config file."""
+  """The ConfigDict of a config file, or of a shipped config named by the path's last part
+  (`tiny`, `wmt14_base.py`); SystemExit with one `error:` line if it is neither."""
+  from seq2seq import configs
+
+  if not pathlib.Path(path).is_file():
+    shipped = configs.resolve(pathlib.Path(path).name.removesuffix(".py"))
+    if not pathlib.Path(shipped).is_file():
+      print(f"error: --config={path}: no such file, and no shipped config has that name; shipped configs: "
+            f"{', '.join(configs.names())}", file=sys.stderr)
+      sys.exit(2)
+    path = shipped
   spec = importlib.util.spec_from_file_location("benchmark_config", path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)

@@ -306,7 +306,8 @@ def main() -> None:
   os.environ["JAX_PLATFORMS"] = "cpu"
   if args.child:
     return compile_child(args)
-  compile_only_devices(TARGETS[args.target], args.devices)  # the compiler is there, before any child starts
+  device_check.accelerator.load_config(str(REPO / args.config))  # the config is there (else one `error:` line)
+  compile_only_devices(TARGETS[args.target], args.devices)  # and the compiler, before any child starts
   with tempfile.TemporaryDirectory(prefix="gpu_compile_") as scratch:
     folder = pathlib.Path(args.hlo_dir or scratch)
     folder.mkdir(parents=True, exist_ok=True)

@@ -257,9 +257,9 @@ def main():
   except ValueError as err:
     print(f"error: {err}", file=sys.stderr)
     sys.exit(2)
+  config, _ = device_check._configured(str(REPO / args.config), args.dtype, True, ())
   target = gpu_compile.TARGETS[args.target]
   device = gpu_compile.compile_only_devices(target)[0]
-  config, _ = device_check._configured(str(REPO / args.config), args.dtype, True, ())
   kernels = step_kernels(config, args.blocks or ["default"], shape, device)
 
   with tempfile.TemporaryDirectory() as scratch:

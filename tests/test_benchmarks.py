@@ -33,6 +33,20 @@ def test_nominal_peak_takes_the_most_specific_device_kind_and_the_dtype():
   assert not hasattr(_accelerator(), "PEAK_TFLOPS")  # one table, in seq2seq.model.flops
 
 
+def test_benchmarks_take_a_config_by_path_or_by_shipped_name(capsys):
+  """accelerator.load_config, which every benchmark's --config goes through: a file, a shipped
+  config's name (also under another folder, as scripts prefix the repository) or NAME.py give
+  the same config; anything else ends in one `error:` line naming it, with exit 2."""
+  load = _accelerator().load_config
+  by_path = load(str(REPO / "configs" / "tiny.py")).to_dict()
+  assert load("tiny").to_dict() == load(str(REPO / "tiny")).to_dict() == load("tiny.py").to_dict() == by_path
+  with pytest.raises(SystemExit) as stop:
+    load(str(REPO / "nope"))
+  assert stop.value.code == 2
+  assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
+      f"error: --config={REPO / 'nope'}: no such file, and no shipped config has that name; shipped configs: ")
+
+
 @pytest.mark.long
 def test_accelerator_benchmark_runs_on_the_cpu_with_a_measured_peak(tmp_path):
   out = subprocess.run([sys.executable, "benchmarks/accelerator.py", "--config=configs/tiny.py", "--dtype=float32",

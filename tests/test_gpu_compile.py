@@ -193,7 +193,8 @@ def test_gpu_compile_without_the_compiler_says_what_to_install():
 @pytest.mark.parametrize("args, match", [
     (["--variants=nope"], "unknown nope"), (["--variants=logits_bfloat16", "--measured=README.md"], "must start with"),
     (["--measured=no/such.json"], "no file no/such.json"), (["--before_hlo=no/such.txt"], "no file no/such.txt"),
-    (["--target=a100"], "invalid choice: 'a100'")])
+    (["--target=a100"], "invalid choice: 'a100'"),
+    (["--config=nope"], "no such file, and no shipped config has that name")])
 def test_gpu_compile_refuses_bad_flags_in_one_line(args, match):
   out = _gpu_compile(*args)
   assert out.returncode == 2 and match in out.stderr.strip().splitlines()[-1], out.stderr[-2000:]
