@@ -4,20 +4,20 @@ SM holds, and which matrix instructions it runs (Hopper's warpgroup `HGMMA` or A
 `HMMA`, which an H100 runs at a fraction of its tensor-core rate).
 
   pip install --no-deps --target=build/gpu_compiler "jax-cuda12-plugin==$JAX" "jax-cuda12-pjrt==$JAX"
-  pip install --no-deps --target=build/triton triton            # Triton's compiler and ptxas
+  pip install --no-deps --target=build/triton "triton==3.9.0"     # Triton's compiler and ptxas
   PYTHONPATH=build/gpu_compiler python benchmarks/triton_kernels.py --triton=build/triton \\
-      --blocks=default --blocks=forward=128x64,dkdv=128x32,dq=128x32,stages=3 \\
-      --out=benchmarks/results/triton_kernels_h100.json
+      --blocks=default --blocks=dkdv=64x64,dq=64x64,backward_warps=8 --out=FILE
 
-For each `--blocks` (seq2seq.model.flash.Blocks.parse form; `default` is the kernels' own tiles):
-the gradient of the flash kernels (self-attention, the encoder's and the decoder's, causal, q, k
-and v read in place from the fused projection; cross-attention) and of the norm kernels (`--config`'s norm, as its
-blocks hand it on) are lowered for the target (compile-only devices of
-benchmarks/gpu_compile.py, at `--shape`'s rows and lengths and the config's heads), and each
-kernel's Triton IR (what XLA would compile) is taken from its custom call. A child process,
-with Triton on its path, compiles each kernel for sm_90a (Triton's own passes, then ptxas) and
-reads the binary with cuobjdump: registers, stack and local memory, shared memory, and the
-SASS instructions by kind. Occupancy follows from Hopper's per-SM limits (OCCUPANCY_LIMITS).
+For each `--blocks` (seq2seq.model.flash.Blocks.parse form; `default` is the kernels' own tiles),
+the flash kernels' gradient (self-attention, the encoder's and the decoder's, causal, q, k and v
+read in place from the fused projection; cross-attention) is lowered for the target (a
+compile-only device of benchmarks/gpu_compile.py, at `--shape`'s rows and lengths and the
+config's heads), and so, once, is the norm kernels' (the config's norm, handed on as its blocks
+do). Each kernel's Triton IR, what XLA would compile, is taken from its custom call. A child
+process, with Triton on its path, compiles each kernel for sm_90a (Triton's own passes, then
+ptxas) and reads the binary with cuobjdump: registers, stack and local memory, shared memory,
+and the SASS instructions by kind. Occupancy follows from Hopper's per-SM limits
+(OCCUPANCY_LIMITS).
 
 What this cannot see: the kernels' speed (only a GPU times it), and XLA's Triton: it compiles
 the same IR with the Triton it was built with, not the pip `triton` used here, so registers and
