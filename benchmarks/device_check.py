@@ -469,6 +469,8 @@ VARIANTS = {  # in the order they run: the likeliest gains first
                               group="flash"),
     "cublaslt": Variant(xla_flags="--xla_gpu_enable_cublaslt=true"),  # bias and ReLU in the GEMM's epilogue
     "adam_mu_bfloat16": Variant(("train.adam_mu_dtype=bfloat16",)),
+    # no global gradient norm each step (its per-parameter reductions; the guard checks the loss alone)
+    "no_grad_norm": Variant(("train.grad_norm=False",)),
     "loss_chunk_32": Variant(("train.loss_chunk=32",)),  # no [tokens, vocab] logits held: 8 chunks of 256 positions
     "rows_x2": Variant(rows=2),
     "no_command_buffers": Variant(xla_flags="--xla_gpu_enable_command_buffer=", group="command_buffers"),

@@ -440,12 +440,14 @@ def test_the_logits_dtype_may_change_on_resume_and_runs_from_before_it_load():
 @pytest.mark.parametrize("section, key, value", [  # two short trainings per setting; CI runs the loss in chunks
     pytest.param("model", "logits_dtype", "bfloat16", marks=pytest.mark.long),
     pytest.param("train", "adam_mu_dtype", "bfloat16", marks=pytest.mark.long),
-    pytest.param("train", "loss_chunk", 4, marks=pytest.mark.slow)])
+    pytest.param("train", "loss_chunk", 4, marks=pytest.mark.slow),
+    pytest.param("train", "grad_norm", False, marks=pytest.mark.long)])
 def test_the_speed_options_resume_exactly(uninterrupted, section, key, value, data_dir, session_cache, tmp_path):
-  """bf16 logits, bf16 Adam first moments and the loss in chunks (issue 62's options): a run
-  stopped at step 15 and rerun ends bit-identical to the same run uninterrupted. The bf16
-  runs' losses are not the float32 run's (the option took effect); the chunked run's equal
-  the unchunked run's up to float32 summation order."""
+  """bf16 logits, bf16 Adam first moments, the loss in chunks and no gradient norm (issue 62's
+  options): a run stopped at step 15 and rerun ends bit-identical to the same run uninterrupted.
+  The bf16 runs' losses are not the float32 run's (the option took effect); the chunked run's
+  equal the unchunked run's up to float32 summation order; without the gradient norm, to the
+  bit, and its records hold no grad_norm."""
   def config(steps):
     c = tiny(data_dir, session_cache, steps=steps)
     c[section][key] = value
@@ -459,6 +461,10 @@ def test_the_speed_options_resume_exactly(uninterrupted, section, key, value, da
   assert resumed == whole and sorted(whole) == [5, 10, 15, 20, 25, 30]
   if key == "loss_chunk":
     np.testing.assert_allclose([whole[s] for s in sorted(whole)], [f32[s] for s in sorted(whole)], rtol=1e-5)
+  elif key == "grad_norm":
+    assert whole == {s: f32[s] for s in whole}
+    assert not any("grad_norm" in r for r in metrics.read(tmp_path / "whole"))
+    assert all("grad_norm" in r for r in metrics.read(uninterrupted) if "loss" in r)
   else:
     assert whole[30] != f32[30]
   for x, y in zip(jax.tree.leaves(final_params(tmp_path / "whole")), jax.tree.leaves(final_params(tmp_path / "resumed"))):

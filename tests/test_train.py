@@ -76,13 +76,13 @@ def test_mesh_sizes_from_config():
     sharding.mesh_shape({"data": -1, "fsdp": -1, "tensor": 1}, 8)
 
 
-def _steps(accum_steps, loss_chunk=0, **model):
+def _steps(accum_steps, loss_chunk=0, grad_norm=True, **model):
   from seq2seq.configs import default
 
   config = default.get_config()
   config.train.update(label_smoothing=0.1, schedule="constant", learning_rate=1e-2, warmup_steps=0, steps=5,
                       adam_b1=0.9, adam_b2=0.98, adam_eps=1e-9, weight_decay=0.0, grad_clip_norm=0.0,
-                      accum_steps=accum_steps, loss_chunk=loss_chunk)
+                      accum_steps=accum_steps, loss_chunk=loss_chunk, grad_norm=grad_norm)
   model_cfg = ModelConfig(**dict(vocab_size=64, d_model=16, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
                                  d_ff=32, dropout_rate=0.0) | model)
   mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, jax.devices()[:1])
@@ -134,6 +134,43 @@ def test_a_step_with_the_loss_in_chunks_equals_the_step_without(tie_output):
   assert len(jax.tree.leaves(grads)) == len(jax.tree.leaves(grads_0))
   for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_0)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6 * scale)
+
+
+@pytest.mark.parametrize("accum_steps", [1, 2])
+def test_without_the_gradient_norm_a_step_updates_the_same_and_the_guard_checks_the_loss(accum_steps, capsys):
+  """`train.grad_norm=False`: the state after a step (one batch, or two micro-batches) equals the
+  default's to the bit, and its metrics hold no grad_norm, nor does the logged record or line;
+  the guard still finds a step whose gradients (and so loss) are NaN."""
+  from seq2seq.training import report
+  from seq2seq.training.guard import DivergenceGuard
+  from seq2seq.training.train import _check
+  from seq2seq.training.window import Window
+
+  batch = batches(1, rows=8)[0]
+  split = [{k: v[:4] for k, v in batch.items()}, {k: v[4:] for k, v in batch.items()}][:accum_steps]
+  after = {}
+  for grad_norm in (True, False):
+    steps, state, mesh = _steps(accum_steps, grad_norm=grad_norm)
+    after[grad_norm] = steps.update(state, [sharding.put_batch(b, mesh) for b in (split if accum_steps > 1 else [batch])])
+  (with_norm, m_with), (without, m_without) = after[True], after[False]
+  for a, b in zip(jax.tree.leaves((with_norm.params, with_norm.opt_state)),
+                  jax.tree.leaves((without.params, without.opt_state)), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert set(m_with) - set(m_without) == {"grad_norm"} and float(m_with["grad_norm"]) > 0
+  window = Window.after(0)
+  window.add(m_without, [{"tokens": 1, "real": 1, "slots": 1, "flops": 1.0}], 0.0)
+  record = window.summary([jax.device_get(m_without)], (1.0, "config"), 1.0)
+  assert "grad_norm" not in record and record["learning_rate"] > 0
+  bar = type("Bar", (), {"disable": True, "set_postfix": lambda self, **kw: None})()
+  report.log_line(bar, 1, dict(record, loss=1.0, accuracy=0.5, perplexity=2.7))
+  line = capsys.readouterr().out
+  assert line.startswith("step 1: loss 1.0000") and " lr " in line and "gnorm" not in line, line
+  steps, state, mesh = _steps(1, grad_norm=False)
+  _, poisoned = steps.update(state, [sharding.put_batch(batch, mesh)], True)
+  window = Window.after(0)
+  window.add(poisoned, [], 0.0)
+  reason, step = _check(DivergenceGuard(), window)
+  assert step == 1 and reason.startswith("non-finite loss nan"), reason
 
 
 def test_the_loss_in_chunks_holds_no_logits():

@@ -111,6 +111,10 @@ def get_config() -> ml_collections.ConfigDict:
       weight_decay=0.0,
       adam_mu_dtype="",  # "" = the parameters' (float32); "bfloat16" halves the first moment's memory
       grad_clip_norm=0.0,  # 0 = off
+      # The gradient's global norm every step: logged (grad_norm) and checked by the divergence
+      # guard. False leaves out its per-parameter reductions (on a GPU about 130 small kernels of
+      # wmt14_base's step; docs/scaling.md) and the guard checks the loss alone.
+      grad_norm=True,
       accum_steps=1,  # micro-batches per update (token-weighted gradient accumulation)
       rng_impl="threefry2x32",  # dropout key PRNG (threefry2x32 | rbg); masks hash the key, layers.keep_mask
       # FLOP/s of all devices, MFU's denominator. 0 = the device kind's nominal dense peak for model.dtype

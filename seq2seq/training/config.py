@@ -36,6 +36,7 @@ class TrainConfig:
   weight_decay: float
   adam_mu_dtype: str  # "": the parameters' dtype
   grad_clip_norm: float  # 0: off
+  grad_norm: bool  # the gradient's global norm each step (logged, guarded); False: not computed
   accum_steps: int  # micro-batches per update
   rng_impl: str  # dropout key PRNG
   peak_flops: float  # MFU's denominator; 0: the device's nominal peak (seq2seq.model.flops)

@@ -100,8 +100,9 @@ def summary(config, model_cfg: ModelConfig, mesh, workdir: str, peak_lr: float |
 def log_line(bar, step: int, values: dict) -> None:
   bar.set_postfix(loss=f"{values['loss']:.3f}", tok_s=f"{values['target_tokens_per_s']:.0f}")
   if bar.disable and jax.process_index() == 0:
+    gnorm = f"gnorm {values['grad_norm']:.3g} " if "grad_norm" in values else ""  # absent: train.grad_norm off
     print(f"step {step}: loss {values['loss']:.4f} acc {values['accuracy']:.3f} ppl {values['perplexity']:.2f} "
-          f"lr {values['learning_rate']:.3g} gnorm {values['grad_norm']:.3g} "
+          f"lr {values['learning_rate']:.3g} {gnorm}"
           f"tok/s {values['target_tokens_per_s']:.0f} mfu {values['mfu']:.1%}", flush=True)
 
 

@@ -75,24 +75,25 @@ def grad_sums(params, batch, key, *, graphdef, label_smoothing, poison=False, pa
   return grads, sums
 
 
-def apply_gradients(state: TrainState, grads, sums, *, tx, schedule):
-  """One optimizer update from summed gradients: divides by the target token count."""
+def apply_gradients(state: TrainState, grads, sums, *, tx, schedule, grad_norm=True):
+  """One optimizer update from summed gradients: divides by the target token count.
+  `grad_norm`: the metrics include the gradient's global norm (`train.grad_norm`)."""
   grads = jax.tree.map(lambda g: g / jnp.maximum(sums["tokens"], 1.0), grads)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   updates = jax.tree.map(lambda u: u * state.lr_scale, updates)
   new_state = state.replace(params=optax.apply_updates(state.params, updates), opt_state=opt_state,
                             step=state.step + 1)
-  return new_state, sums | {"grad_norm": optax.tree.norm(grads),
-                            "learning_rate": schedule(state.step) * state.lr_scale}
+  norm = {"grad_norm": optax.tree.norm(grads)} if grad_norm else {}
+  return new_state, sums | norm | {"learning_rate": schedule(state.step) * state.lr_scale}
 
 
 def train_step(state: TrainState, batch, poison=False, *, seed, rng_impl, graphdef, label_smoothing, tx, schedule,
-               packed=True, loss_chunk=0):
+               packed=True, loss_chunk=0, grad_norm=True):
   """A full update on one batch (no accumulation): forward, backward, optimizer."""
   key = dropout_key(seed, state.step, 0, rng_impl)
   grads, sums = grad_sums(state.params, batch, key, graphdef=graphdef, label_smoothing=label_smoothing,
                           poison=poison, packed=packed, loss_chunk=loss_chunk)
-  return apply_gradients(state, grads, sums, tx=tx, schedule=schedule)
+  return apply_gradients(state, grads, sums, tx=tx, schedule=schedule, grad_norm=grad_norm)
 
 
 def accumulate(acc, params, batch, step, micro, *, seed, rng_impl, graphdef, label_smoothing, packed=True,
@@ -122,10 +123,11 @@ class Steps:
     batch_sh = sharding.batch_sharding(mesh)
     self.accum_steps = t.accum_steps
     on_mesh = lambda fn: sharding.with_activation_mesh(fn, mesh)  # activations laid out by logical axes
-    self.train = jax.jit(on_mesh(functools.partial(train_step, tx=tx, schedule=schedule, **common)),
+    self.train = jax.jit(on_mesh(functools.partial(train_step, tx=tx, schedule=schedule, grad_norm=t.grad_norm,
+                                                   **common)),
                          in_shardings=(shardings, batch_sh, None), out_shardings=(shardings, None), donate_argnums=0)
     self.accumulate = jax.jit(on_mesh(functools.partial(accumulate, **common)))
-    self.apply = jax.jit(functools.partial(apply_gradients, tx=tx, schedule=schedule),
+    self.apply = jax.jit(functools.partial(apply_gradients, tx=tx, schedule=schedule, grad_norm=t.grad_norm),
                          out_shardings=(shardings, None), donate_argnums=(0, 1))
     self.eval = jax.jit(on_mesh(functools.partial(eval_sums, graphdef=graphdef, packed=packed,
                                                   loss_chunk=t.loss_chunk)))
@@ -352,12 +354,13 @@ def _stopping(stop: checkpoint.StopSignal, due: set[str]) -> bool:
 
 def _check(guard: DivergenceGuard | None, window: Window) -> tuple[str | None, int]:
   """(reason, step) of the first step since the last check that diverged, or (None, 0).
-  Reads the window's per-step loss and gradient norm back from the devices in one transfer."""
+  Reads the window's per-step loss and gradient norm (0 where `train.grad_norm` is off: the
+  loss alone is checked) back from the devices in one transfer."""
   unchecked, first = window.unchecked()
   if guard is None or not unchecked:
     return None, 0
-  return guard.first_divergence(jax.device_get([(m["loss_sum"], m["tokens"], m["grad_norm"]) for m in unchecked]),
-                                first)
+  return guard.first_divergence(
+      jax.device_get([(m["loss_sum"], m["tokens"], m.get("grad_norm", 0.0)) for m in unchecked]), first)
 
 
 def _log(run: Run, step: int, window: Window) -> dict:

@@ -56,7 +56,7 @@ class Window:
     elapsed = time.perf_counter() - self.start
     return summarize(totals) | {
         "learning_rate": float(fetched[-1]["learning_rate"]),
-        "grad_norm": float(fetched[-1]["grad_norm"]),
+        **({"grad_norm": float(fetched[-1]["grad_norm"])} if "grad_norm" in fetched[-1] else {}),  # train.grad_norm
         "target_tokens_per_s": self.tokens / elapsed,
         "padding_fraction": 1.0 - self.real / max(self.slots, 1),
         "mfu": self.flops / elapsed / peak[0],
