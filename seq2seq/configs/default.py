@@ -113,7 +113,8 @@ def get_config() -> ml_collections.ConfigDict:
       grad_clip_norm=0.0,  # 0 = off
       # The gradient's global norm every step: logged (grad_norm) and checked by the divergence
       # guard. False leaves out its per-parameter reductions (on a GPU about 130 small kernels of
-      # wmt14_base's step; docs/scaling.md) and the guard checks the loss alone.
+      # wmt14_base's step; docs/scaling.md) and the guard checks the loss alone. Clipping
+      # (grad_clip_norm) computes the norm all the same.
       grad_norm=True,
       accum_steps=1,  # micro-batches per update (token-weighted gradient accumulation)
       rng_impl="threefry2x32",  # dropout key PRNG (threefry2x32 | rbg); masks hash the key, layers.keep_mask
