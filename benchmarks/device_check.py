@@ -417,13 +417,40 @@ def steps_section(args, dtype: str, timeout: float) -> dict:
 
 
 def flash_section(args, timeout: float) -> dict:
+  """The child's checks and timings, and the matrix instructions of the Pallas kernels as XLA
+  compiled them on this GPU (`ptx`: from the PTX XLA dumps; benchmarks/triton_kernels.py
+  predicts them without a GPU, from another build of Triton)."""
   command = [sys.executable, str(pathlib.Path(__file__).resolve()), "--section=flash", f"--shape={args.shape}",
              f"--timed_steps={args.timed_steps}"]
-  child = run_child(command, timeout)
+  with tempfile.TemporaryDirectory(prefix="flash_dump_") as dump:
+    flags = " ".join(filter(None, [os.environ.get("XLA_FLAGS", ""), f"--xla_dump_to={dump}"]))
+    child = run_child(command, timeout, env={"XLA_FLAGS": flags})
+    ptx = pallas_instruction_kinds(p.read_text(errors="replace") for p in pathlib.Path(dump).glob("*.ptx"))
   rows = child["objects"]
   result = {"command": shlex.join(command), "checks": [r for r in rows if "case" in r],
-            "timing": {r.pop("timing"): r for r in rows if "timing" in r}}
+            "timing": {r.pop("timing"): r for r in rows if "timing" in r}, "ptx": ptx}
   return result if rows else result | {"error": _failure(child, timeout)}
+
+
+PTX_KINDS = {"wgmma": r"\bwgmma\.mma_async\b", "mma_sync": r"\bmma\.sync\b"}  # Hopper's and the warp-level
+
+
+def pallas_instruction_kinds(texts) -> dict:
+  """{kernel: {wgmma, mma_sync, entries}}: the matrix instructions in the PTX entries of the
+  project's Pallas kernels (seq2seq_*; XLA may suffix a copy's name with _N), summed over the
+  entries of each name in the PTX `texts`."""
+  kinds = {}
+  for text in texts:
+    entries = re.split(r"^\s*(?:\.\w+\s+)*\.entry\s+", text, flags=re.M)[1:]  # .visible .entry NAME(
+    for body in entries:
+      name = re.sub(r"_\d+$", "", re.match(r"[\w$]+", body).group(0))
+      if not name.startswith("seq2seq_"):
+        continue
+      row = kinds.setdefault(name, {kind: 0 for kind in PTX_KINDS} | {"entries": 0})
+      row["entries"] += 1
+      for kind, pattern in PTX_KINDS.items():
+        row[kind] += len(re.findall(pattern, body))
+  return dict(sorted(kinds.items()))
 
 
 # Changes the profile points to (issue 62), each timed alone against the baseline in the same

@@ -220,9 +220,11 @@ def compile_child(folder: pathlib.Path) -> None:
     cubin.write_bytes(compiled.asm["cubin"])
     dump = lambda *flags: subprocess.run([str(tools / "cuobjdump"), *flags, str(cubin)], capture_output=True,
                                          text=True, check=True).stdout
+    (ptx,) = device_check.pallas_instruction_kinds([compiled.asm["ptx"]]).values()  # as the GPU check reads XLA's
     print(json.dumps({"index": int(source.stem), "dynamic_shared_bytes": compiled.metadata.shared,
                       **parse_resource_usage(dump("--dump-resource-usage")),
-                      **count_instructions(dump("-sass"))}), flush=True)
+                      **count_instructions(dump("-sass")), "ptx_wgmma": ptx["wgmma"],
+                      "ptx_mma_sync": ptx["mma_sync"]}), flush=True)
 
 
 def main():

@@ -80,6 +80,7 @@ def test_device_check_smoke_writes_every_section(real_data_dir, tmp_path):
   assert all("norm_impl='pallas' cannot run here" in row["error"] for row in norm_checks)
   timing = sections["flash"]["timing"]  # XLA's attention at the step's rows and target length; the kernel needs a GPU
   assert timing["xla"]["shape"] == [8, 32, 8, 64] and timing["xla"]["causal_packed_fwd_bwd_ms"] > 0, timing
+  assert sections["flash"]["ptx"] == {}  # XLA:CPU writes no PTX: on a GPU, the kernels' matrix instructions
   decode = sections["decode"]
   assert decode["identical_hypotheses"] and decode["modes"]["planned"]["programs"] <= 3, decode
   for dtype in ("bfloat16", "float32"):

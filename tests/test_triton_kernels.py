@@ -116,6 +116,8 @@ def test_the_kernels_compile_for_sm_90_and_only_tiles_of_64_use_hopper_s_matrix_
       assert row["warps"] == (4 if name == "seq2seq_flash_forward" else 8)
   for row in record["kernels"]:
     assert 0 < row["registers"] <= 255 and row["programs_per_sm"] >= 1 and row["dynamic_shared_bytes"] > 0, row
+    # the GPU check's reading of PTX (device_check.pallas_instruction_kinds) agrees with the SASS
+    assert (row["ptx_wgmma"] > 0) == (row["hgmma"] > 0) and (row["ptx_mma_sync"] > 0) == (row["hmma"] > 0), row
 
 
 @pytest.mark.slow
@@ -129,3 +131,35 @@ def test_triton_kernels_without_triton_says_so_in_one_line(tmp_path):
   assert out.returncode == 2, out.stderr[-2000:]
   last = out.stderr.strip().splitlines()[-1]
   assert last.startswith("error: compiling the kernels with Triton failed") and "No module named 'triton'" in last
+
+
+PTX = """
+.version 8.7
+.target sm_90a
+.visible .entry seq2seq_flash_dq(
+  .param .u64 seq2seq_flash_dq_param_0
+)
+{
+\twgmma.fence.sync.aligned;
+\twgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%f1, %f2}, %rd1, %rd2, p, 1, 1, 0, 1;
+\twgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%f1, %f2}, %rd3, %rd4, p, 1, 1, 0, 1;
+}
+.visible .entry seq2seq_flash_dq_1(
+)
+{
+\tmma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%f1}, {%r1}, {%r2}, {%f1};
+}
+.entry loop_add_fusion(
+)
+{
+\tmma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%f1}, {%r1}, {%r2}, {%f1};
+}
+"""
+
+
+def test_the_gpu_check_counts_each_pallas_kernel_s_matrix_instructions_in_xla_s_ptx():
+  """device_check's flash section reads the PTX XLA dumps on the GPU: per project kernel (a
+  copy's _N suffix folded in), Hopper's wgmma and the warp-level mma.sync; XLA's own kernels
+  are left out, and a fence is not a multiply."""
+  kinds = benchmark("device_check").pallas_instruction_kinds([PTX, ""])
+  assert kinds == {"seq2seq_flash_dq": {"wgmma": 2, "mma_sync": 1, "entries": 2}}

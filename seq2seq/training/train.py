@@ -127,8 +127,10 @@ class Steps:
                                                    **common)),
                          in_shardings=(shardings, batch_sh, None), out_shardings=(shardings, None), donate_argnums=0)
     self.accumulate = jax.jit(on_mesh(functools.partial(accumulate, **common)))
+    # the state is donated (its buffers become the new state's); the summed gradients are not:
+    # no output has their shapes to reuse them, and XLA warned so at every compile
     self.apply = jax.jit(functools.partial(apply_gradients, tx=tx, schedule=schedule, grad_norm=t.grad_norm),
-                         out_shardings=(shardings, None), donate_argnums=(0, 1))
+                         out_shardings=(shardings, None), donate_argnums=0)
     self.eval = jax.jit(on_mesh(functools.partial(eval_sums, graphdef=graphdef, packed=packed,
                                                   loss_chunk=t.loss_chunk)))
 
