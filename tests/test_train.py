@@ -141,7 +141,8 @@ def test_a_step_with_the_loss_in_chunks_equals_the_step_without(tie_output):
 def test_without_the_gradient_norm_a_step_updates_the_same_and_the_guard_checks_the_loss(accum_steps, capsys):
   """`train.grad_norm=False`: the state after a step (one batch, or two micro-batches) equals the
   default's to the bit, and its metrics hold no grad_norm, nor does the logged record or line;
-  the guard still finds a step whose gradients (and so loss) are NaN."""
+  the guard still finds a step whose gradients (and so loss) are NaN. Applying accumulated
+  gradients compiles without XLA's warning of donated buffers it cannot use."""
   from seq2seq.training import report
   from seq2seq.training.guard import DivergenceGuard
   from seq2seq.training.train import _check
