@@ -134,7 +134,7 @@ def step_kernels(config, specs: list[str], shape: tuple[int, int, int], device) 
   rows, s, t = shape
   model = ModelConfig.from_config(config.model, vocab_size=config.data.vocab_size)
   heads, head_dim, d = model.num_heads, model.head_size, model.d_model
-  placed = {"sharding": jax.sharding.SingleDeviceSharding(device)}
+  placed = {"sharding": jax.sharding.make_single_device_sharding(device)}
   array = lambda *dims, kind=model.compute_dtype: jax.ShapeDtypeStruct(dims, kind, **placed)
   segments = lambda length: array(rows, length, kind=jnp.int32)
   biases = (array(heads, head_dim), array(heads, head_dim)) if model.use_bias else ()  # q's and v's
