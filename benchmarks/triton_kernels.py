@@ -68,6 +68,11 @@ class Kernel:
   stages: int
   ir: str  # Triton IR (tt dialect), as text
 
+  @property
+  def build(self) -> tuple:
+    """What Triton compiles: two kernels alike in these are compiled once."""
+    return self.name, self.ir, self.warps, self.stages
+
 
 def triton_calls(module) -> list[dict]:
   """The backend configs of the Triton custom calls in a lowered StableHLO module, in order:
@@ -120,8 +125,8 @@ def lowered_kernels(fn, args, problem: str) -> list[Kernel]:
   return list(kernels.values())
 
 
-def step_kernels(config, specs: list[str], shape: tuple[int, int, int], device) -> list[tuple[str, Kernel]]:
-  """(tiling, kernel) of the flash kernels at each of `specs` (Blocks.parse form, or "default"):
+def step_kernels(config, tilings: list, shape: tuple[int, int, int], device) -> list[tuple[str, Kernel]]:
+  """(tiling's spec, kernel) of the flash kernels at each of `tilings` (seq2seq.model.flash.Blocks):
   forward and both gradients of self-attention (the encoder's, and the decoder's, causal: read
   in place from the fused projection) and of cross-attention; then ("", kernel) of the norm kernels, forward and
   gradient, as the config's blocks hand their norms on. At the step's shape, for `device`."""
@@ -157,8 +162,7 @@ def step_kernels(config, specs: list[str], shape: tuple[int, int, int], device) 
 
   found = []
   with jax.default_device(device):  # Pallas reads the GPU it lowers for from the default device
-    for spec in specs:
-      blocks = flash.Blocks() if spec == "default" else flash.Blocks.parse(spec)
+    for blocks in tilings:
       self_args = ((array(rows, t, heads, 3, head_dim),), segments(t), segments(t), *biases)
       cross_args = ((array(rows, t, heads, 1, head_dim), array(rows, s, heads, 2, head_dim)), segments(t),
                     segments(s), *biases)
@@ -250,9 +254,7 @@ def main():
   from seq2seq.model import flash
 
   try:
-    for spec in args.blocks:
-      if spec != "default":
-        flash.Blocks.parse(spec)
+    tilings = [flash.Blocks() if spec == "default" else flash.Blocks.parse(spec) for spec in args.blocks or ["default"]]
     shape = tuple(int(x) for x in args.shape.split("x")) if re.fullmatch(r"\d+x\d+x\d+", args.shape) else ()
     if not shape:
       raise ValueError(f"--shape={args.shape!r}: rows x source x target, such as 96x256x256")
@@ -262,15 +264,14 @@ def main():
   config, _ = device_check._configured(str(REPO / args.config), args.dtype, True, ())
   target = gpu_compile.TARGETS[args.target]
   device = gpu_compile.compile_only_devices(target)[0]
-  kernels = step_kernels(config, args.blocks or ["default"], shape, device)
+  kernels = step_kernels(config, tilings, shape, device)
 
   with tempfile.TemporaryDirectory() as scratch:
     folder = pathlib.Path(scratch)
     unique = {}  # the same kernel (the norms, tiles two specs share) is compiled once
     for _, kernel in kernels:
-      if (kernel.name, kernel.ir, kernel.warps, kernel.stages) not in unique:
-        index = len(unique)
-        unique[kernel.name, kernel.ir, kernel.warps, kernel.stages] = index
+      if kernel.build not in unique:
+        index = unique[kernel.build] = len(unique)
         (folder / f"{index}.ttir").write_text(kernel.ir)
         (folder / f"{index}.json").write_text(json.dumps(
             {"warps": kernel.warps, "stages": kernel.stages,
@@ -286,7 +287,7 @@ def main():
 
   rows = []
   for spec, kernel in kernels:
-    usage = dict(compiled[unique[kernel.name, kernel.ir, kernel.warps, kernel.stages]])
+    usage = dict(compiled[unique[kernel.build]])
     del usage["index"]
     shared = usage["static_shared_bytes"] + usage["dynamic_shared_bytes"]
     fit = occupancy(usage["registers"], shared, kernel.warps, shared_per_sm=target.shared_memory_per_sm)
