@@ -282,6 +282,23 @@ def test_profile_after_traces_the_winners_of_the_variants_that_ran_before_it(mon
   assert device_check.profile_after_section(args, 60) == {} and traced == [["logits_bfloat16", "rows_x2"]]
 
 
+def test_the_ffn_bias_apart_variant_reaches_the_layers_of_its_child(monkeypatch):
+  """`ffn_bias_apart` (and `xla_norms`, the step as it was before the norm kernels) hand their
+  child --bias_apart, which turns layers.BIAS_IN_MATMUL off there; a union keeps it."""
+  from seq2seq.model import flash, layers
+
+  device_check = _device_check()
+  variant = device_check.VARIANTS["ffn_bias_apart"]
+  assert variant.child_flags() == ["--bias_apart"] and "--bias_apart" in device_check.VARIANTS["xla_norms"].child_flags()
+  assert device_check.union(["logits_bfloat16", "ffn_bias_apart"]).bias_apart
+  assert not device_check.union(["logits_bfloat16", "no_bias"]).bias_apart
+  monkeypatch.setattr(layers, "BIAS_IN_MATMUL", True)
+  monkeypatch.setattr(flash, "IN_PLACE", True)
+  args = device_check.parse(["--section=steps", *variant.child_flags()])
+  device_check._set_flash_blocks(args.flash_blocks, args.flash_sliced, args.bias_apart)
+  assert layers.BIAS_IN_MATMUL is False and flash.IN_PLACE is True
+
+
 def test_every_variants_xla_flags_are_flags_this_xla_knows():
   """XLA parses every backend's flags on any platform and aborts at an unknown one, so a
   misspelt GPU flag in VARIANTS fails here, not in a GPU session's variant child; the

@@ -368,7 +368,7 @@ def test_the_variants_table_is_device_checks_variants():
   compile_s = _record("device_check_nvidia_h100_80gb_hbm3.json")["sections"]["steps_bfloat16"]["packed"]["compile_s"]
   assert f"(the H100's device check compiled the packed step in {compile_s:.0f} s)" in page
   call = page.split("--budget_s=570", 1)[1].split("--variants=", 1)[1].split(" ", 1)[0]  # the device check's call
-  assert len(call.split(",")) == 5 and "one call holds about eight: the five above, the baseline with packed" in page
+  assert len(call.split(",")) == 6 and "one call holds about nine: the six above, the baseline with packed" in page
 
 
 def test_the_flash_checks_gradients_are_the_two_h100_records():
@@ -385,6 +385,19 @@ def test_the_flash_checks_gradients_are_the_two_h100_records():
   assert "def test_flash_queries_without_keys_attend_to_nothing" in (REPO / "tests" / "test_attention.py").read_text()
 
 
+def profiled_ffn_matmuls(profile: dict) -> dict:
+  """The H200 profile's two forward FFN matmuls, µs a layer: the first (x·W₁, cuBLAS's nvjet
+  kernel) and the second (Triton's GEMM fusion, the ReLU in its prologue); and what the step
+  gets back if Triton takes the second's time for the first, ms."""
+  slowest = profile["layouts"]["packed"]["table"]["slowest_kernels"]
+  (cublas,) = [k for k in slowest if k["category"] == "matmul: FFN" and k["kernel"].startswith("nvjet")]
+  (triton,) = [k for k in slowest if k["category"] == "matmul: FFN" and k["kernel"].startswith("gemm_fusion")]
+  assert cublas["launches_per_step"] == triton["launches_per_step"] == 12  # one each per feed-forward layer
+  per_layer = lambda k: k["ms_per_step"] / k["launches_per_step"] * 1e3
+  return {"bias_cublas_us": _fixed(per_layer(cublas), 1), "bias_triton_us": _fixed(per_layer(triton), 1),
+          "bias_back": _fixed(triton["ms_per_step"] - cublas["ms_per_step"], 2)}
+
+
 def gpu_compile_figures() -> dict:
   """'Without a GPU: the step compiled for one': every figure the section quotes, from
   gpu_compile_h200.json (and the H200 profile and the model formula it is read against), in
@@ -397,6 +410,7 @@ def gpu_compile_figures() -> dict:
   measured = profile["layouts"]["packed"]["table"]
   model, variants, fitted, before = record["model"], record["variants"], record["fitted_table"], record["before_table"]
   base, xla_norms = variants["baseline"]["table"], variants["xla_norms"]["table"]
+  apart = variants["ffn_bias_apart"]["table"]  # the step before the FFN's bias went into its matmul
   ms = lambda table, category: table["by_category"][category]["ms"]
   norms = lambda table: sum(ms(table, c) for c in ("norm", "dropout", "residual adds"))
   config = configs.get("wmt14_base")
@@ -428,15 +442,24 @@ def gpu_compile_figures() -> dict:
       "norms_before": _fixed(norms(xla_norms), 2), "norms_after": _fixed(norms(before), 2),
       "norms_step": _fixed(before["ms_per_step"], 2), "after_ms": _fixed(base["ms_per_step"], 2),
       "norms_speed": _fixed(xla_norms["ms_per_step"] / before["ms_per_step"], 3),
-      "fork_before": _fixed(before["ms_per_step"], 2), "fork_after": _fixed(base["ms_per_step"], 2),
-      "fork_speed": _fixed(before["ms_per_step"] / base["ms_per_step"], 3),
-      "fork_kernels_before": str(before["kernel_launches_per_step"]), "fork_kernels_after": str(base["kernel_launches_per_step"]),
-      "fork_gb_before": _fixed(before["gb_per_step"], 1), "fork_gb_after": _fixed(base["gb_per_step"], 1),
+      "fork_before": _fixed(before["ms_per_step"], 2), "fork_after": _fixed(apart["ms_per_step"], 2),
+      "fork_speed": _fixed(before["ms_per_step"] / apart["ms_per_step"], 3),
+      "fork_kernels_before": str(before["kernel_launches_per_step"]), "fork_kernels_after": str(apart["kernel_launches_per_step"]),
+      "fork_gb_before": _fixed(before["gb_per_step"], 1), "fork_gb_after": _fixed(apart["gb_per_step"], 1),
       "fork_attn_before": _fixed(ms(before, "attention elementwise (biases, layout)"), 2),
-      "fork_attn_after": _fixed(ms(base, "attention elementwise (biases, layout)"), 2),
+      "fork_attn_after": _fixed(ms(apart, "attention elementwise (biases, layout)"), 2),
       "fork_ffn_before": _fixed(ms(before, "FFN elementwise (bias, activation)"), 2),
-      "fork_ffn_after": _fixed(ms(base, "FFN elementwise (bias, activation)"), 2),
-      "fork_norm_before": _fixed(ms(before, "norm"), 2), "fork_norm_after": _fixed(ms(base, "norm"), 2),
+      "fork_ffn_after": _fixed(ms(apart, "FFN elementwise (bias, activation)"), 2),
+      "fork_norm_before": _fixed(ms(before, "norm"), 2), "fork_norm_after": _fixed(ms(apart, "norm"), 2),
+      "bias_before": _fixed(apart["ms_per_step"], 2), "bias_after": _fixed(base["ms_per_step"], 2),
+      "bias_speed": _fixed(apart["ms_per_step"] / base["ms_per_step"], 3),
+      "bias_kernels_before": str(apart["kernel_launches_per_step"]),
+      "bias_kernels_after": str(base["kernel_launches_per_step"]),
+      "bias_gb_before": _fixed(apart["gb_per_step"], 1), "bias_gb_after": _fixed(base["gb_per_step"], 1),
+      "bias_ffn_before": _fixed(ms(apart, "FFN elementwise (bias, activation)"), 2),
+      "bias_ffn_after": _fixed(ms(base, "FFN elementwise (bias, activation)"), 2),
+      "bias_saves": _fixed(apart["ms_per_step"] - base["ms_per_step"], 2),
+      **profiled_ffn_matmuls(profile),
       "norms_temp": _fixed(variants["baseline"]["temp_gib"], 2), "xla_norms_temp": _fixed(variants["xla_norms"]["temp_gib"], 2),
       "sliced_speed": _fixed(variants["flash_sliced"]["table"]["ms_per_step"] / base["ms_per_step"], 3),
       "target_ms": _fixed(formula / (0.4 * 989.4) * 1e3, 1), "formula_tflop": _fixed(formula, 2),
@@ -489,6 +512,14 @@ SECTION_TEMPLATE_FIGURES = {
     "fork_attn_after": [(" to ", " ms, the FFN's from")], "fork_ffn_before": [("the FFN's from ", " to ")],
     "fork_ffn_after": [(" to ", ", and the norm line from")], "fork_norm_before": [("and the norm line from ", " to ")],
     "fork_norm_after": [(" to ", " (its backward reads the second array)")],
+    "bias_before": [("On the model the step goes from ", " to ")], "bias_after": [(" to ", " ms (1.0")],
+    "bias_speed": [(" ms (", "x; ")], "bias_kernels_before": [("x; ", " to ")],
+    "bias_kernels_after": [(" to ", " kernels, ")], "bias_gb_before": [(" kernels, ", " to ")],
+    "bias_gb_after": [(" to ", " GB): the FFN's line")], "bias_ffn_before": [("the FFN's line from ", " to ")],
+    "bias_ffn_after": [(" to ", " ms, one kernel fewer a layer and its bias's cast")],
+    "bias_cublas_us": [("this matmul ran in cuBLAS, ", " µs a layer")],
+    "bias_triton_us": [("in its prologue, took ", " µs.")], "bias_back": [("here as there, ", " ms of the")],
+    "bias_saves": [(" ms of the ", " go back.")],
     "norms_speed": [(" ms: ", "x, and ")], "norms_temp": [("x, and ", " GiB of temporary memory")],
     "xla_norms_temp": [("temporary memory against ", ". Inside a mesh")],
     "inplace_speed": [(" ms, ", "x (against `flash_sliced`")],
@@ -554,8 +585,13 @@ def test_the_gpu_compile_section_is_gpu_compile_h200_json():
 
   cfg = configs.get("wmt14_base").model
   adds = 2 * cfg.num_encoder_layers + 3 * cfg.num_decoder_layers - 2
-  before, base = record["before_table"], record["variants"]["baseline"]["table"]
-  assert before["kernel_launches_per_step"] - base["kernel_launches_per_step"] == adds - 1
+  before, apart = record["before_table"], record["variants"]["ffn_bias_apart"]["table"]
+  assert before["kernel_launches_per_step"] - apart["kernel_launches_per_step"] == adds - 1
+  assert record["variants"]["ffn_bias_apart"]["bias_apart"] and record["variants"]["xla_norms"]["bias_apart"]
+  assert "bias_apart" not in record["variants"]["baseline"]
+  # two kernels fewer a feed-forward layer: the bias's add and its cast to bf16
+  ffns = cfg.num_encoder_layers + cfg.num_decoder_layers
+  assert apart["kernel_launches_per_step"] - record["variants"]["baseline"]["table"]["kernel_launches_per_step"] == 2 * ffns
   assert f"before every norm but the last of each stack, {adds} a step, counted in the attention and FFN" in page
   figures = gpu_compile_figures()
   fit_header = "| category | measured ms | fitted ms | predicted without it, ms |"
@@ -606,7 +642,9 @@ def test_the_big_paragraph_is_gpu_compile_h200_big_json():
       f"{step - cat('matmul') - cat('attention'):.2f} ms: the FFN's bias and ReLU "
       f"{cat('FFN elementwise (bias, activation)'):.2f}, the optimizer {cat('optimizer'):.2f}, the loss and logits "
       f"{cat('loss and logits (softmax, casts)'):.2f} (the same [24576, 37000] logits as wmt14_base's), norms "
-      f"{cat('norm'):.2f}. Predicted the same way, `no_bias` takes it to {ms('no_bias')} ms ({mfu('no_bias')}), "
+      f"{cat('norm'):.2f}. With the FFN's first bias apart from its matmul (`ffn_bias_apart`, the step before) it "
+      f"was {ms('ffn_bias_apart')} ms ({mfu('ffn_bias_apart')}). "
+      f"Predicted the same way, `no_bias` takes it to {ms('no_bias')} ms ({mfu('no_bias')}), "
       f"`logits_bfloat16` to {ms('logits_bfloat16')} ms ({mfu('logits_bfloat16')}), `adam_mu_bfloat16` to "
       f"{ms('adam_mu_bfloat16')} ms ({mfu('adam_mu_bfloat16')}) and `no_grad_norm` to {ms('no_grad_norm')} ms "
       f"({mfu('no_grad_norm')}). The {step - target:.1f} ms between {step:.2f} and "
@@ -617,17 +655,22 @@ def test_the_big_paragraph_is_gpu_compile_h200_big_json():
 
 
 def test_the_pre_norm_sentence_is_gpu_compile_h200_pre_norm_json():
-  """The pre-norm counterpart of the post-norm's Fork: wmt14_base made pre-norm, compiled at HEAD
-  and as the commit before compiled it (`before`), on the wmt14_base record's model; the
-  sentence's figures are the record's."""
+  """The pre-norm counterpart of the post-norm's Fork: wmt14_base made pre-norm, compiled as the
+  commit before the Fork compiled it (`before`) and at HEAD with the FFN's bias apart (the step
+  the Fork made), on the wmt14_base record's model; and at HEAD, the FFN's bias in its matmul.
+  The sentences' figures are the record's."""
   record, base = _record("gpu_compile_h200_pre_norm.json"), _record("gpu_compile_h200.json")
   assert record["model"] == base["model"] and record["settings"] == ["model.norm_position=pre"]
   assert record["variants"]["baseline"]["config"] == {"model.norm_position": "pre"} and record["before"]
-  before, after = record["before_table"], record["variants"]["baseline"]["table"]
+  assert record["variants"]["ffn_bias_apart"]["bias_apart"]
+  before, after = record["before_table"], record["variants"]["ffn_bias_apart"]["table"]
   assert (f"goes from {_fixed(before['ms_per_step'], 2)} to {_fixed(after['ms_per_step'], 2)} ms and from "
           f"{_fixed(before['gb_per_step'], 1)} to {_fixed(after['gb_per_step'], 1)} GB, in the same "
           f"{after['kernel_launches_per_step']} kernels (XLA had fused those adds into other kernels)") in _page()
   assert before["kernel_launches_per_step"] == after["kernel_launches_per_step"]
+  now = record["variants"]["baseline"]["table"]
+  assert (f"Made pre-norm, wmt14_base goes from {_fixed(after['ms_per_step'], 2)} to {_fixed(now['ms_per_step'], 2)} "
+          f"ms with it ({after['kernel_launches_per_step']} to {now['kernel_launches_per_step']} kernels;") in _page()
   assert "([gpu_compile_h200_pre_norm.json](../benchmarks/results/gpu_compile_h200_pre_norm.json))" in _raw()
 
 

@@ -5,6 +5,7 @@ this CPU. The compile needs XLA's GPU compiler (jax-cuda12-plugin and jax-cuda12
 CUDA libraries); CI installs it into a folder of its own and names it in
 SEQ2SEQ_GPU_COMPILER (.ci/run)."""
 
+import collections
 import json
 import os
 import pathlib
@@ -206,7 +207,7 @@ def test_the_train_step_compiles_for_an_h100_on_this_cpu(tmp_path):
   flash kernel is chosen and lowered through Triton (three Pallas calls per attention layer),
   reading the fused projections in place, and so are the norm kernels (one call each way per
   norm); the step's matmul FLOPs are the model formula's but for the attention scores (inside
-  the kernels); the table names every kernel's category."""
+  the kernels); the table names every kernel's category; the FFN's bias is added in its matmul."""
   compiler = _compiler()
   if not compiler:
     pytest.skip("XLA's GPU compiler is not installed (SEQ2SEQ_GPU_COMPILER; .ci/run installs it)")
@@ -215,7 +216,8 @@ def test_the_train_step_compiles_for_an_h100_on_this_cpu(tmp_path):
   from seq2seq.model.config import ModelConfig
 
   out = _gpu_compile("--target=h100", "--config=configs/tiny.py", "--shape=8x32x32", f"--hlo_dir={tmp_path}",
-                     "--set=data.vocab_size=1024", "--variants=baseline,flash_sliced,xla_norms", f"--out={tmp_path / 'r.json'}",
+                     "--set=data.vocab_size=1024", "--variants=baseline,flash_sliced,xla_norms,ffn_bias_apart",
+                     f"--out={tmp_path / 'r.json'}",
                      compiler=compiler)
   assert out.returncode == 0, out.stderr[-3000:]
   record = json.loads((tmp_path / "r.json").read_text())
@@ -264,6 +266,23 @@ def test_the_train_step_compiles_for_an_h100_on_this_cpu(tmp_path):
   assert not any("seq2seq_norm" in line for line in (tmp_path / "xla_norms.hlo.txt").read_text().splitlines()
                  if "custom_call_target" in line)
   assert row["table"]["matmul_tflop_per_step"] == xla["table"]["matmul_tflop_per_step"]
+  # The FFN's first bias is added in its matmul (layers.dense_bias): apart, as before, each
+  # feed-forward layer adds it in a kernel of its own, a pass over [tokens, d_ff].
+  apart = record["variants"]["ffn_bias_apart"]
+  assert apart["bias_apart"] and "bias_apart" not in row and xla["bias_apart"]
+  ffn, ffns = "FFN elementwise (bias, activation)", cfg.model.num_encoder_layers + cfg.model.num_decoder_layers
+  ours, theirs = row["table"]["by_category"][ffn], apart["table"]["by_category"][ffn]
+  assert theirs["launches"] - ours["launches"] == ffns and ours["gb"] < theirs["gb"], (ours, theirs)
+  assert row["table"]["kernel_launches_per_step"] == apart["table"]["kernel_launches_per_step"] - ffns
+  assert row["table"]["matmul_tflop_per_step"] == apart["table"]["matmul_tflop_per_step"]
+  # ... and its backward takes the gradient in bf16: every matmul of the step multiplies bf16
+  # operands (JAX's own backward of the f32 sum would multiply f32 ones).
+  kinds = collections.Counter()
+  for computation in re.split(r"\n(?=%|ENTRY)", hlo):
+    dtypes = dict(re.findall(r"%([\w.\-]+) = (\w+)\[", computation))
+    for out, lhs, rhs in re.findall(r"= (\w+)\[[^\]]*\]\S* dot\(%([\w.\-]+), %([\w.\-]+)\)", computation):
+      kinds[(dtypes[lhs], dtypes[rhs])] += 1
+  assert set(kinds) == {("bf16", "bf16")}, kinds
 
 
 @pytest.mark.slow

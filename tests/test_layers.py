@@ -1,5 +1,5 @@
 """Layers: dropout, norms (incl. AdaNorm's detached gradient), positions (T5's relative
-buckets by hand, learned positions refusing what the table does not hold), feed-forward."""
+buckets by hand, learned positions refusing what the table does not hold), feed-forward, the matrix products (dense, dense_bias, tied_logits)."""
 
 import math
 
@@ -16,6 +16,7 @@ from seq2seq.model.layers import (
   Norm,
   RelativePositionBias,
   dense,
+  dense_bias,
   dropout,
   keep_mask,
   relative_bucket,
@@ -205,6 +206,21 @@ def test_feed_forward_matches_formula(activation):
   np.testing.assert_allclose(ffn(_x(), None), h @ wo, rtol=1e-4, atol=1e-5)
 
 
+def test_feed_forward_in_bf16_adds_its_first_bias_to_the_f32_product():
+  """The bf16 layer is dense_bias's one rounding then the activation and the second matrix:
+  equal to that formula written with the f32 product, and its gradients reach every parameter."""
+  ffn = FeedForward(8, 16, "relu", use_bias=True, hidden_dropout=0.0, rngs=nnx.Rngs(0))
+  ffn.bi_f[...], ffn.bo_d[...] = jnp.linspace(-1, 1, 16), jnp.linspace(-0.5, 0.5, 8)
+  x = _x().astype(jnp.bfloat16)
+  wi, wo = (w[...].astype(jnp.bfloat16) for w in (ffn.wi_df, ffn.wo_fd))
+  h = jax.nn.relu((jnp.dot(x, wi, preferred_element_type=jnp.float32) + ffn.bi_f[...]).astype(jnp.bfloat16))
+  np.testing.assert_array_equal(ffn(x, None), jnp.dot(h, wo) + ffn.bo_d[...].astype(jnp.bfloat16))
+  grads = nnx.grad(lambda m: jnp.sum(m(x, None).astype(jnp.float32) ** 2))(ffn)
+  for name in ("wi_df", "bi_f", "wo_fd", "bo_d"):
+    g = getattr(grads, name)[...]
+    assert g.dtype == jnp.float32 and np.all(np.isfinite(g)) and np.any(g != 0), name
+
+
 @pytest.mark.parametrize("spec,contract,transposed", [("btd,df->btf", 1, False), ("btnh,nhd->btd", 2, False),
                                                       ("btd,vd->btv", 1, True)])
 def test_dense_and_its_gradients_equal_the_einsum(spec, contract, transposed):
@@ -224,3 +240,39 @@ def test_dense_and_its_gradients_equal_the_einsum(spec, contract, transposed):
     tied = lambda x, w: jnp.sum(tied_logits(x, w) * c)
     for g, wanted in zip(jax.grad(tied, (0, 1))(x, w), want):
       np.testing.assert_array_equal(g, wanted)
+
+
+def test_dense_bias_in_bf16_and_its_gradients_equal_the_formula():
+  # Small integers: every product and sum is exact in bf16 and f32, so the results must be equal.
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.integers(-3, 4, (2, 3, 4)), jnp.bfloat16)
+  w, b = (jnp.asarray(rng.integers(-3, 4, shape), jnp.float32) for shape in ((4, 5), (5,)))
+  c = jnp.asarray(rng.integers(-3, 4, (2, 3, 5)), jnp.bfloat16)
+  y = dense_bias(x, w, b)
+  assert y.dtype == jnp.bfloat16
+  ref = lambda x, w, b: jnp.einsum("btd,df->btf", x.astype(jnp.float32), w) + b
+  np.testing.assert_array_equal(y.astype(jnp.float32), ref(x, w, b))
+  got = jax.vjp(dense_bias, x, w, b)[1](c)
+  want = jax.vjp(ref, x, w, b)[1](c.astype(jnp.float32))
+  for g, wanted, like in zip(got, want, (x, w, b)):
+    assert g.dtype == like.dtype and g.shape == like.shape  # dx in bf16, dw and db in the parameters' f32
+    np.testing.assert_array_equal(g.astype(jnp.float32), wanted)
+
+
+def test_dense_bias_in_bf16_rounds_once_and_in_f32_adds_as_before(monkeypatch):
+  # x @ w = 1 + 2^-8, exact in f32 but a tie in bf16 (rounds to even: 1); with b = 2^-9 the
+  # sum 1 + 2^-8 + 2^-9 is past the halfway point to bf16's next value, 1 + 2^-7. Rounding the
+  # product first and adding the bias after gives 1 + 2^-9, which rounds to 1.
+  x = jnp.asarray([[1.0, 1.0]], jnp.bfloat16)
+  w = jnp.asarray([[1.0], [2.0**-8]], jnp.float32)
+  b = jnp.asarray([2.0**-9], jnp.float32)
+  assert float(dense_bias(x, w, b)[0, 0]) == 1 + 2.0**-7
+  assert float(dense(x, w)[0, 0] + b.astype(jnp.bfloat16)[0]) == 1.0  # rounded twice
+  from seq2seq.model import layers
+
+  monkeypatch.setattr(layers, "BIAS_IN_MATMUL", False)  # as before: device_check's ffn_bias_apart
+  assert float(dense_bias(x, w, b)[0, 0]) == 1.0
+  monkeypatch.undo()
+  x32 = jax.random.normal(jax.random.key(0), (3, 4))
+  w32, b32 = jax.random.normal(jax.random.key(1), (4, 5)), jax.random.normal(jax.random.key(2), (5,))
+  np.testing.assert_array_equal(dense_bias(x32, w32, b32), dense(x32, w32) + b32)

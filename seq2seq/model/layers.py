@@ -129,6 +129,50 @@ def dense(x: jax.Array, w: jax.Array, *, contract: int = 1, w_transposed: bool =
   return y.reshape(*lead, *out)
 
 
+# Whether `dense_bias` adds a narrow product's bias to its f32 accumulator (in the matmul's
+# epilogue on GPUs) or, off, to the rounded product in a pass of its own, as the layers did
+# before (benchmarks/device_check.py's `ffn_bias_apart` variant times the two).
+BIAS_IN_MATMUL = True
+
+
+def dense_bias(x: jax.Array, w: jax.Array, b: jax.Array) -> jax.Array:
+  """x @ w + b in x's dtype (w [k, n], b [n]). In a dtype narrower than f32 (bf16), the bias
+  is added to the matmul's f32 accumulator and the sum rounded once (`_dense_bias_narrow`),
+  which XLA's GPU compiler does in the matmul's epilogue: no pass of its own over the
+  [tokens, n] product. In f32 it is `dense(x, w) + b`, as it was."""
+  if jnp.promote_types(x.dtype, jnp.float32) == x.dtype or not BIAS_IN_MATMUL:
+    return dense(x, w) + b.astype(x.dtype)
+  return _dense_bias_narrow(x, w, b)
+
+
+@jax.custom_vjp
+def _dense_bias_narrow(x: jax.Array, w: jax.Array, b: jax.Array) -> jax.Array:
+  """`dense_bias` for narrow x. JAX's own backward of the f32 sum would give the products'
+  transposes an f32 cotangent and run them in f32; this one takes the gradient in x's dtype,
+  as the unbiased product's backward does: dx = g w^T in x's dtype, dw = x^T g and db the sum
+  of g over tokens, both accumulated in f32."""
+  y = dense(x, w, out_dtype=jnp.float32) + b.astype(jnp.float32)
+  return y.astype(x.dtype)
+
+
+def _dense_bias_fwd(x, w, b):
+  return _dense_bias_narrow(x, w, b), (x, w, b)
+
+
+def _dense_bias_bwd(residuals, g):
+  x, w, b = residuals
+  g = g.astype(x.dtype)
+  dx = dense(g, w, w_transposed=True)
+  g_mn, x_mk = g.reshape(-1, g.shape[-1]), x.reshape(-1, x.shape[-1])
+  wide = jnp.promote_types(w.dtype, jnp.float32)
+  dw = jax.lax.dot_general(x_mk, g_mn, (((0,), (0,)), ((), ())), preferred_element_type=wide)
+  db = jnp.sum(g_mn, axis=0, dtype=jnp.promote_types(b.dtype, jnp.float32))
+  return dx, dw.astype(w.dtype), db.astype(b.dtype)
+
+
+_dense_bias_narrow.defvjp(_dense_bias_fwd, _dense_bias_bwd)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def tied_logits(x_btd: jax.Array, w_vd: jax.Array, out_dtype: str | None = None) -> jax.Array:
   """x @ w^T, accumulated in f32 and written in `out_dtype` (a dtype name; None: f32, or the
@@ -330,9 +374,10 @@ class FeedForward(nnx.Module):
 
   def __call__(self, x_btd: jax.Array, rng: jax.Array | None) -> jax.Array:
     dtype = x_btd.dtype
-    h_btf = dense(x_btd, weight(self.wi_df))
     if self.bi_f is not None:
-      h_btf = h_btf + self.bi_f[...].astype(dtype)
+      h_btf = dense_bias(x_btd, weight(self.wi_df), self.bi_f[...])
+    else:
+      h_btf = dense(x_btd, weight(self.wi_df))
     if self.gated:
       h_btf = GATES[self.activation](dense(x_btd, weight(self.wg_df))) * h_btf
     else:
