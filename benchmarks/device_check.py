@@ -27,7 +27,7 @@ minutes, written to one JSON (benchmarks/results/device_check_<device>.json):
   python benchmarks/device_check.py --flax_models=PATH/models.py   # one GPU, ~7 minutes
   python benchmarks/device_check.py --sections=profile,variants --profile_dir=DIR  # ~6 minutes
   python benchmarks/device_check.py --sections=flash,variants,variants_big,profile_after --budget_s=570 \
-    --variants=xla_norms,flash_sliced,ffn_bias_apart,logits_bfloat16,no_bias,flash_backward_64  # issue 62
+    --variants=flash_backward_64,logits_bfloat16,no_bias,ffn_bias_apart,flash_sums_apart,xla_norms,flash_sliced
   python benchmarks/device_check.py --smoke --out=/tmp/check.json  # CPU: tiny config, ~1.5 minutes
 
 Sections run in this order (the most wanted figures first), each in its own process (none
@@ -107,19 +107,20 @@ def _attention(model_cfg, t: int, packed: bool, devices: int, platform: str = ""
 
 def step_rows(config_path: str, dtype: str, shape: tuple[int, int, int], count: int, repeats: int,
               overrides: tuple = (), layouts: str = "packed,unpacked", flash_blocks: str = "",
-              flash_sliced: bool = False, bias_apart: bool = False) -> None:
+              flash_sliced: bool = False, bias_apart: bool = False, sums_apart: bool = False) -> None:
   """Prints one JSON line per row layout (packed, then unpacked): the train step at `shape`,
   with `overrides` (`section.key=value`, as on the command line) applied to the config, the
   flash kernel's tiles `flash_blocks` (seq2seq.model.flash.Blocks.parse; "" its defaults),
   with `flash_sliced`, q, k and v sliced out of the projections for it (flash.IN_PLACE off)
-  and, with `bias_apart`, the FFN's bias added after its matmul (layers.BIAS_IN_MATMUL off)."""
+  with `bias_apart`, the FFN's bias added after its matmul (layers.BIAS_IN_MATMUL off) and, with
+  `sums_apart`, the flash backward's delta and bias sums in XLA (flash.SUMS_IN_KERNELS off)."""
   import jax
   import numpy as np
 
   from seq2seq import sharding
   from seq2seq.model import flash, flops, layers
 
-  _set_flash_blocks(flash_blocks, flash_sliced, bias_apart)
+  _set_flash_blocks(flash_blocks, flash_sliced, bias_apart, sums_apart)
 
   device, (rows, s, t) = jax.devices()[0], shape
   peak = None
@@ -148,6 +149,8 @@ def step_rows(config_path: str, dtype: str, shape: tuple[int, int, int], count: 
       row["flash_in_place"] = flash.IN_PLACE
     if bias_apart:
       row["bias_in_matmul"] = layers.BIAS_IN_MATMUL
+    if sums_apart:
+      row["flash_sums_in_kernels"] = flash.SUMS_IN_KERNELS
     print(json.dumps(row), flush=True)
 
 
@@ -167,33 +170,36 @@ def _configured(config_path: str, dtype: str, packed: bool, overrides: tuple = (
   return config, applied
 
 
-def _set_flash_blocks(spec: str, sliced: bool = False, bias_apart: bool = False) -> None:
+def _set_flash_blocks(spec: str, sliced: bool = False, bias_apart: bool = False, sums_apart: bool = False) -> None:
   """This process's flash tiles, whether the layers slice q, k and v out of their fused
-  projections for the kernel (`sliced`) or it reads them in place, and whether the FFN adds
-  its bias after its matmul (`bias_apart`) or in it (the kernel reads flash.BLOCKS and the
-  layers flash.IN_PLACE and layers.BIAS_IN_MATMUL when a step is traced)."""
+  projections for the kernel (`sliced`) or it reads them in place, whether the FFN adds its
+  bias after its matmul (`bias_apart`) or in it, and whether XLA computes the flash backward's
+  delta and bias sums (`sums_apart`) or its kernels do (the kernels read flash.BLOCKS and
+  flash.SUMS_IN_KERNELS, the layers flash.IN_PLACE and layers.BIAS_IN_MATMUL, when a step is
+  traced)."""
   from seq2seq.model import flash, layers
 
   if spec:
     flash.BLOCKS = flash.Blocks.parse(spec)
   flash.IN_PLACE = not sliced
   layers.BIAS_IN_MATMUL = not bias_apart
+  flash.SUMS_IN_KERNELS = not sums_apart
 
 
 def profile_capture(config_path: str, dtype: str, shape: tuple[int, int, int], count: int, out: pathlib.Path,
                     overrides: tuple = (), flash_blocks: str = "", flash_sliced: bool = False,
-                    bias_apart: bool = False) -> None:
+                    bias_apart: bool = False, sums_apart: bool = False) -> None:
   """Traces `count` train steps of each row layout (packed, then unpacked) with jax.profiler
   into out/LAYOUT/ (TensorBoard's xplane.pb and a Perfetto trace.json.gz) beside the step's
   optimized HLO (out/LAYOUT/train_step.hlo.txt, whose fusion names the trace's kernels
   carry), and prints one JSON line per layout with the untraced step time. `overrides`,
-  `flash_blocks`, `flash_sliced` and `bias_apart` as `step_rows` takes them."""
+  `flash_blocks`, `flash_sliced`, `bias_apart` and `sums_apart` as `step_rows` takes them."""
   import jax
   import numpy as np
 
   from seq2seq import sharding
 
-  _set_flash_blocks(flash_blocks, flash_sliced, bias_apart)
+  _set_flash_blocks(flash_blocks, flash_sliced, bias_apart, sums_apart)
   rows, s, t = shape
   for packed in (True, False):
     folder = out / ("packed" if packed else "unpacked")
@@ -469,6 +475,7 @@ class Variant:
   flash_blocks: str = ""  # seq2seq.model.flash.Blocks.parse form; "" the kernel's defaults
   flash_sliced: bool = False  # q, k and v sliced out of the projections for the kernel (flash.IN_PLACE off)
   bias_apart: bool = False  # the FFN's bias added after its matmul, not in it (layers.BIAS_IN_MATMUL off)
+  sums_apart: bool = False  # the flash backward's delta and bias sums in XLA (flash.SUMS_IN_KERNELS off)
   group: str = ""  # variants of one group are alternatives: a combination takes the fastest
   combine: bool = True  # False: timed alone only; it changes the model, so the winners' step leaves it out
 
@@ -477,7 +484,8 @@ class Variant:
     return [*[f"--override={o}" for o in self.overrides],
             *([f"--flash_blocks={self.flash_blocks}"] if self.flash_blocks else []),
             *(["--flash_sliced"] if self.flash_sliced else []),
-            *(["--bias_apart"] if self.bias_apart else [])]
+            *(["--bias_apart"] if self.bias_apart else []),
+            *(["--sums_apart"] if self.sums_apart else [])]
 
   def child_env(self) -> dict:
     """The environment the child adds: XLA_FLAGS with this variant's flags."""
@@ -494,10 +502,13 @@ VARIANTS = {  # in the order they run: the likeliest gains first
     # the layers' q, k and v sliced out of their fused projections for the kernel, as before it read them in place
     "flash_sliced": Variant(FLASH, flash_sliced=True),
     # LayerNorm as XLA fuses it, as before the Pallas norm kernels (seq2seq/model/norm_kernels.py); the
-    # step as it was then, so the FFN's bias apart too
-    "xla_norms": Variant(("model.norm_impl=xla",), bias_apart=True),
+    # step as it was then, so the later changes undone too (the FFN's bias and the flash backward's sums apart)
+    "xla_norms": Variant(("model.norm_impl=xla",), bias_apart=True, sums_apart=True),
     # the FFN's first bias added to its rounded matmul in a pass of its own, as before layers.dense_bias
-    "ffn_bias_apart": Variant(bias_apart=True),
+    # (and, as then, the flash backward's sums in XLA)
+    "ffn_bias_apart": Variant(bias_apart=True, sums_apart=True),
+    # the flash backward's delta = rowsum(dO * O) and its biases' gradients summed by XLA from the arrays
+    "flash_sums_apart": Variant(FLASH, sums_apart=True),
     # the backward kernels at tiles of 64 with 8 warps: the tiling where Triton gives all three
     # kernels Hopper's HGMMA without spilling (benchmarks/triton_kernels.py; the default's are HMMA)
     "flash_backward_64": Variant(FLASH, flash_blocks="dkdv=64x64,dq=64x64,backward_warps=8", group="flash"),
@@ -526,7 +537,8 @@ def union(names: list[str], variants: dict = VARIANTS) -> Variant:
   return Variant(overrides=tuple(dict.fromkeys(o for v in parts for o in v.overrides)),
                  xla_flags=" ".join(v.xla_flags for v in parts if v.xla_flags),
                  rows=math.prod(v.rows for v in parts), flash_blocks=blocks[0] if blocks else "",
-                 flash_sliced=any(v.flash_sliced for v in parts), bias_apart=any(v.bias_apart for v in parts))
+                 flash_sliced=any(v.flash_sliced for v in parts), bias_apart=any(v.bias_apart for v in parts),
+                 sums_apart=any(v.sums_apart for v in parts))
 
 
 def combine(results: dict, variants: dict = VARIANTS) -> tuple[list[str], Variant]:
@@ -556,7 +568,8 @@ def _variant_row(args, config: str, variant: Variant, timeout: float, layout: st
   return {"overrides": list(variant.overrides), "xla_flags": variant.xla_flags,
           **({"flash_blocks": variant.flash_blocks} if variant.flash_blocks else {}),
           **({"flash_sliced": True} if variant.flash_sliced else {}),
-          **({"bias_apart": True} if variant.bias_apart else {}), **row}
+          **({"bias_apart": True} if variant.bias_apart else {}),
+          **({"sums_apart": True} if variant.sums_apart else {}), **row}
 
 
 def _speeds(result: dict) -> dict:
@@ -888,6 +901,7 @@ def parse(argv: list[str]):
   parser.add_argument("--flash_blocks", default="", help=argparse.SUPPRESS)  # steps: the flash kernel's tiles
   parser.add_argument("--flash_sliced", action="store_true", help=argparse.SUPPRESS)  # steps: flash.IN_PLACE off
   parser.add_argument("--bias_apart", action="store_true", help=argparse.SUPPRESS)  # steps: layers.BIAS_IN_MATMUL off
+  parser.add_argument("--sums_apart", action="store_true", help=argparse.SUPPRESS)  # steps: flash.SUMS_IN_KERNELS off
   args = parser.parse_args(argv)
   for flag in ("variants", "big_variants", "profile_variants"):
     unknown = [n for n in getattr(args, flag).split(",") if n and n not in VARIANTS]
@@ -922,11 +936,11 @@ def main() -> None:
   if args.section == "profile_capture":
     return profile_capture(str(REPO / args.config), args.dtype, tuple(int(x) for x in args.shape.split("x")),
                            args.timed_steps, pathlib.Path(args.out), tuple(args.override), args.flash_blocks,
-                           args.flash_sliced, args.bias_apart)
+                           args.flash_sliced, args.bias_apart, args.sums_apart)
   if args.section == "steps":
     return step_rows(str(REPO / args.config), args.dtype, tuple(int(x) for x in args.shape.split("x")),
                      args.timed_steps, args.peak_repeats, tuple(args.override), args.layouts, args.flash_blocks,
-                     args.flash_sliced, args.bias_apart)
+                     args.flash_sliced, args.bias_apart, args.sums_apart)
   result = check(args)
   slug = re.sub(r"[^a-z0-9]+", "_", result["device_kind"].lower()).strip("_") + ("_smoke" if args.smoke else "")
   out = pathlib.Path(args.out or REPO / "benchmarks" / "results" / f"device_check_{slug}.json")

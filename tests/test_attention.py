@@ -444,14 +444,14 @@ def test_flash_blocks_parse_spec_and_defaults(monkeypatch):
   q_bt, k_bs = jnp.ones((2, 64), jnp.int32), jnp.ones((2, 64), jnp.int32)
   x = jnp.zeros((2, 64, 2, 16), jnp.float32)
 
-  def grids():  # of the forward, dK/dV and dQ kernels, traced anew (a traced function keeps its tiles)
+  def grids():  # of the forward, dQ and dK/dV kernels, traced anew (a traced function keeps its tiles)
     grad = jax.grad(lambda x: jnp.sum(flash.flash_attention(x, x, x, q_bt, k_bs, True, True)))
     return [line.split("grid=")[1].split(")")[0] + ")" for line in str(jax.make_jaxpr(grad)(x)).split("\n")
             if "grid=" in line]
 
   assert grids() == ["(1, 2, 2)", "(2, 2, 2)", "(2, 2, 2)"]  # 64 / 64, 64 / 32, 64 / 32 blocks
   monkeypatch.setattr(flash, "BLOCKS", Blocks.parse("forward=16x32,dkdv=32x16,dq=64x16"))
-  assert grids() == ["(4, 2, 2)", "(2, 2, 2)", "(1, 2, 2)"]
+  assert grids() == ["(4, 2, 2)", "(1, 2, 2)", "(2, 2, 2)"]
 
 
 @pytest.mark.parametrize("text, match", [
@@ -524,6 +524,46 @@ def test_flash_queries_without_keys_attend_to_nothing():
   for got, same, want in zip(flash[1:], flash_masked_dz[1:], explicit[1:]):
     np.testing.assert_array_equal(got, same)  # the output gradient of queries without keys goes nowhere
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("layout", ["self", "cross"])
+def test_the_flash_backward_sums_in_its_kernels_as_xla_summed_them(monkeypatch, layout):
+  """flash.SUMS_IN_KERNELS: the dQ kernel computes delta = rowsum(dO * O) and the kernels sum dq
+  and dv over their blocks for the biases' gradients. Every gradient (the fused arrays', the
+  biases') equals, to f32 sums in another order, the one with XLA computing delta and the
+  sums from the arrays (as before), and explicit attention's; packed rows, padding queries,
+  several blocks of queries and keys (interpreted kernels, f32)."""
+  from seq2seq.model import flash
+  from seq2seq.model.attention import SegmentMask
+
+  rng = np.random.default_rng(7)
+  b, t, s, n, h = 2, 64, 48 if layout == "cross" else 64, 2, 16
+  q_seg = jnp.asarray([[1] * 20 + [2] * 28 + [0] * 16, [1] * 64], jnp.int32)
+  k_seg = q_seg if layout == "self" else jnp.asarray([[1] * 10 + [2] * 30 + [0] * 8, [1] * 48], jnp.int32)
+  q, k, v = (jnp.asarray(rng.normal(size=(b, length, n, h)), jnp.float32) for length in (t, s, s))
+  bq, bv = (jnp.asarray(rng.normal(size=(n, h)), jnp.float32) for _ in range(2))
+  dz = jnp.asarray(rng.normal(size=(b, t, n, h)), jnp.float32) * (q_seg != 0)[:, :, None, None]
+  blocks = flash.Blocks.parse("forward=16x16,dkdv=16x16,dq=16x16")  # several blocks each way
+
+  def fused(q, k, v, bq, bv):
+    if layout == "self":
+      arrays, where = (jnp.stack([q, k, v], axis=3),), flash.SELF
+    else:
+      arrays, where = (q[:, :, :, None], jnp.stack([k, v], axis=3)), flash.CROSS
+    return flash.fused_flash_attention(arrays, where, q_seg, k_seg, q_bias_nh=bq, v_bias_nh=bv,
+                                       causal=layout == "self", interpret=True, blocks=blocks)
+
+  grads = {}
+  for sums in (True, False):
+    monkeypatch.setattr(flash, "SUMS_IN_KERNELS", sums)
+    grads[sums] = jax.vjp(fused, q, k, v, bq, bv)[1](dz)
+  mask = SegmentMask(q_seg, k_seg, causal=layout == "self").dense_b1ts()
+  real = (q_seg != 0)[:, :, None, None]
+  want = jax.vjp(lambda q, k, v, bq, bv: jnp.where(real, explicit_attention(q + bq, k, v + bv, mask), 0.0),
+                 q, k, v, bq, bv)[1](dz)
+  for name, in_kernels, by_xla, wanted in zip("q k v bq bv".split(), grads[True], grads[False], want):
+    np.testing.assert_allclose(in_kernels, by_xla, rtol=1e-5, atol=1e-6, err_msg=name)
+    np.testing.assert_allclose(in_kernels, wanted, rtol=1e-4, atol=1e-5, err_msg=name)
 
 
 def test_transformer_takes_the_packed_flag_and_the_implementation_setting():

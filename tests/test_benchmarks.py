@@ -282,14 +282,16 @@ def test_profile_after_traces_the_winners_of_the_variants_that_ran_before_it(mon
   assert device_check.profile_after_section(args, 60) == {} and traced == [["logits_bfloat16", "rows_x2"]]
 
 
-def test_the_ffn_bias_apart_variant_reaches_the_layers_of_its_child(monkeypatch):
+def test_the_apart_variants_reach_the_layers_and_kernels_of_their_child(monkeypatch):
   """`ffn_bias_apart` (and `xla_norms`, the step as it was before the norm kernels) hand their
-  child --bias_apart, which turns layers.BIAS_IN_MATMUL off there; a union keeps it."""
+  child --bias_apart, which turns layers.BIAS_IN_MATMUL off there; a union keeps it.
+  `flash_sums_apart` (and those two) hand it --sums_apart: flash.SUMS_IN_KERNELS off."""
   from seq2seq.model import flash, layers
 
   device_check = _device_check()
   variant = device_check.VARIANTS["ffn_bias_apart"]
-  assert variant.child_flags() == ["--bias_apart"] and "--bias_apart" in device_check.VARIANTS["xla_norms"].child_flags()
+  assert variant.child_flags() == ["--bias_apart", "--sums_apart"]
+  assert "--bias_apart" in device_check.VARIANTS["xla_norms"].child_flags()
   assert device_check.union(["logits_bfloat16", "ffn_bias_apart"]).bias_apart
   assert not device_check.union(["logits_bfloat16", "no_bias"]).bias_apart
   monkeypatch.setattr(layers, "BIAS_IN_MATMUL", True)
@@ -297,6 +299,12 @@ def test_the_ffn_bias_apart_variant_reaches_the_layers_of_its_child(monkeypatch)
   args = device_check.parse(["--section=steps", *variant.child_flags()])
   device_check._set_flash_blocks(args.flash_blocks, args.flash_sliced, args.bias_apart)
   assert layers.BIAS_IN_MATMUL is False and flash.IN_PLACE is True
+  monkeypatch.setattr(flash, "SUMS_IN_KERNELS", True)
+  sums = device_check.VARIANTS["flash_sums_apart"]
+  assert "--sums_apart" in sums.child_flags() and device_check.VARIANTS["ffn_bias_apart"].sums_apart
+  args = device_check.parse(["--section=steps", *sums.child_flags()])
+  device_check._set_flash_blocks(args.flash_blocks, args.flash_sliced, args.bias_apart, args.sums_apart)
+  assert flash.SUMS_IN_KERNELS is False and layers.BIAS_IN_MATMUL is True
 
 
 def test_every_variants_xla_flags_are_flags_this_xla_knows():

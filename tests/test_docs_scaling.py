@@ -364,11 +364,12 @@ def test_the_variants_table_is_device_checks_variants():
   assert f"The flash variants also set `{flash_override}`" in page
   assert f"at least `MIN_GAIN` ({device_check.MIN_GAIN}x) faster" in page
   assert device_check.CAPS_S["variants"] + device_check.CAPS_S["variants_big"] >= 570
+  assert f"about 40 s each in the variants section's {device_check.CAPS_S['variants']} s" in page
   assert "--sections=flash,variants,variants_big,profile_after --budget_s=570" in page
   compile_s = _record("device_check_nvidia_h100_80gb_hbm3.json")["sections"]["steps_bfloat16"]["packed"]["compile_s"]
   assert f"(the H100's device check compiled the packed step in {compile_s:.0f} s)" in page
   call = page.split("--budget_s=570", 1)[1].split("--variants=", 1)[1].split(" ", 1)[0]  # the device check's call
-  assert len(call.split(",")) == 6 and "one call holds about nine: the six above, the baseline with packed" in page
+  assert len(call.split(",")) == 7 and "one call holds about ten: the seven above, the baseline with packed" in page
 
 
 def test_the_flash_checks_gradients_are_the_two_h100_records():
@@ -411,6 +412,7 @@ def gpu_compile_figures() -> dict:
   model, variants, fitted, before = record["model"], record["variants"], record["fitted_table"], record["before_table"]
   base, xla_norms = variants["baseline"]["table"], variants["xla_norms"]["table"]
   apart = variants["ffn_bias_apart"]["table"]  # the step before the FFN's bias went into its matmul
+  sums = variants["flash_sums_apart"]["table"]  # the step after it, before the flash backward's sums went in
   ms = lambda table, category: table["by_category"][category]["ms"]
   norms = lambda table: sum(ms(table, c) for c in ("norm", "dropout", "residual adds"))
   config = configs.get("wmt14_base")
@@ -451,14 +453,20 @@ def gpu_compile_figures() -> dict:
       "fork_ffn_before": _fixed(ms(before, "FFN elementwise (bias, activation)"), 2),
       "fork_ffn_after": _fixed(ms(apart, "FFN elementwise (bias, activation)"), 2),
       "fork_norm_before": _fixed(ms(before, "norm"), 2), "fork_norm_after": _fixed(ms(apart, "norm"), 2),
-      "bias_before": _fixed(apart["ms_per_step"], 2), "bias_after": _fixed(base["ms_per_step"], 2),
-      "bias_speed": _fixed(apart["ms_per_step"] / base["ms_per_step"], 3),
+      "bias_before": _fixed(apart["ms_per_step"], 2), "bias_after": _fixed(sums["ms_per_step"], 2),
+      "bias_speed": _fixed(apart["ms_per_step"] / sums["ms_per_step"], 3),
       "bias_kernels_before": str(apart["kernel_launches_per_step"]),
-      "bias_kernels_after": str(base["kernel_launches_per_step"]),
-      "bias_gb_before": _fixed(apart["gb_per_step"], 1), "bias_gb_after": _fixed(base["gb_per_step"], 1),
+      "bias_kernels_after": str(sums["kernel_launches_per_step"]),
+      "bias_gb_before": _fixed(apart["gb_per_step"], 1), "bias_gb_after": _fixed(sums["gb_per_step"], 1),
       "bias_ffn_before": _fixed(ms(apart, "FFN elementwise (bias, activation)"), 2),
-      "bias_ffn_after": _fixed(ms(base, "FFN elementwise (bias, activation)"), 2),
-      "bias_saves": _fixed(apart["ms_per_step"] - base["ms_per_step"], 2),
+      "bias_ffn_after": _fixed(ms(sums, "FFN elementwise (bias, activation)"), 2),
+      "bias_saves": _fixed(apart["ms_per_step"] - sums["ms_per_step"], 2),
+      "sums_before": _fixed(sums["ms_per_step"], 2), "sums_after": _fixed(base["ms_per_step"], 2),
+      "sums_speed": _fixed(sums["ms_per_step"] / base["ms_per_step"], 3),
+      "sums_kernels_before": str(sums["kernel_launches_per_step"]),
+      "sums_kernels_after": str(base["kernel_launches_per_step"]),
+      "sums_gb_before": _fixed(sums["gb_per_step"], 1), "sums_gb_after": _fixed(base["gb_per_step"], 1),
+      "sums_attn_before": _fixed(ms(sums, "attention"), 2), "sums_attn_after": _fixed(ms(base, "attention"), 2),
       **profiled_ffn_matmuls(profile),
       "norms_temp": _fixed(variants["baseline"]["temp_gib"], 2), "xla_norms_temp": _fixed(variants["xla_norms"]["temp_gib"], 2),
       "sliced_speed": _fixed(variants["flash_sliced"]["table"]["ms_per_step"] / base["ms_per_step"], 3),
@@ -517,6 +525,12 @@ SECTION_TEMPLATE_FIGURES = {
     "bias_kernels_after": [(" to ", " kernels, ")], "bias_gb_before": [(" kernels, ", " to ")],
     "bias_gb_after": [(" to ", " GB): the FFN's line")], "bias_ffn_before": [("the FFN's line from ", " to ")],
     "bias_ffn_after": [(" to ", " ms, one kernel fewer a layer and its bias's cast")],
+    "sums_before": [("With its sums in its kernels the step goes from ", " to ")],
+    "sums_after": [(" to ", " ms (1.0")], "sums_speed": [(" ms (", "x; ")], "sums_kernels_before": [("x; ", " to ")],
+    "sums_kernels_after": [(" to ", " kernels, ")], "sums_gb_before": [(" kernels, ", " to ")],
+    "sums_gb_after": [(" to ", " GB): the attention line")],
+    "sums_attn_before": [("the attention line from ", " to ")],
+    "sums_attn_after": [(" to ", " ms, three XLA kernels fewer an attention layer")],
     "bias_cublas_us": [("this matmul ran in cuBLAS, ", " µs a layer")],
     "bias_triton_us": [("in its prologue, took ", " µs.")], "bias_back": [("here as there, ", " ms of the")],
     "bias_saves": [(" ms of the ", " go back.")],
@@ -534,7 +548,7 @@ SECTION_TEMPLATE_FIGURES = {
     "no_bias_saves": [("the step is predicted to take ", " ms less")],
     "no_bias_ffn": [(" to ", " ms), and the attention line loses")],
     "no_bias_attention": [(" to ", " ms). That changes the model")],
-    "attn_launches": [(" of its ", " kernels, sums over tokens")],
+    "attn_launches": [(" of its ", " kernels, the sums of the kernels' partial sums")],
     "no_bias_attn_gone": [("the attention line loses ", " of its")],
     "optimizer_launches": [("the optimizer's ", " kernels ("), ("the optimizer line from ", " kernels and ")],
     "optimizer_ms": [(" kernels (", " ms), dropout"), (" kernels and ", " ms to ")],
@@ -589,9 +603,14 @@ def test_the_gpu_compile_section_is_gpu_compile_h200_json():
   assert before["kernel_launches_per_step"] - apart["kernel_launches_per_step"] == adds - 1
   assert record["variants"]["ffn_bias_apart"]["bias_apart"] and record["variants"]["xla_norms"]["bias_apart"]
   assert "bias_apart" not in record["variants"]["baseline"]
-  # two kernels fewer a feed-forward layer: the bias's add and its cast to bf16
-  ffns = cfg.num_encoder_layers + cfg.num_decoder_layers
-  assert apart["kernel_launches_per_step"] - record["variants"]["baseline"]["table"]["kernel_launches_per_step"] == 2 * ffns
+  # two kernels fewer a feed-forward layer: the bias's add and its cast to bf16; then three an
+  # attention layer: XLA's delta and its two bias sums
+  ffns, attentions = cfg.num_encoder_layers + cfg.num_decoder_layers, cfg.num_encoder_layers + 2 * cfg.num_decoder_layers
+  sums = record["variants"]["flash_sums_apart"]
+  assert apart["kernel_launches_per_step"] - sums["table"]["kernel_launches_per_step"] == 2 * ffns
+  assert sums["sums_apart"] and record["variants"]["ffn_bias_apart"]["sums_apart"]
+  assert sums["table"]["kernel_launches_per_step"] - record["variants"]["baseline"]["table"]["kernel_launches_per_step"] \
+      == 3 * attentions
   assert f"before every norm but the last of each stack, {adds} a step, counted in the attention and FFN" in page
   figures = gpu_compile_figures()
   fit_header = "| category | measured ms | fitted ms | predicted without it, ms |"
@@ -642,8 +661,9 @@ def test_the_big_paragraph_is_gpu_compile_h200_big_json():
       f"{step - cat('matmul') - cat('attention'):.2f} ms: the FFN's bias and ReLU "
       f"{cat('FFN elementwise (bias, activation)'):.2f}, the optimizer {cat('optimizer'):.2f}, the loss and logits "
       f"{cat('loss and logits (softmax, casts)'):.2f} (the same [24576, 37000] logits as wmt14_base's), norms "
-      f"{cat('norm'):.2f}. With the FFN's first bias apart from its matmul (`ffn_bias_apart`, the step before) it "
-      f"was {ms('ffn_bias_apart')} ms ({mfu('ffn_bias_apart')}). "
+      f"{cat('norm'):.2f}. With the FFN's first bias apart from its matmul and the flash backward's sums in XLA "
+      f"(`ffn_bias_apart`, the step before both) it was {ms('ffn_bias_apart')} ms ({mfu('ffn_bias_apart')}), with "
+      f"the sums alone in XLA (`flash_sums_apart`) {ms('flash_sums_apart')} ms ({mfu('flash_sums_apart')}). "
       f"Predicted the same way, `no_bias` takes it to {ms('no_bias')} ms ({mfu('no_bias')}), "
       f"`logits_bfloat16` to {ms('logits_bfloat16')} ms ({mfu('logits_bfloat16')}), `adam_mu_bfloat16` to "
       f"{ms('adam_mu_bfloat16')} ms ({mfu('adam_mu_bfloat16')}) and `no_grad_norm` to {ms('no_grad_norm')} ms "
@@ -668,9 +688,11 @@ def test_the_pre_norm_sentence_is_gpu_compile_h200_pre_norm_json():
           f"{_fixed(before['gb_per_step'], 1)} to {_fixed(after['gb_per_step'], 1)} GB, in the same "
           f"{after['kernel_launches_per_step']} kernels (XLA had fused those adds into other kernels)") in _page()
   assert before["kernel_launches_per_step"] == after["kernel_launches_per_step"]
-  now = record["variants"]["baseline"]["table"]
-  assert (f"Made pre-norm, wmt14_base goes from {_fixed(after['ms_per_step'], 2)} to {_fixed(now['ms_per_step'], 2)} "
-          f"ms with it ({after['kernel_launches_per_step']} to {now['kernel_launches_per_step']} kernels;") in _page()
+  between, now = record["variants"]["flash_sums_apart"]["table"], record["variants"]["baseline"]["table"]
+  assert (f"Made pre-norm, wmt14_base goes from {_fixed(after['ms_per_step'], 2)} to "
+          f"{_fixed(between['ms_per_step'], 2)} ms with it, and to {_fixed(now['ms_per_step'], 2)} ms with the flash "
+          f"backward's sums in its kernels too (below; {after['kernel_launches_per_step']} to "
+          f"{between['kernel_launches_per_step']} and {now['kernel_launches_per_step']} kernels;") in _page()
   assert "([gpu_compile_h200_pre_norm.json](../benchmarks/results/gpu_compile_h200_pre_norm.json))" in _raw()
 
 
@@ -735,8 +757,16 @@ def test_the_machine_code_section_is_triton_kernels_h100_json():
     for kernel in TRITON_KERNELS:
       row = by[wide, kernel, problem]
       assert row["hmma"] == 0 < row["hgmma"] and row["stack_bytes"] == 0, row
-  assert [by[default, k, "self causal"]["programs_per_sm"] for k in ("seq2seq_flash_dkdv", "seq2seq_flash_dq")] == [3, 5]
+  assert [by[default, k, "self causal"]["programs_per_sm"] for k in ("seq2seq_flash_dkdv", "seq2seq_flash_dq")] == [3, 4]
   assert by[wide, "seq2seq_flash_dkdv", "self causal"]["registers"] == 240
-  assert by[wide, "seq2seq_flash_dq", "self causal"]["registers"] == 166
-  assert "(240 and 166 registers), against three and five of 4 warps now" in page
+  assert by[wide, "seq2seq_flash_dq", "self causal"]["registers"] == 173
+  assert "(240 and 173 registers), against three and four of 4 warps now" in page
+  # the flash backward's sums in its kernels (the dQ kernel's delta and bias sums): at the default
+  # tiles causal self-attention's dQ kernel holds 100 registers (94 before), 4 programs an SM (5);
+  # the other dQ kernels 5 still
+  causal_dq = by[default, "seq2seq_flash_dq", "self causal"]
+  assert (causal_dq["registers"], causal_dq["programs_per_sm"]) == (100, 4)
+  assert [by[default, "seq2seq_flash_dq", p]["programs_per_sm"] for p in ("self", "cross")] == [5, 5]
+  assert ("the dQ kernel of causal self-attention takes 100 registers a thread where it took 94, so an SM holds 4 of "
+          "its programs instead of 5") in page
   assert by[Blocks.parse("dkdv=64x64,dq=64x64").spec(), "seq2seq_flash_dkdv", "self causal"]["stack_bytes"] == 128

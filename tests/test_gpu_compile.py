@@ -216,7 +216,7 @@ def test_the_train_step_compiles_for_an_h100_on_this_cpu(tmp_path):
   from seq2seq.model.config import ModelConfig
 
   out = _gpu_compile("--target=h100", "--config=configs/tiny.py", "--shape=8x32x32", f"--hlo_dir={tmp_path}",
-                     "--set=data.vocab_size=1024", "--variants=baseline,flash_sliced,xla_norms,ffn_bias_apart",
+                     "--set=data.vocab_size=1024", "--variants=baseline,flash_sliced,xla_norms,ffn_bias_apart,flash_sums_apart",
                      f"--out={tmp_path / 'r.json'}",
                      compiler=compiler)
   assert out.returncode == 0, out.stderr[-3000:]
@@ -273,7 +273,6 @@ def test_the_train_step_compiles_for_an_h100_on_this_cpu(tmp_path):
   ffn, ffns = "FFN elementwise (bias, activation)", cfg.model.num_encoder_layers + cfg.model.num_decoder_layers
   ours, theirs = row["table"]["by_category"][ffn], apart["table"]["by_category"][ffn]
   assert theirs["launches"] - ours["launches"] == ffns and ours["gb"] < theirs["gb"], (ours, theirs)
-  assert row["table"]["kernel_launches_per_step"] == apart["table"]["kernel_launches_per_step"] - ffns
   assert row["table"]["matmul_tflop_per_step"] == apart["table"]["matmul_tflop_per_step"]
   # ... and its backward takes the gradient in bf16: every matmul of the step multiplies bf16
   # operands (JAX's own backward of the f32 sum would multiply f32 ones).
@@ -283,6 +282,17 @@ def test_the_train_step_compiles_for_an_h100_on_this_cpu(tmp_path):
     for out, lhs, rhs in re.findall(r"= (\w+)\[[^\]]*\]\S* dot\(%([\w.\-]+), %([\w.\-]+)\)", computation):
       kinds[(dtypes[lhs], dtypes[rhs])] += 1
   assert set(kinds) == {("bf16", "bf16")}, kinds
+  # The flash backward's delta = rowsum(dO * O) and its biases' gradient sums are the kernels' own
+  # (flash.SUMS_IN_KERNELS): the attention line is the three kernels a layer; in XLA (as before),
+  # three passes more a layer, over dO and O, dq and dv.
+  sums = record["variants"]["flash_sums_apart"]
+  assert sums["sums_apart"] and "sums_apart" not in row and xla["sums_apart"] and apart["sums_apart"]
+  assert row["table"]["by_category"]["attention"]["launches"] == 3 * layers
+  assert sums["table"]["by_category"]["attention"]["launches"] == 6 * layers
+  assert row["table"]["kernel_launches_per_step"] == sums["table"]["kernel_launches_per_step"] - 3 * layers
+  # ffn_bias_apart is the step before both (the FFN's bias and the sums apart)
+  assert row["table"]["kernel_launches_per_step"] == apart["table"]["kernel_launches_per_step"] - ffns - 3 * layers
+  assert row["table"]["matmul_tflop_per_step"] == sums["table"]["matmul_tflop_per_step"]
 
 
 @pytest.mark.slow

@@ -14,8 +14,11 @@ algorithm (Dao, 2023) with a segment mask built from two arrays:
   forward   one program per (query block, row, head): a loop over key blocks keeps the
             running max and sum of exp2 logits and the output, never the [t, s] matrix;
             it saves the log-sum-exp per query for the backward pass.
-  backward  delta = rowsum(dO * O) in XLA; one kernel per key block accumulates dK and dV
-            over the query blocks, one per query block accumulates dQ over the key blocks.
+  backward  one kernel per query block accumulates dQ over the key blocks, first computing
+            delta = rowsum(dO * O) of its queries, which it writes for the next: one kernel
+            per key block accumulates dK and dV over the query blocks. The first also writes
+            its block's sums of dq and of dO over live queries (a live query's weights sum to
+            1), which XLA adds up into the query's and the value's bias gradients.
 
 Each program visits only the other side's blocks that hold one of its block's segments
 (`flash_kernels._segment_span`: packed rows keep their pairs in order, so a block of queries
@@ -154,6 +157,10 @@ BLOCKS = Blocks()  # what `flash_attention` runs when given no blocks; read at e
 # False: q, k and v are sliced out first and their biases added by XLA, as before (a benchmark
 # times the difference: device_check's variant `flash_sliced`). Read when a step is traced.
 IN_PLACE = True
+# The dQ kernel computes delta = rowsum(dO * O) and the backward kernels sum dq and dv over
+# their blocks for the biases' gradients; False: XLA computes both from the arrays, in passes
+# of their own, as before (device_check's variant `flash_sums_apart`). Read when a call is traced.
+SUMS_IN_KERNELS = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,12 +195,13 @@ SELF = Layout(q=(0, 0), k=(0, 1), v=(0, 2))  # one [b, t, n, 3, h] array
 CROSS = Layout(q=(0, 0), k=(1, 0), v=(1, 1))  # [b, t, n, 1, h] and [b, s, n, 2, h]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
-def _flash(arrays, q_bias, v_bias, q_seg, k_seg, layout: Layout, causal: bool, interpret: bool, blocks: Blocks):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8, 9))
+def _flash(arrays, q_bias, v_bias, q_seg, k_seg, layout: Layout, causal: bool, interpret: bool, blocks: Blocks,
+           sums: bool):
   return kernels.forward(arrays, q_bias, v_bias, q_seg, k_seg, layout, causal, interpret, blocks)[0]
 
 
-def _flash_fwd(arrays, q_bias, v_bias, q_seg, k_seg, layout, causal, interpret, blocks):
+def _flash_fwd(arrays, q_bias, v_bias, q_seg, k_seg, layout, causal, interpret, blocks, sums):
   out, lse = kernels.forward(arrays, q_bias, v_bias, q_seg, k_seg, layout, causal, interpret, blocks)
   return out, (arrays, q_bias, v_bias, q_seg, k_seg, out, lse)
 
@@ -220,7 +228,7 @@ def fused_flash_attention(arrays, layout: Layout, q_segments_bt, k_segments_bs, 
   ([n, h] or None) are added where q and v are read. [b, t, n, h]."""
   layout.check([x.shape for x in arrays])
   return _flash(tuple(arrays), q_bias_nh, v_bias_nh, q_segments_bt, k_segments_bs, layout, causal, interpret,
-                BLOCKS if blocks is None else blocks)
+                BLOCKS if blocks is None else blocks, SUMS_IN_KERNELS)
 
 
 def blockers(*, platform: str, dtype, head_dim: int, q_len: int, kv_len: int, segments: bool) -> list[str]:

@@ -127,8 +127,9 @@ def _forward_kernel(q_ref, k_ref, v_ref, *refs, scale, causal, block_k, biases):
   lse_ref[...] = jnp.where(live, m + jnp.log2(l), jnp.inf)
 
 
-def _dkdv_kernel(q_ref, k_ref, v_ref, *refs, scale, causal, block_q, biases, slots):
+def _dkdv_kernel(q_ref, k_ref, v_ref, *refs, scale, causal, block_q, biases, slots, aliased):
   qb_ref, vb_ref, (q_seg_ref, k_seg_ref, do_ref, lse_ref, delta_ref, *out_refs) = _take_biases(refs, biases)
+  out_refs = out_refs[aliased:]  # first, where dk and dv join dq's array: that array, aliased to it (not read)
   block_k = k_ref.shape[0]
   j = pl.program_id(0)
   k, v, k_seg = k_ref[...], _with_bias(v_ref[...], vb_ref), k_seg_ref[...]
@@ -153,13 +154,20 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, *refs, scale, causal, block_q, biases, slo
   _store(dv_ref, slots[1], dv)
 
 
-def _dq_kernel(q_ref, k_ref, v_ref, *refs, scale, causal, block_k, biases):
-  qb_ref, vb_ref, (q_seg_ref, k_seg_ref, do_ref, lse_ref, delta_ref, *rest) = _take_biases(refs, biases)
-  dq_ref = rest[-1]  # before it, where dq joins dk and dv's array: that array, aliased to it
+def _dq_kernel(q_ref, k_ref, v_ref, *refs, scale, causal, block_k, biases, sums):
+  qb_ref, vb_ref, (q_seg_ref, k_seg_ref, do_ref, lse_ref, o_ref, dq_ref, *outs) = _take_biases(refs, biases)
   block_q, kv_len = q_ref.shape[0], k_ref.shape[0]
   i = pl.program_id(0)
-  q, q_seg, do = _with_bias(q_ref[...], qb_ref), q_seg_ref[...], do_ref[...]
-  lse, delta = lse_ref[...], delta_ref[...]
+  do, lse = do_ref[...], lse_ref[...]
+  if sums:  # delta = rowsum(dO * O) of this block's queries, for its dq and for the dK/dV kernel after it
+    delta = jnp.sum(do.astype(jnp.float32) * o_ref[...].astype(jnp.float32), axis=1)
+    outs[0][...] = delta
+    if vb_ref is not None:  # this block's share of the value bias's gradient: o = P (v + bv) and a live
+      # query's weights sum to 1, so the bias's gradient is the sum of dO over live queries
+      outs[-1][...] = jnp.sum(jnp.where((lse < jnp.inf)[:, None], do.astype(jnp.float32), 0.0), axis=0)
+  else:  # o_ref holds delta, computed by XLA
+    delta = o_ref[...]
+  q, q_seg = _with_bias(q_ref[...], qb_ref), q_seg_ref[...]
 
   def body(j, dq):
     keys = pl.ds(j * block_k, block_k)
@@ -171,8 +179,10 @@ def _dq_kernel(q_ref, k_ref, v_ref, *refs, scale, causal, block_k, biases):
   start, stop = _segment_span(q_seg, k_seg_ref, block_k)
   if causal:
     stop = jnp.minimum(stop, _causal_upper(i, block_q, block_k, kv_len))
-  dq_ref[...] = lax.fori_loop(start, stop, body, jnp.zeros((block_q, q_ref.shape[1]), jnp.float32)).astype(
-      dq_ref.dtype)
+  dq = lax.fori_loop(start, stop, body, jnp.zeros((block_q, q_ref.shape[1]), jnp.float32))
+  dq_ref[...] = dq.astype(dq_ref.dtype)
+  if sums and qb_ref is not None:  # this block's share of the query bias's gradient: dq summed over its queries
+    outs[1][...] = jnp.sum(dq, axis=0)
 
 
 def _slot_spec(array_shape, length: int, where, index):
@@ -210,7 +220,12 @@ def forward(arrays, q_bias, v_bias, q_seg, k_seg, layout: Layout, causal: bool, 
   return out, lse
 
 
-def backward(layout: Layout, causal: bool, interpret: bool, blocks: Blocks, residuals, d_out):
+def backward(layout: Layout, causal: bool, interpret: bool, blocks: Blocks, sums: bool, residuals, d_out):
+  """The dQ kernel, then the dK/dV kernel. With `sums` (flash.SUMS_IN_KERNELS) the dQ kernel
+  also writes delta = rowsum(dO * O), which both use, and its blocks' sums of dq and of dO
+  over live queries, which XLA adds up into the query's and the value's bias gradients: no XLA
+  pass over [b, t, n, h] for any of them. Without, XLA computes delta and the biases'
+  gradients from the arrays, as before."""
   arrays, q_bias, v_bias, q_seg, k_seg, out, lse = residuals
   qa, ka, va = (arrays[w[0]] for w in (layout.q, layout.k, layout.v))
   (b, t, n, _, h), s = qa.shape, ka.shape[1]
@@ -218,16 +233,43 @@ def backward(layout: Layout, causal: bool, interpret: bool, blocks: Blocks, resi
   params = _params(blocks.backward_warps, blocks.stages)
   biases = (q_bias is not None, v_bias is not None)
   bias_args = [x for x in (q_bias, v_bias) if x is not None]
-  delta = jnp.einsum("btnh,btnh->bnt", out.astype(jnp.float32), d_out.astype(jnp.float32))
   whole = lambda x, j, k: (j, 0, k)
   block = lambda x, j, k: (j, x, k)
   seg_whole = lambda length: pl.BlockSpec((None, length), lambda x, j, k: (j, 0))
   stat_whole = pl.BlockSpec((None, None, t), lambda x, j, k: (j, k, 0))
   do_whole = pl.BlockSpec((None, t, None, h), lambda x, j, k: (j, 0, k, 0))
-  args = (qa, ka, va, *bias_args, q_seg, k_seg, d_out, lse, delta)
+  partial_sums = lambda count: (pl.BlockSpec((None, None, None, h), lambda x, j, k: (x, j, k, 0)),
+                                jax.ShapeDtypeStruct((count, b, n, h), jnp.float32))  # a block's sum over positions
+
+  block_q, block_k = fitted.dq  # one program per query block, a loop over key blocks
+  stat_block = pl.BlockSpec((None, None, block_q), lambda x, j, k: (j, k, x))
+  rows_block = pl.BlockSpec((None, block_q, None, h), lambda x, j, k: (j, x, k, 0))
+  dq_spec = _slot_spec(qa.shape, block_q, layout.q, block)
+  out_specs, out_shape = [dq_spec], [jax.ShapeDtypeStruct(qa.shape, qa.dtype)]
+  if sums:
+    out_specs, out_shape = out_specs + [stat_block], out_shape + [jax.ShapeDtypeStruct((b, n, t), jnp.float32)]
+    for bias in (q_bias, v_bias):
+      if bias is not None:
+        spec, shape = partial_sums(t // block_q)
+        out_specs, out_shape = out_specs + [spec], out_shape + [shape]
+  else:
+    delta = jnp.einsum("btnh,btnh->bnt", out.astype(jnp.float32), d_out.astype(jnp.float32))
+  dq_outs = pl.pallas_call(
+      functools.partial(_dq_kernel, scale=h**-0.5, causal=causal, block_k=block_k, biases=biases, sums=sums),
+      grid=(t // block_q, b, n),
+      in_specs=[dq_spec, _slot_spec(ka.shape, s, layout.k, whole), _slot_spec(va.shape, s, layout.v, whole),
+                *_bias_specs(bias_args), pl.BlockSpec((None, block_q), lambda x, j, k: (j, x)), seg_whole(s),
+                rows_block, stat_block, rows_block if sums else stat_block],
+      out_specs=out_specs, out_shape=out_shape, compiler_params=params, interpret=interpret,
+      name="seq2seq_flash_dq",
+  )(qa, ka, va, *bias_args, q_seg, k_seg, d_out, lse, out if sums else delta)
+  dq = dq_outs[0]
+  if sums:
+    delta = dq_outs[1]
 
   block_k, block_q = fitted.dkdv  # one program per key block, a loop over query blocks
   kv_fused = layout.k[0] == layout.v[0]
+  joins = layout.q[0] == layout.k[0]  # self-attention's fused array: dk and dv into their slots of dq's
   if kv_fused:  # dk and dv into their slots of one array's gradient, each block of it whole
     kva = arrays[layout.k[0]]
     out_specs = [pl.BlockSpec((None, block_k, None, kva.shape[3], h), lambda x, j, k: (j, x, k, 0, 0))]
@@ -238,41 +280,30 @@ def backward(layout: Layout, causal: bool, interpret: bool, blocks: Blocks, resi
                  for w in (layout.k, layout.v)]
     out_shape = [jax.ShapeDtypeStruct(ka.shape, ka.dtype), jax.ShapeDtypeStruct(va.shape, va.dtype)]
     slots = (None, None)
+  in_specs = [_slot_spec(qa.shape, t, layout.q, whole), _slot_spec(ka.shape, block_k, layout.k, block),
+              _slot_spec(va.shape, block_k, layout.v, block), *_bias_specs(bias_args), seg_whole(t),
+              pl.BlockSpec((None, block_k), lambda x, j, k: (j, x)), do_whole, stat_whole, stat_whole]
   kv_grads = pl.pallas_call(
-      functools.partial(_dkdv_kernel, scale=h**-0.5, causal=causal, block_q=block_q, biases=biases, slots=slots),
+      functools.partial(_dkdv_kernel, scale=h**-0.5, causal=causal, block_q=block_q, biases=biases, slots=slots,
+                        aliased=int(joins)),
       grid=(s // block_k, b, n),
-      in_specs=[_slot_spec(qa.shape, t, layout.q, whole), _slot_spec(ka.shape, block_k, layout.k, block),
-                _slot_spec(va.shape, block_k, layout.v, block), *_bias_specs(bias_args), seg_whole(t),
-                pl.BlockSpec((None, block_k), lambda x, j, k: (j, x)), do_whole, stat_whole, stat_whole],
-      out_specs=out_specs, out_shape=out_shape, compiler_params=params, interpret=interpret,
-      name="seq2seq_flash_dkdv",
-  )(*args)
-
-  block_q, block_k = fitted.dq  # one program per query block, a loop over key blocks
-  stat_block = pl.BlockSpec((None, None, block_q), lambda x, j, k: (j, k, x))
-  in_specs = [_slot_spec(qa.shape, block_q, layout.q, block), _slot_spec(ka.shape, s, layout.k, whole),
-              _slot_spec(va.shape, s, layout.v, whole), *_bias_specs(bias_args),
-              pl.BlockSpec((None, block_q), lambda x, j, k: (j, x)), seg_whole(s),
-              pl.BlockSpec((None, block_q, None, h), lambda x, j, k: (j, x, k, 0)), stat_block, stat_block]
-  dq_spec = _slot_spec(qa.shape, block_q, layout.q, block)
-  joins = layout.q[0] == layout.k[0]  # self-attention's fused array: dq into its slot of dk and dv's gradient
-  dq = pl.pallas_call(
-      functools.partial(_dq_kernel, scale=h**-0.5, causal=causal, block_k=block_k, biases=biases),
-      grid=(t // block_q, b, n),
-      in_specs=in_specs + ([dq_spec] if joins else []), out_specs=dq_spec,
-      out_shape=jax.ShapeDtypeStruct(qa.shape, qa.dtype),
+      in_specs=in_specs + ([out_specs[0]] if joins else []), out_specs=out_specs, out_shape=out_shape,
       input_output_aliases={len(in_specs): 0} if joins else {}, compiler_params=params, interpret=interpret,
-      name="seq2seq_flash_dq",
-  )(*args, *([kv_grads[0]] if joins else []))
+      name="seq2seq_flash_dkdv",
+  )(qa, ka, va, *bias_args, q_seg, k_seg, d_out, lse, delta, *([dq] if joins else []))
 
   grads = [None] * len(arrays)
   grads[layout.q[0]] = dq
-  if kv_fused:
-    grads[layout.k[0]] = dq if joins else kv_grads[0]
+  if kv_fused:  # where it joins dq's array (self-attention), the whole array: dq's slot, dk's and dv's
+    grads[layout.k[0]] = kv_grads[0]
   else:
     grads[layout.k[0]], grads[layout.v[0]] = kv_grads
-  d_q_bias = None if q_bias is None else jnp.sum(dq[:, :, :, layout.q[1]], axis=(0, 1), dtype=jnp.float32).astype(
-      q_bias.dtype)
-  dv = grads[layout.v[0]][:, :, :, layout.v[1]]
-  d_v_bias = None if v_bias is None else jnp.sum(dv, axis=(0, 1), dtype=jnp.float32).astype(v_bias.dtype)
+  if sums:
+    d_q_bias = None if q_bias is None else jnp.sum(dq_outs[2], axis=(0, 1)).astype(q_bias.dtype)
+    d_v_bias = None if v_bias is None else jnp.sum(dq_outs[-1], axis=(0, 1)).astype(v_bias.dtype)
+  else:
+    d_q_bias = None if q_bias is None else jnp.sum(grads[layout.q[0]][:, :, :, layout.q[1]], axis=(0, 1),
+                                                   dtype=jnp.float32).astype(q_bias.dtype)
+    dv = grads[layout.v[0]][:, :, :, layout.v[1]]
+    d_v_bias = None if v_bias is None else jnp.sum(dv, axis=(0, 1), dtype=jnp.float32).astype(v_bias.dtype)
   return tuple(grads), d_q_bias, d_v_bias, None, None
