@@ -111,7 +111,7 @@ def step_rows(config_path: str, dtype: str, shape: tuple[int, int, int], count: 
   """Prints one JSON line per row layout (packed, then unpacked): the train step at `shape`,
   with `overrides` (`section.key=value`, as on the command line) applied to the config, the
   flash kernel's tiles `flash_blocks` (seq2seq.model.flash.Blocks.parse; "" its defaults),
-  with `flash_sliced`, q, k and v sliced out of the projections for it (flash.IN_PLACE off)
+  with `flash_sliced`, q, k and v sliced out of the projections for it (flash.IN_PLACE off),
   with `bias_apart`, the FFN's bias added after its matmul (layers.BIAS_IN_MATMUL off) and, with
   `sums_apart`, the flash backward's delta and bias sums in XLA (flash.SUMS_IN_KERNELS off)."""
   import jax

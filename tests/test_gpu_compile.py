@@ -279,7 +279,7 @@ def test_the_train_step_compiles_for_an_h100_on_this_cpu(tmp_path):
   kinds = collections.Counter()
   for computation in re.split(r"\n(?=%|ENTRY)", hlo):
     dtypes = dict(re.findall(r"%([\w.\-]+) = (\w+)\[", computation))
-    for out, lhs, rhs in re.findall(r"= (\w+)\[[^\]]*\]\S* dot\(%([\w.\-]+), %([\w.\-]+)\)", computation):
+    for _, lhs, rhs in re.findall(r"= (\w+)\[[^\]]*\]\S* dot\(%([\w.\-]+), %([\w.\-]+)\)", computation):
       kinds[(dtypes[lhs], dtypes[rhs])] += 1
   assert set(kinds) == {("bf16", "bf16")}, kinds
   # The flash backward's delta = rowsum(dO * O) and its biases' gradient sums are the kernels' own

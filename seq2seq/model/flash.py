@@ -157,9 +157,9 @@ BLOCKS = Blocks()  # what `flash_attention` runs when given no blocks; read at e
 # False: q, k and v are sliced out first and their biases added by XLA, as before (a benchmark
 # times the difference: device_check's variant `flash_sliced`). Read when a step is traced.
 IN_PLACE = True
-# The dQ kernel computes delta = rowsum(dO * O) and the backward kernels sum dq and dv over
-# their blocks for the biases' gradients; False: XLA computes both from the arrays, in passes
-# of their own, as before (device_check's variant `flash_sums_apart`). Read when a call is traced.
+# The dQ kernel computes delta = rowsum(dO * O) and sums dq and dO over its blocks for the
+# biases' gradients; False: XLA computes delta and the gradients from the arrays, in passes of
+# their own, as before (device_check's variant `flash_sums_apart`). Read when a call is traced.
 SUMS_IN_KERNELS = True
 
 
