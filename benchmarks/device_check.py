@@ -106,28 +106,26 @@ def _attention(model_cfg, t: int, packed: bool, devices: int, platform: str = ""
 
 
 def step_rows(config_path: str, dtype: str, shape: tuple[int, int, int], count: int, repeats: int,
-              overrides: tuple = (), layouts: str = "packed,unpacked", flash_blocks: str = "",
-              flash_sliced: bool = False, bias_apart: bool = False, sums_apart: bool = False) -> None:
-  """Prints one JSON line per row layout (packed, then unpacked): the train step at `shape`,
-  with `overrides` (`section.key=value`, as on the command line) applied to the config, the
-  flash kernel's tiles `flash_blocks` (seq2seq.model.flash.Blocks.parse; "" its defaults),
-  with `flash_sliced`, q, k and v sliced out of the projections for it (flash.IN_PLACE off),
-  with `bias_apart`, the FFN's bias added after its matmul (layers.BIAS_IN_MATMUL off) and, with
-  `sums_apart`, the flash backward's delta and bias sums in XLA (flash.SUMS_IN_KERNELS off)."""
+              layouts: str = "packed,unpacked", variant: Variant | None = None) -> None:
+  """Prints one JSON line per row layout (packed, then unpacked): the train step at `shape`
+  with `variant`'s settings (its config overrides, `section.key=value` as on the command line;
+  its flash tiles and its kernels' and layers' switches, `Variant.apply`); its rows' factor and
+  XLA flags are the caller's."""
   import jax
   import numpy as np
 
   from seq2seq import sharding
   from seq2seq.model import flash, flops, layers
 
-  _set_flash_blocks(flash_blocks, flash_sliced, bias_apart, sums_apart)
+  variant = variant or Variant()
+  variant.apply()
 
   device, (rows, s, t) = jax.devices()[0], shape
   peak = None
   for packed in [layout == "packed" for layout in layouts.split(",")]:
     applied = {}
     try:
-      config, applied = _configured(config_path, dtype, packed, overrides)
+      config, applied = _configured(config_path, dtype, packed, variant.overrides)
       model_cfg, mesh, state, steps = accelerator.build(config)
       peak = peak or flops.peak_flops(device.device_kind, device.platform, dtype, mesh.size, repeats=repeats)
       batch = accelerator.random_batch(rows, s, t, model_cfg.vocab_size, np.random.default_rng(0))
@@ -143,13 +141,13 @@ def step_rows(config_path: str, dtype: str, shape: tuple[int, int, int], count: 
       row = {"packed": packed, "error": f"{type(err).__name__}: {err}"[:2000]}
     if applied:  # as the child's config holds them
       row["config"] = applied
-    if flash_blocks:  # as the child's kernel setting holds them, a failed row too
+    if variant.flash_blocks:  # as the child's kernel setting holds them, a failed row too
       row["flash_blocks"] = flash.BLOCKS.spec()
-    if flash_sliced:
+    if variant.flash_sliced:
       row["flash_in_place"] = flash.IN_PLACE
-    if bias_apart:
+    if variant.bias_apart:
       row["bias_in_matmul"] = layers.BIAS_IN_MATMUL
-    if sums_apart:
+    if variant.sums_apart:
       row["flash_sums_in_kernels"] = flash.SUMS_IN_KERNELS
     print(json.dumps(row), flush=True)
 
@@ -170,42 +168,26 @@ def _configured(config_path: str, dtype: str, packed: bool, overrides: tuple = (
   return config, applied
 
 
-def _set_flash_blocks(spec: str, sliced: bool = False, bias_apart: bool = False, sums_apart: bool = False) -> None:
-  """This process's flash tiles, whether the layers slice q, k and v out of their fused
-  projections for the kernel (`sliced`) or it reads them in place, whether the FFN adds its
-  bias after its matmul (`bias_apart`) or in it, and whether XLA computes the flash backward's
-  delta and bias sums (`sums_apart`) or its kernels do (the kernels read flash.BLOCKS and
-  flash.SUMS_IN_KERNELS, the layers flash.IN_PLACE and layers.BIAS_IN_MATMUL, when a step is
-  traced)."""
-  from seq2seq.model import flash, layers
-
-  if spec:
-    flash.BLOCKS = flash.Blocks.parse(spec)
-  flash.IN_PLACE = not sliced
-  layers.BIAS_IN_MATMUL = not bias_apart
-  flash.SUMS_IN_KERNELS = not sums_apart
-
-
 def profile_capture(config_path: str, dtype: str, shape: tuple[int, int, int], count: int, out: pathlib.Path,
-                    overrides: tuple = (), flash_blocks: str = "", flash_sliced: bool = False,
-                    bias_apart: bool = False, sums_apart: bool = False) -> None:
+                    variant: Variant | None = None) -> None:
   """Traces `count` train steps of each row layout (packed, then unpacked) with jax.profiler
   into out/LAYOUT/ (TensorBoard's xplane.pb and a Perfetto trace.json.gz) beside the step's
   optimized HLO (out/LAYOUT/train_step.hlo.txt, whose fusion names the trace's kernels
-  carry), and prints one JSON line per layout with the untraced step time. `overrides`,
-  `flash_blocks`, `flash_sliced`, `bias_apart` and `sums_apart` as `step_rows` takes them."""
+  carry), and prints one JSON line per layout with the untraced step time. `variant` as
+  `step_rows` takes it."""
   import jax
   import numpy as np
 
   from seq2seq import sharding
 
-  _set_flash_blocks(flash_blocks, flash_sliced, bias_apart, sums_apart)
+  variant = variant or Variant()
+  variant.apply()
   rows, s, t = shape
   for packed in (True, False):
     folder = out / ("packed" if packed else "unpacked")
     folder.mkdir(parents=True, exist_ok=True)
     try:
-      config, applied = _configured(config_path, dtype, packed, overrides)
+      config, applied = _configured(config_path, dtype, packed, variant.overrides)
       model_cfg, mesh, state, steps = accelerator.build(config)
       batch = sharding.put_batch(accelerator.random_batch(rows, s, t, model_cfg.vocab_size, np.random.default_rng(0)),
                                  mesh)
@@ -492,6 +474,31 @@ class Variant:
     return ({"XLA_FLAGS": " ".join(filter(None, [os.environ.get("XLA_FLAGS", ""), self.xla_flags]))}
             if self.xla_flags else {})
 
+  def switches(self) -> dict:
+    """The flash tiles and the switches this variant sets, as a record's row names them."""
+    return {**({"flash_blocks": self.flash_blocks} if self.flash_blocks else {}),
+            **{name: True for name in ("flash_sliced", "bias_apart", "sums_apart") if getattr(self, name)}}
+
+  def apply(self) -> None:
+    """Sets this process's flash tiles and switches, read when a step is traced: whether the
+    layers slice q, k and v out of their fused projections for the kernel or it reads them in
+    place (flash.IN_PLACE), whether the FFN adds its bias after its matmul or in it
+    (layers.BIAS_IN_MATMUL), and whether XLA computes the flash backward's delta and bias sums
+    or its kernels do (flash.SUMS_IN_KERNELS)."""
+    from seq2seq.model import flash, layers
+
+    if self.flash_blocks:
+      flash.BLOCKS = flash.Blocks.parse(self.flash_blocks)
+    flash.IN_PLACE = not self.flash_sliced
+    layers.BIAS_IN_MATMUL = not self.bias_apart
+    flash.SUMS_IN_KERNELS = not self.sums_apart
+
+
+def child_variant(args) -> Variant:
+  """The variant a steps / profile_capture child was handed (`Variant.child_flags`)."""
+  return Variant(tuple(args.override), flash_blocks=args.flash_blocks, flash_sliced=args.flash_sliced,
+                 bias_apart=args.bias_apart, sums_apart=args.sums_apart)
+
 
 FLASH = ("model.attention_impl=flash",)  # tiles that do not compile fail the variant, not fall back to XLA
 VARIANTS = {  # in the order they run: the likeliest gains first
@@ -565,11 +572,7 @@ def _variant_row(args, config: str, variant: Variant, timeout: float, layout: st
   child = run_child(command, timeout, env=variant.child_env())
   row = next(iter(child["objects"]), {"error": _failure(child, timeout)})
   row.pop("packed", None)
-  return {"overrides": list(variant.overrides), "xla_flags": variant.xla_flags,
-          **({"flash_blocks": variant.flash_blocks} if variant.flash_blocks else {}),
-          **({"flash_sliced": True} if variant.flash_sliced else {}),
-          **({"bias_apart": True} if variant.bias_apart else {}),
-          **({"sums_apart": True} if variant.sums_apart else {}), **row}
+  return {"overrides": list(variant.overrides), "xla_flags": variant.xla_flags, **variant.switches(), **row}
 
 
 def _speeds(result: dict) -> dict:
@@ -935,12 +938,10 @@ def main() -> None:
     return flash_rows(rows, t, args.timed_steps)
   if args.section == "profile_capture":
     return profile_capture(str(REPO / args.config), args.dtype, tuple(int(x) for x in args.shape.split("x")),
-                           args.timed_steps, pathlib.Path(args.out), tuple(args.override), args.flash_blocks,
-                           args.flash_sliced, args.bias_apart, args.sums_apart)
+                           args.timed_steps, pathlib.Path(args.out), child_variant(args))
   if args.section == "steps":
     return step_rows(str(REPO / args.config), args.dtype, tuple(int(x) for x in args.shape.split("x")),
-                     args.timed_steps, args.peak_repeats, tuple(args.override), args.layouts, args.flash_blocks,
-                     args.flash_sliced, args.bias_apart, args.sums_apart)
+                     args.timed_steps, args.peak_repeats, args.layouts, child_variant(args))
   result = check(args)
   slug = re.sub(r"[^a-z0-9]+", "_", result["device_kind"].lower()).strip("_") + ("_smoke" if args.smoke else "")
   out = pathlib.Path(args.out or REPO / "benchmarks" / "results" / f"device_check_{slug}.json")

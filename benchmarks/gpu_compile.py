@@ -130,7 +130,7 @@ def compile_child(args) -> None:
   import jax
 
   variant = device_check.VARIANTS[args.child]
-  device_check._set_flash_blocks(variant.flash_blocks, variant.flash_sliced, variant.bias_apart, variant.sums_apart)
+  variant.apply()
   rows, s, t = (int(x) for x in args.shape.split("x"))
   config, applied = device_check._configured(str(REPO / args.config), args.dtype, args.layout == "packed",
                                               (*args.set, *variant.overrides))
@@ -183,10 +183,7 @@ def variant_rows(args, folder: pathlib.Path) -> dict:
                f"--layout={args.layout}", f"--devices={args.devices}", *[f"--set={o}" for o in args.set]]
     child = device_check.run_child(command, args.timeout_s, env=variant.child_env())
     row = {"overrides": list(variant.overrides), "xla_flags": variant.xla_flags, "rows": variant.rows,
-           **({"flash_blocks": variant.flash_blocks} if variant.flash_blocks else {}),
-           **({"flash_sliced": True} if variant.flash_sliced else {}),
-           **({"bias_apart": True} if variant.bias_apart else {}),
-           **({"sums_apart": True} if variant.sums_apart else {}),
+           **variant.switches(),
            # what autotuning or a kernel's speed decides, a compile here cannot
            "predicted": not (variant.xla_flags or variant.flash_blocks)}
     if not child["objects"] or not hlo.exists():

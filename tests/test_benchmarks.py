@@ -297,13 +297,13 @@ def test_the_apart_variants_reach_the_layers_and_kernels_of_their_child(monkeypa
   monkeypatch.setattr(layers, "BIAS_IN_MATMUL", True)
   monkeypatch.setattr(flash, "IN_PLACE", True)
   args = device_check.parse(["--section=steps", *variant.child_flags()])
-  device_check._set_flash_blocks(args.flash_blocks, args.flash_sliced, args.bias_apart)
+  device_check.child_variant(args).apply()
   assert layers.BIAS_IN_MATMUL is False and flash.IN_PLACE is True
   monkeypatch.setattr(flash, "SUMS_IN_KERNELS", True)
   sums = device_check.VARIANTS["flash_sums_apart"]
   assert "--sums_apart" in sums.child_flags() and device_check.VARIANTS["ffn_bias_apart"].sums_apart
   args = device_check.parse(["--section=steps", *sums.child_flags()])
-  device_check._set_flash_blocks(args.flash_blocks, args.flash_sliced, args.bias_apart, args.sums_apart)
+  device_check.child_variant(args).apply()
   assert flash.SUMS_IN_KERNELS is False and layers.BIAS_IN_MATMUL is True
 
 
