@@ -42,6 +42,7 @@ import argparse
 import contextlib
 import dataclasses
 import datetime
+import importlib
 import importlib.metadata
 import importlib.util
 import json
@@ -109,13 +110,13 @@ def step_rows(config_path: str, dtype: str, shape: tuple[int, int, int], count: 
               layouts: str = "packed,unpacked", variant: Variant | None = None) -> None:
   """Prints one JSON line per row layout (packed, then unpacked): the train step at `shape`
   with `variant`'s settings (its config overrides, `section.key=value` as on the command line;
-  its flash tiles and its kernels' and layers' switches, `Variant.apply`); its rows' factor and
+  its flash tiles and its UNDO switches, `Variant.apply`); its rows' factor and
   XLA flags are the caller's."""
   import jax
   import numpy as np
 
   from seq2seq import sharding
-  from seq2seq.model import flash, flops, layers
+  from seq2seq.model import flash, flops
 
   variant = variant or Variant()
   variant.apply()
@@ -143,12 +144,8 @@ def step_rows(config_path: str, dtype: str, shape: tuple[int, int, int], count: 
       row["config"] = applied
     if variant.flash_blocks:  # as the child's kernel setting holds them, a failed row too
       row["flash_blocks"] = flash.BLOCKS.spec()
-    if variant.flash_sliced:
-      row["flash_in_place"] = flash.IN_PLACE
-    if variant.bias_apart:
-      row["bias_in_matmul"] = layers.BIAS_IN_MATMUL
-    if variant.sums_apart:
-      row["flash_sums_in_kernels"] = flash.SUMS_IN_KERNELS
+    if variant.undo:  # as the child's modules hold them
+      row["switches"] = variant.switch_values()
     print(json.dumps(row), flush=True)
 
 
@@ -455,9 +452,7 @@ class Variant:
   xla_flags: str = ""  # added to XLA_FLAGS in the child only
   rows: int = 1  # factor on the batch shape's rows
   flash_blocks: str = ""  # seq2seq.model.flash.Blocks.parse form; "" the kernel's defaults
-  flash_sliced: bool = False  # q, k and v sliced out of the projections for the kernel (flash.IN_PLACE off)
-  bias_apart: bool = False  # the FFN's bias added after its matmul, not in it (layers.BIAS_IN_MATMUL off)
-  sums_apart: bool = False  # the flash backward's delta and bias sums in XLA (flash.SUMS_IN_KERNELS off)
+  undo: tuple[str, ...] = ()  # UNDO names: changes undone, the step as it was before each
   group: str = ""  # variants of one group are alternatives: a combination takes the fastest
   combine: bool = True  # False: timed alone only; it changes the model, so the winners' step leaves it out
 
@@ -465,9 +460,7 @@ class Variant:
     """The steps / profile_capture child's flags for this variant's settings."""
     return [*[f"--override={o}" for o in self.overrides],
             *([f"--flash_blocks={self.flash_blocks}"] if self.flash_blocks else []),
-            *(["--flash_sliced"] if self.flash_sliced else []),
-            *(["--bias_apart"] if self.bias_apart else []),
-            *(["--sums_apart"] if self.sums_apart else [])]
+            *[f"--undo={name}" for name in self.undo]]
 
   def child_env(self) -> dict:
     """The environment the child adds: XLA_FLAGS with this variant's flags."""
@@ -477,27 +470,36 @@ class Variant:
   def switches(self) -> dict:
     """The flash tiles and the switches this variant sets, as a record's row names them."""
     return {**({"flash_blocks": self.flash_blocks} if self.flash_blocks else {}),
-            **{name: True for name in ("flash_sliced", "bias_apart", "sums_apart") if getattr(self, name)}}
+            **{name: True for name in self.undo}}
 
   def apply(self) -> None:
-    """Sets this process's flash tiles and switches, read when a step is traced: whether the
-    layers slice q, k and v out of their fused projections for the kernel or it reads them in
-    place (flash.IN_PLACE), whether the FFN adds its bias after its matmul or in it
-    (layers.BIAS_IN_MATMUL), and whether XLA computes the flash backward's delta and bias sums
-    or its kernels do (flash.SUMS_IN_KERNELS)."""
-    from seq2seq.model import flash, layers
+    """Sets this process's flash tiles and every UNDO switch (off where this variant undoes
+    its change, on otherwise), read when a step is traced."""
+    from seq2seq.model import flash
 
     if self.flash_blocks:
       flash.BLOCKS = flash.Blocks.parse(self.flash_blocks)
-    flash.IN_PLACE = not self.flash_sliced
-    layers.BIAS_IN_MATMUL = not self.bias_apart
-    flash.SUMS_IN_KERNELS = not self.sums_apart
+    for name, (module, switch) in UNDO.items():
+      setattr(importlib.import_module(module), switch, name not in self.undo)
+
+  def switch_values(self) -> dict:
+    """The switches this variant turns off, `module.SWITCH: value` as this process holds them."""
+    return {f"{UNDO[name][0].rsplit('.', 1)[1]}.{UNDO[name][1]}": getattr(importlib.import_module(UNDO[name][0]),
+                                                                          UNDO[name][1]) for name in self.undo}
+
+
+# The changes a variant can undo, each a module switch read when a step is traced; its name is
+# what the step does with the switch off (a record's row says `name: true`).
+UNDO = {
+    "flash_sliced": ("seq2seq.model.flash", "IN_PLACE"),  # q, k and v sliced out of the projections for the kernel
+    "bias_apart": ("seq2seq.model.layers", "BIAS_IN_MATMUL"),  # the FFN's bias added after its matmul, not in it
+    "sums_apart": ("seq2seq.model.flash", "SUMS_IN_KERNELS"),  # the flash backward's delta and bias sums in XLA
+}
 
 
 def child_variant(args) -> Variant:
   """The variant a steps / profile_capture child was handed (`Variant.child_flags`)."""
-  return Variant(tuple(args.override), flash_blocks=args.flash_blocks, flash_sliced=args.flash_sliced,
-                 bias_apart=args.bias_apart, sums_apart=args.sums_apart)
+  return Variant(tuple(args.override), flash_blocks=args.flash_blocks, undo=tuple(args.undo))
 
 
 FLASH = ("model.attention_impl=flash",)  # tiles that do not compile fail the variant, not fall back to XLA
@@ -507,15 +509,15 @@ VARIANTS = {  # in the order they run: the likeliest gains first
     # no biases in attention and feed-forward (T5, MaxText, LLaMA): ablations.md's `nobias`, inconclusive at ±0.02 NLL
     "no_bias": Variant(("model.use_bias=False",), combine=False),
     # the layers' q, k and v sliced out of their fused projections for the kernel, as before it read them in place
-    "flash_sliced": Variant(FLASH, flash_sliced=True),
+    "flash_sliced": Variant(FLASH, undo=("flash_sliced",)),
     # LayerNorm as XLA fuses it, as before the Pallas norm kernels (seq2seq/model/norm_kernels.py); the
     # step as it was then, so the later changes undone too (the FFN's bias and the flash backward's sums apart)
-    "xla_norms": Variant(("model.norm_impl=xla",), bias_apart=True, sums_apart=True),
+    "xla_norms": Variant(("model.norm_impl=xla",), undo=("bias_apart", "sums_apart")),
     # the FFN's first bias added to its rounded matmul in a pass of its own, as before layers.dense_bias
     # (and, as then, the flash backward's sums in XLA)
-    "ffn_bias_apart": Variant(bias_apart=True, sums_apart=True),
+    "ffn_bias_apart": Variant(undo=("bias_apart", "sums_apart")),
     # the flash backward's delta = rowsum(dO * O) and its biases' gradients summed by XLA from the arrays
-    "flash_sums_apart": Variant(FLASH, sums_apart=True),
+    "flash_sums_apart": Variant(FLASH, undo=("sums_apart",)),
     # the backward kernels at tiles of 64 with 8 warps: the tiling where Triton gives all three
     # kernels Hopper's HGMMA without spilling (benchmarks/triton_kernels.py; the default's are HMMA)
     "flash_backward_64": Variant(FLASH, flash_blocks="dkdv=64x64,dq=64x64,backward_warps=8", group="flash"),
@@ -544,8 +546,7 @@ def union(names: list[str], variants: dict = VARIANTS) -> Variant:
   return Variant(overrides=tuple(dict.fromkeys(o for v in parts for o in v.overrides)),
                  xla_flags=" ".join(v.xla_flags for v in parts if v.xla_flags),
                  rows=math.prod(v.rows for v in parts), flash_blocks=blocks[0] if blocks else "",
-                 flash_sliced=any(v.flash_sliced for v in parts), bias_apart=any(v.bias_apart for v in parts),
-                 sums_apart=any(v.sums_apart for v in parts))
+                 undo=tuple(dict.fromkeys(name for v in parts for name in v.undo)))
 
 
 def combine(results: dict, variants: dict = VARIANTS) -> tuple[list[str], Variant]:
@@ -902,9 +903,8 @@ def parse(argv: list[str]):
   parser.add_argument("--override", action="append", default=[], help=argparse.SUPPRESS)  # steps: config overrides
   parser.add_argument("--layouts", default="packed,unpacked", help=argparse.SUPPRESS)  # steps: which layouts
   parser.add_argument("--flash_blocks", default="", help=argparse.SUPPRESS)  # steps: the flash kernel's tiles
-  parser.add_argument("--flash_sliced", action="store_true", help=argparse.SUPPRESS)  # steps: flash.IN_PLACE off
-  parser.add_argument("--bias_apart", action="store_true", help=argparse.SUPPRESS)  # steps: layers.BIAS_IN_MATMUL off
-  parser.add_argument("--sums_apart", action="store_true", help=argparse.SUPPRESS)  # steps: flash.SUMS_IN_KERNELS off
+  parser.add_argument("--undo", action="append", default=[], choices=sorted(UNDO),
+                      help=argparse.SUPPRESS)  # steps: an UNDO switch off
   args = parser.parse_args(argv)
   for flag in ("variants", "big_variants", "profile_variants"):
     unknown = [n for n in getattr(args, flag).split(",") if n and n not in VARIANTS]

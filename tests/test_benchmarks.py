@@ -282,29 +282,29 @@ def test_profile_after_traces_the_winners_of_the_variants_that_ran_before_it(mon
   assert device_check.profile_after_section(args, 60) == {} and traced == [["logits_bfloat16", "rows_x2"]]
 
 
-def test_the_apart_variants_reach_the_layers_and_kernels_of_their_child(monkeypatch):
-  """`ffn_bias_apart` (and `xla_norms`, the step as it was before the norm kernels) hand their
-  child --bias_apart, which turns layers.BIAS_IN_MATMUL off there; a union keeps it.
-  `flash_sums_apart` (and those two) hand it --sums_apart: flash.SUMS_IN_KERNELS off."""
-  from seq2seq.model import flash, layers
+def test_the_undo_variants_reach_the_switches_of_their_child(monkeypatch):
+  """A variant that undoes a change hands its child --undo=NAME, which turns that change's
+  module switch off there and leaves every other one on; a union keeps every undo. The "apart"
+  variants undo what came after them too (the step as it was then)."""
+  import importlib
 
   device_check = _device_check()
-  variant = device_check.VARIANTS["ffn_bias_apart"]
-  assert variant.child_flags() == ["--bias_apart", "--sums_apart"]
-  assert "--bias_apart" in device_check.VARIANTS["xla_norms"].child_flags()
-  assert device_check.union(["logits_bfloat16", "ffn_bias_apart"]).bias_apart
-  assert not device_check.union(["logits_bfloat16", "no_bias"]).bias_apart
-  monkeypatch.setattr(layers, "BIAS_IN_MATMUL", True)
-  monkeypatch.setattr(flash, "IN_PLACE", True)
-  args = device_check.parse(["--section=steps", *variant.child_flags()])
-  device_check.child_variant(args).apply()
-  assert layers.BIAS_IN_MATMUL is False and flash.IN_PLACE is True
-  monkeypatch.setattr(flash, "SUMS_IN_KERNELS", True)
-  sums = device_check.VARIANTS["flash_sums_apart"]
-  assert "--sums_apart" in sums.child_flags() and device_check.VARIANTS["ffn_bias_apart"].sums_apart
-  args = device_check.parse(["--section=steps", *sums.child_flags()])
-  device_check.child_variant(args).apply()
-  assert flash.SUMS_IN_KERNELS is False and layers.BIAS_IN_MATMUL is True
+  modules = {name: importlib.import_module(module) for name, (module, _) in device_check.UNDO.items()}
+  for name, (_, switch) in device_check.UNDO.items():
+    monkeypatch.setattr(modules[name], switch, True)
+  for name in device_check.UNDO:
+    flags = device_check.Variant(undo=(name,)).child_flags()
+    assert flags == [f"--undo={name}"]
+    device_check.child_variant(device_check.parse(["--section=steps", *flags])).apply()
+    assert {other: getattr(modules[other], switch) for other, (_, switch) in device_check.UNDO.items()} == {
+        other: other != name for other in device_check.UNDO}
+  variants = device_check.VARIANTS
+  assert variants["ffn_bias_apart"].undo == variants["xla_norms"].undo == ("bias_apart", "sums_apart")
+  assert variants["flash_sums_apart"].undo == ("sums_apart",) and variants["flash_sliced"].undo == ("flash_sliced",)
+  assert device_check.union(["logits_bfloat16", "ffn_bias_apart", "flash_sums_apart"]).undo == (
+      "bias_apart", "sums_apart")
+  assert device_check.union(["logits_bfloat16", "no_bias"]).undo == ()
+  assert variants["ffn_bias_apart"].switches() == {"bias_apart": True, "sums_apart": True}
 
 
 def test_every_variants_xla_flags_are_flags_this_xla_knows():
