@@ -27,7 +27,7 @@ minutes, written to one JSON (benchmarks/results/device_check_<device>.json):
   python benchmarks/device_check.py --flax_models=PATH/models.py   # one GPU, ~7 minutes
   python benchmarks/device_check.py --sections=profile,variants --profile_dir=DIR  # ~6 minutes
   python benchmarks/device_check.py --sections=flash,variants,variants_big,profile_after --budget_s=570 \
-    --variants=flash_backward_64,logits_bfloat16,no_bias,ffn_bias_apart,flash_sums_apart,xla_norms,flash_sliced
+    --variants=flash_backward_64,logits_bfloat16,no_bias,ffn_bias_apart,flash_sums_apart,xla_norms,flash_sliced,norm_per_leaf
   python benchmarks/device_check.py --smoke --out=/tmp/check.json  # CPU: tiny config, ~1.5 minutes
 
 Sections run in this order (the most wanted figures first), each in its own process (none
@@ -494,6 +494,7 @@ UNDO = {
     "flash_sliced": ("seq2seq.model.flash", "IN_PLACE"),  # q, k and v sliced out of the projections for the kernel
     "bias_apart": ("seq2seq.model.layers", "BIAS_IN_MATMUL"),  # the FFN's bias added after its matmul, not in it
     "sums_apart": ("seq2seq.model.flash", "SUMS_IN_KERNELS"),  # the flash backward's delta and bias sums in XLA
+    "norm_per_leaf": ("seq2seq.training.optimizer", "GROUPED_NORM"),  # the gradient norm a reduction a parameter
 }
 
 
@@ -511,13 +512,17 @@ VARIANTS = {  # in the order they run: the likeliest gains first
     # the layers' q, k and v sliced out of their fused projections for the kernel, as before it read them in place
     "flash_sliced": Variant(FLASH, undo=("flash_sliced",)),
     # LayerNorm as XLA fuses it, as before the Pallas norm kernels (seq2seq/model/norm_kernels.py); the
-    # step as it was then, so the later changes undone too (the FFN's bias and the flash backward's sums apart)
-    "xla_norms": Variant(("model.norm_impl=xla",), undo=("bias_apart", "sums_apart")),
+    # step as it was then, so the later changes undone too (the FFN's bias, the flash backward's sums, the norm)
+    "xla_norms": Variant(("model.norm_impl=xla",), undo=("bias_apart", "sums_apart", "norm_per_leaf")),
     # the FFN's first bias added to its rounded matmul in a pass of its own, as before layers.dense_bias
-    # (and, as then, the flash backward's sums in XLA)
-    "ffn_bias_apart": Variant(undo=("bias_apart", "sums_apart")),
+    # (and, as then, the flash backward's sums in XLA and the gradient norm a reduction a parameter)
+    "ffn_bias_apart": Variant(undo=("bias_apart", "sums_apart", "norm_per_leaf")),
     # the flash backward's delta = rowsum(dO * O) and its biases' gradients summed by XLA from the arrays
-    "flash_sums_apart": Variant(FLASH, undo=("sums_apart",)),
+    # (and, as then, the gradient norm a reduction a parameter)
+    "flash_sums_apart": Variant(FLASH, undo=("sums_apart", "norm_per_leaf")),
+    # the gradient's global norm summed a parameter at a time (optax.tree.norm), as before
+    # optimizer.global_norm summed it by groups of one shape
+    "norm_per_leaf": Variant(undo=("norm_per_leaf",)),
     # the backward kernels at tiles of 64 with 8 warps: the tiling where Triton gives all three
     # kernels Hopper's HGMMA without spilling (benchmarks/triton_kernels.py; the default's are HMMA)
     "flash_backward_64": Variant(FLASH, flash_blocks="dkdv=64x64,dq=64x64,backward_warps=8", group="flash"),

@@ -224,7 +224,8 @@ def test_the_profile_and_variants_sections_table_a_cpu_trace_and_time_each_chang
   out = subprocess.run([sys.executable, "benchmarks/device_check.py", "--smoke",
                         "--sections=profile,variants,variants_big,profile_after",
                         "--profile_variants=logits_bfloat16,rows_x2", f"--profile_dir={tmp_path / 'profile'}",
-                        "--variants=logits_bfloat16,flash_tiles_128", "--big_variants=logits_bfloat16,adam_mu_bfloat16",
+                        "--variants=logits_bfloat16,flash_tiles_128",
+                        "--big_variants=logits_bfloat16,adam_mu_bfloat16,norm_per_leaf",
                         f"--out={tmp_path / 'check.json'}"], cwd=REPO, capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
   check = json.loads((tmp_path / "check.json").read_text())
@@ -258,7 +259,9 @@ def test_the_profile_and_variants_sections_table_a_cpu_trace_and_time_each_chang
   assert check["summary"]["variants_packed_over_unpacked"]["baseline"] == pytest.approx(
       variants["baseline"]["target_tokens_per_s"] / variants["unpacked"]["target_tokens_per_s"])
   assert variants["baseline"]["speed_vs_baseline"] == 1.0
-  assert big["combined"]["members"] == ["logits_bfloat16", "adam_mu_bfloat16"]
+  assert big["combined"]["members"] == ["logits_bfloat16", "adam_mu_bfloat16", "norm_per_leaf"]
+  # An undo variant's switch reached the child (--undo), as the child's module held it.
+  assert big["combined"]["switches"] == {"optimizer.GROUPED_NORM": False}, big["combined"]
   assert big["combined"]["config"] == {"model.logits_dtype": "bfloat16", "train.adam_mu_dtype": "bfloat16"}
   assert set(check["summary"]["big_mfu"]) == {"baseline", "combined"}
   # the "after" profile traces the winners of this call's variants (on a CPU, likely none)
@@ -299,12 +302,13 @@ def test_the_undo_variants_reach_the_switches_of_their_child(monkeypatch):
     assert {other: getattr(modules[other], switch) for other, (_, switch) in device_check.UNDO.items()} == {
         other: other != name for other in device_check.UNDO}
   variants = device_check.VARIANTS
-  assert variants["ffn_bias_apart"].undo == variants["xla_norms"].undo == ("bias_apart", "sums_apart")
-  assert variants["flash_sums_apart"].undo == ("sums_apart",) and variants["flash_sliced"].undo == ("flash_sliced",)
-  assert device_check.union(["logits_bfloat16", "ffn_bias_apart", "flash_sums_apart"]).undo == (
-      "bias_apart", "sums_apart")
+  assert variants["ffn_bias_apart"].undo == variants["xla_norms"].undo == ("bias_apart", "sums_apart", "norm_per_leaf")
+  assert variants["flash_sums_apart"].undo == ("sums_apart", "norm_per_leaf")
+  assert variants["norm_per_leaf"].undo == ("norm_per_leaf",) and variants["flash_sliced"].undo == ("flash_sliced",)
+  assert device_check.union(["logits_bfloat16", "norm_per_leaf", "flash_sums_apart"]).undo == (
+      "norm_per_leaf", "sums_apart")
   assert device_check.union(["logits_bfloat16", "no_bias"]).undo == ()
-  assert variants["ffn_bias_apart"].switches() == {"bias_apart": True, "sums_apart": True}
+  assert variants["flash_sums_apart"].switches() == {"sums_apart": True, "norm_per_leaf": True}
 
 
 def test_every_variants_xla_flags_are_flags_this_xla_knows():

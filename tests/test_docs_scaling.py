@@ -369,7 +369,7 @@ def test_the_variants_table_is_device_checks_variants():
   compile_s = _record("device_check_nvidia_h100_80gb_hbm3.json")["sections"]["steps_bfloat16"]["packed"]["compile_s"]
   assert f"(the H100's device check compiled the packed step in {compile_s:.0f} s)" in page
   call = page.split("--budget_s=570", 1)[1].split("--variants=", 1)[1].split(" ", 1)[0]  # the device check's call
-  assert len(call.split(",")) == 7 and "one call holds about ten: the seven above, the baseline with packed" in page
+  assert len(call.split(",")) == 8 and "one call holds about eleven: the eight above, the baseline with packed" in page
 
 
 def test_the_flash_checks_gradients_are_the_two_h100_records():

@@ -69,6 +69,61 @@ def test_weight_decay_skips_norms_and_biases():
   assert not any(s in k for k in decayed for s in ("bias_d", "scale_d", "bqv_n2h", "bq_nh", "bv_nh", "bo_d", "bi_f"))
 
 
+def _small_params():
+  from flax import nnx
+
+  from seq2seq.model.transformer import Transformer
+
+  return nnx.state(Transformer(ModelConfig(vocab_size=20, d_model=8, num_heads=2, num_encoder_layers=1,
+                                           num_decoder_layers=2, d_ff=8), rngs=nnx.Rngs(0)), nnx.Param)
+
+
+def _integer_tree(params, offset=0):
+  """Integers -3..3 in every leaf: their squares sum exactly in float32, in any order."""
+  leaves, treedef = jax.tree.flatten(params)
+  return treedef.unflatten([(jnp.arange(x.size, dtype=jnp.float32).reshape(x.shape) * (i + 1) + offset) % 7 - 3
+                            for i, x in enumerate(leaves)])
+
+
+@pytest.mark.parametrize("grouped", [True, False])
+def test_the_global_norm_is_optaxs_summed_by_groups_of_one_shape_and_axes(monkeypatch, grouped):
+  """`optimizer.global_norm` equals optax's: exactly where the sum is exact, to float32 rounding
+  otherwise. Grouped, it takes one reduction per (shape, dtype, logical axes), not per leaf."""
+  import optax
+  from flax import nnx
+
+  monkeypatch.setattr(optimizer, "GROUPED_NORM", grouped)
+  params = _small_params()
+  ints = _integer_tree(params)
+  assert float(optimizer.global_norm(ints)) == float(optax.tree.norm(ints)) > 0
+  rng = np.random.default_rng(0)
+  noise = jax.tree.map(lambda x: rng.standard_normal(x.shape).astype(np.float32), params)
+  np.testing.assert_allclose(optimizer.global_norm(noise), optax.tree.norm(noise), rtol=2e-7)
+  leaves = jax.tree.leaves(params, is_leaf=lambda x: isinstance(x, nnx.Variable))
+  groups = {(x.shape, x.get_metadata()["axes"]) for x in leaves}
+  assert len({x.shape for x in leaves}) < len(groups) < len(leaves)  # d_ff = d_model: [8, 8] is (embed, mlp) or (mlp, embed)
+  jaxpr = str(jax.make_jaxpr(lambda tree: optimizer.global_norm(tree))(params))  # a new function: traced anew
+  assert jaxpr.count("reduce_sum") == (len(groups) if grouped else len(leaves))
+
+
+def test_clipping_by_the_global_norm_is_optaxs_with_its_state():
+  """`optimizer.clip_by_global_norm` gives optax's updates, to the bit on integer gradients,
+  below and above the threshold, and the same (empty) state: checkpoints of either restore."""
+  import optax
+
+  params = _small_params()
+  grads = _integer_tree(params, offset=1)
+  norm = float(optax.tree.norm(grads))
+  for max_norm in (norm / 3, 2 * norm):
+    ours, theirs = optimizer.clip_by_global_norm(max_norm), optax.clip_by_global_norm(max_norm)
+    state = ours.init(params)
+    assert jax.tree.structure(state) == jax.tree.structure(theirs.init(params))
+    for a, b in zip(jax.tree.leaves(ours.update(grads, state)[0]), jax.tree.leaves(theirs.update(grads, state)[0])):
+      np.testing.assert_array_equal(a, b)
+  clipped = optimizer.clip_by_global_norm(norm / 3).update(grads, None)[0]
+  assert float(optax.tree.norm(clipped)) == pytest.approx(norm / 3, rel=1e-6)
+
+
 def test_mesh_sizes_from_config():
   assert sharding.mesh_shape({"data": -1, "fsdp": 2, "tensor": 1}, 8) == (4, 2, 1)
   with pytest.raises(ValueError, match="needs 4 devices, but 8"):

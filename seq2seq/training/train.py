@@ -83,7 +83,7 @@ def apply_gradients(state: TrainState, grads, sums, *, tx, schedule, grad_norm=T
   updates = jax.tree.map(lambda u: u * state.lr_scale, updates)
   new_state = state.replace(params=optax.apply_updates(state.params, updates), opt_state=opt_state,
                             step=state.step + 1)
-  norm = {"grad_norm": optax.tree.norm(grads)} if grad_norm else {}
+  norm = {"grad_norm": optimizer.global_norm(grads)} if grad_norm else {}
   return new_state, sums | norm | {"learning_rate": schedule(state.step) * state.lr_scale}
 
 
