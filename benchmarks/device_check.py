@@ -495,6 +495,7 @@ UNDO = {
     "bias_apart": ("seq2seq.model.layers", "BIAS_IN_MATMUL"),  # the FFN's bias added after its matmul, not in it
     "sums_apart": ("seq2seq.model.flash", "SUMS_IN_KERNELS"),  # the flash backward's delta and bias sums in XLA
     "norm_per_leaf": ("seq2seq.training.optimizer", "GROUPED_NORM"),  # the gradient norm a reduction a parameter
+    "dropout_keys_apart": ("seq2seq.model.transformer", "DROPOUT_KEYS_AT_ONCE"),  # a fold_in kernel a dropout key
 }
 
 
@@ -512,17 +513,23 @@ VARIANTS = {  # in the order they run: the likeliest gains first
     # the layers' q, k and v sliced out of their fused projections for the kernel, as before it read them in place
     "flash_sliced": Variant(FLASH, undo=("flash_sliced",)),
     # LayerNorm as XLA fuses it, as before the Pallas norm kernels (seq2seq/model/norm_kernels.py); the
-    # step as it was then, so the later changes undone too (the FFN's bias, the flash backward's sums, the norm)
-    "xla_norms": Variant(("model.norm_impl=xla",), undo=("bias_apart", "sums_apart", "norm_per_leaf")),
+    # step as it was then, so the later changes undone too (the FFN's bias, the flash backward's sums, the
+    # gradient norm, the dropout keys)
+    "xla_norms": Variant(("model.norm_impl=xla",), undo=("bias_apart", "sums_apart", "norm_per_leaf",
+                                                          "dropout_keys_apart")),
     # the FFN's first bias added to its rounded matmul in a pass of its own, as before layers.dense_bias
-    # (and, as then, the flash backward's sums in XLA and the gradient norm a reduction a parameter)
-    "ffn_bias_apart": Variant(undo=("bias_apart", "sums_apart", "norm_per_leaf")),
+    # (and, as then, the flash backward's sums in XLA, the gradient norm a reduction a parameter, the
+    # dropout keys a fold each)
+    "ffn_bias_apart": Variant(undo=("bias_apart", "sums_apart", "norm_per_leaf", "dropout_keys_apart")),
     # the flash backward's delta = rowsum(dO * O) and its biases' gradients summed by XLA from the arrays
-    # (and, as then, the gradient norm a reduction a parameter)
-    "flash_sums_apart": Variant(FLASH, undo=("sums_apart", "norm_per_leaf")),
+    # (and, as then, the gradient norm a reduction a parameter, the dropout keys a fold each)
+    "flash_sums_apart": Variant(FLASH, undo=("sums_apart", "norm_per_leaf", "dropout_keys_apart")),
     # the gradient's global norm summed a parameter at a time (optax.tree.norm), as before
-    # optimizer.global_norm summed it by groups of one shape
-    "norm_per_leaf": Variant(undo=("norm_per_leaf",)),
+    # optimizer.global_norm summed it by groups of one shape (and, as then, the dropout keys a fold each)
+    "norm_per_leaf": Variant(undo=("norm_per_leaf", "dropout_keys_apart")),
+    # each dropout key derived by its own fold_in, as before layers.DropoutKeys derived them at once
+    # (the same keys: only the kernels differ)
+    "dropout_keys_apart": Variant(undo=("dropout_keys_apart",)),
     # the backward kernels at tiles of 64 with 8 warps: the tiling where Triton gives all three
     # kernels Hopper's HGMMA without spilling (benchmarks/triton_kernels.py; the default's are HMMA)
     "flash_backward_64": Variant(FLASH, flash_blocks="dkdv=64x64,dq=64x64,backward_warps=8", group="flash"),

@@ -261,7 +261,8 @@ def test_the_profile_and_variants_sections_table_a_cpu_trace_and_time_each_chang
   assert variants["baseline"]["speed_vs_baseline"] == 1.0
   assert big["combined"]["members"] == ["logits_bfloat16", "adam_mu_bfloat16", "norm_per_leaf"]
   # An undo variant's switch reached the child (--undo), as the child's module held it.
-  assert big["combined"]["switches"] == {"optimizer.GROUPED_NORM": False}, big["combined"]
+  assert big["combined"]["switches"] == {"optimizer.GROUPED_NORM": False,
+                                        "transformer.DROPOUT_KEYS_AT_ONCE": False}, big["combined"]
   assert big["combined"]["config"] == {"model.logits_dtype": "bfloat16", "train.adam_mu_dtype": "bfloat16"}
   assert set(check["summary"]["big_mfu"]) == {"baseline", "combined"}
   # the "after" profile traces the winners of this call's variants (on a CPU, likely none)
@@ -302,13 +303,15 @@ def test_the_undo_variants_reach_the_switches_of_their_child(monkeypatch):
     assert {other: getattr(modules[other], switch) for other, (_, switch) in device_check.UNDO.items()} == {
         other: other != name for other in device_check.UNDO}
   variants = device_check.VARIANTS
-  assert variants["ffn_bias_apart"].undo == variants["xla_norms"].undo == ("bias_apart", "sums_apart", "norm_per_leaf")
-  assert variants["flash_sums_apart"].undo == ("sums_apart", "norm_per_leaf")
-  assert variants["norm_per_leaf"].undo == ("norm_per_leaf",) and variants["flash_sliced"].undo == ("flash_sliced",)
-  assert device_check.union(["logits_bfloat16", "norm_per_leaf", "flash_sums_apart"]).undo == (
-      "norm_per_leaf", "sums_apart")
+  later = ("norm_per_leaf", "dropout_keys_apart")  # the changes after the flash backward's sums
+  assert variants["ffn_bias_apart"].undo == variants["xla_norms"].undo == ("bias_apart", "sums_apart", *later)
+  assert variants["flash_sums_apart"].undo == ("sums_apart", *later) and variants["norm_per_leaf"].undo == later
+  assert variants["dropout_keys_apart"].undo == ("dropout_keys_apart",)
+  assert variants["flash_sliced"].undo == ("flash_sliced",)
+  assert device_check.union(["logits_bfloat16", "dropout_keys_apart", "flash_sums_apart"]).undo == (
+      "dropout_keys_apart", "sums_apart", "norm_per_leaf")
   assert device_check.union(["logits_bfloat16", "no_bias"]).undo == ()
-  assert variants["flash_sums_apart"].switches() == {"sums_apart": True, "norm_per_leaf": True}
+  assert variants["norm_per_leaf"].switches() == {"norm_per_leaf": True, "dropout_keys_apart": True}
 
 
 def test_every_variants_xla_flags_are_flags_this_xla_knows():

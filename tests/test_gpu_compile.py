@@ -216,7 +216,7 @@ def test_the_train_step_compiles_for_an_h100_on_this_cpu(tmp_path):
   from seq2seq.model.config import ModelConfig
 
   out = _gpu_compile("--target=h100", "--config=configs/tiny.py", "--shape=8x32x32", f"--hlo_dir={tmp_path}",
-                     "--set=data.vocab_size=1024", "--variants=baseline,flash_sliced,xla_norms,ffn_bias_apart,flash_sums_apart",
+                     "--set=data.vocab_size=1024", "--variants=baseline,flash_sliced,xla_norms,ffn_bias_apart,flash_sums_apart,norm_per_leaf",
                      f"--out={tmp_path / 'r.json'}",
                      compiler=compiler)
   assert out.returncode == 0, out.stderr[-3000:]
@@ -289,10 +289,50 @@ def test_the_train_step_compiles_for_an_h100_on_this_cpu(tmp_path):
   assert sums["sums_apart"] and "sums_apart" not in row and xla["sums_apart"] and apart["sums_apart"]
   assert row["table"]["by_category"]["attention"]["launches"] == 3 * layers
   assert sums["table"]["by_category"]["attention"]["launches"] == 6 * layers
-  assert row["table"]["kernel_launches_per_step"] == sums["table"]["kernel_launches_per_step"] - 3 * layers
-  # ffn_bias_apart is the step before both (the FFN's bias and the sums apart)
-  assert row["table"]["kernel_launches_per_step"] == apart["table"]["kernel_launches_per_step"] - ffns - 3 * layers
+  per_leaf = record["variants"]["norm_per_leaf"]["table"]
+  assert per_leaf["kernel_launches_per_step"] == sums["table"]["kernel_launches_per_step"] - 3 * layers
+  # ffn_bias_apart is the step before both (the FFN's bias and the sums apart), and before the next two
+  assert per_leaf["kernel_launches_per_step"] == apart["table"]["kernel_launches_per_step"] - ffns - 3 * layers
   assert row["table"]["matmul_tflop_per_step"] == sums["table"]["matmul_tflop_per_step"]
+  # The gradient's norm summed by groups (optimizer.global_norm) changes the optimizer's kernels
+  # alone: fewer (tiny has no dropout, so the dropout keys, also apart there, change nothing).
+  assert _launches_apart_from(per_leaf, row["table"]) == "optimizer"
+
+
+def _launches_apart_from(before: dict, after: dict) -> str:
+  """The one category whose kernels a change made fewer, every other category's as before."""
+  launches = lambda table: {c: v["launches"] for c, v in table["by_category"].items()}
+  before, after = launches(before), launches(after)
+  (changed,) = [c for c in before if before[c] != after.get(c)]
+  assert after[changed] < before[changed] and set(before) == set(after), (before, after)
+  return changed
+
+
+@pytest.mark.slow  # two compiles of wmt14_base's 12 layers, ~85 s
+def test_the_dropout_keys_derived_at_once_take_a_kernel_a_depth_not_one_a_fold(tmp_path):
+  """wmt14_base (dropout 0.1) at a small shape, compiled for an H100: each fold_in of the dropout
+  keys, apart, is a kernel of its own; derived at once (layers.DropoutKeys) they are a few
+  batched kernels, and no line of the step has more kernels. (At tiny's widths XLA fuses most
+  folds into their consumers instead, so tiny shows neither.)"""
+  compiler = _compiler()
+  if not compiler:
+    pytest.skip("XLA's GPU compiler is not installed (SEQ2SEQ_GPU_COMPILER; .ci/run installs it)")
+  out = _gpu_compile("--target=h100", "--config=configs/wmt14_base.py", "--shape=4x64x64", f"--hlo_dir={tmp_path}",
+                     "--set=data.vocab_size=1024", "--variants=baseline,dropout_keys_apart",
+                     f"--out={tmp_path / 'r.json'}", compiler=compiler)
+  assert out.returncode == 0, out.stderr[-3000:]
+  variants = json.loads((tmp_path / "r.json").read_text())["variants"]
+  assert variants["dropout_keys_apart"]["dropout_keys_apart"] and "dropout_keys_apart" not in variants["baseline"]
+
+  def folds(name):  # the step's kernels that compute fold_in
+    entry = (tmp_path / f"{name}.hlo.txt").read_text().split("\nENTRY", 1)[1]
+    return sum(" fusion(" in line and "threefry_fold_in" in line for line in entry.splitlines())
+
+  assert folds("baseline") <= 5 and folds("dropout_keys_apart") >= 60
+  launches = {n: {c: v["launches"] for c, v in row["table"]["by_category"].items()} for n, row in variants.items()}
+  apart, at_once = launches["dropout_keys_apart"], launches["baseline"]
+  assert set(apart) == set(at_once) and all(at_once[c] <= apart[c] for c in apart), (apart, at_once)
+  assert apart["dropout"] - at_once["dropout"] >= 55
 
 
 @pytest.mark.slow

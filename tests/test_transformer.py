@@ -217,6 +217,47 @@ def test_dropout_depends_only_on_the_key():
   assert not np.allclose(a, clean)
 
 
+def test_dropout_keys_derived_at_once_are_fold_ins_keys():
+  """`DropoutKeys` gives every path fold_in's key to the bit: inside its grid, past it (folded
+  on from the longest prefix inside), and deeper than it."""
+  from seq2seq.model.layers import DropoutKeys, fold
+
+  root = jax.random.fold_in(jax.random.key(3), 7)
+  keys = DropoutKeys.derive(root, (2, 4, 6))
+  for path in [(), (1,), (0, 3), (1, 2, 5), (0, 4, 1), (1, 0, 6), (2,), (1, 3, 5, 2)]:
+    table, want = keys, root
+    for i in path:
+      table, want = fold(table, i), fold(want, i)
+    np.testing.assert_array_equal(jax.random.key_data(table.key()), jax.random.key_data(want))
+
+
+def test_a_model_with_its_dropout_keys_at_once_equals_one_folding_them_apart(monkeypatch):
+  """The Transformer derives its dropout keys at once (`transformer.DROPOUT_KEYS_AT_ONCE`):
+  its logits and every parameter's gradient, with dropout in the residuals, the feed-forward
+  layers and the attention weights, equal those of a model folding each key apart, to the bit;
+  and the batched derivation is three fold_in computations (one a depth), where each fold was one."""
+  from seq2seq.model import transformer
+
+  model = Transformer(small_config(dropout_rate=0.3, ffn_dropout_rate=0.1,
+                                   attention_dropout_rate=0.2), rngs=nnx.Rngs(0))
+  graphdef, params = nnx.split(model)
+  key = jax.random.fold_in(jax.random.key(1), 5)
+
+  def loss(p):
+    return jnp.sum(nnx.merge(graphdef, p)(SRC_BS, TGT_BT, dropout_rng=key) ** 2)
+
+  results, threefry = [], []
+  for at_once in (True, False):
+    monkeypatch.setattr(transformer, "DROPOUT_KEYS_AT_ONCE", at_once)
+    results.append(jax.jit(jax.value_and_grad(lambda p: loss(p)))(params))  # a new function: traced anew
+    threefry.append(str(jax.make_jaxpr(lambda p: loss(p))(params)).count("random_fold_in"))
+  for a, b in zip(jax.tree.leaves(results[0]), jax.tree.leaves(results[1])):
+    np.testing.assert_array_equal(a, b)
+  assert threefry[0] == 3 < threefry[1]
+  clean = jnp.sum(model(SRC_BS, TGT_BT) ** 2)
+  assert float(results[0][0]) != float(clean)  # dropout was on
+
+
 def test_bfloat16_compute_keeps_float32_parameters_and_logits():
   model = Transformer(small_config(dtype="bfloat16"), rngs=nnx.Rngs(0))
   assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(nnx.state(model, nnx.Param)))

@@ -32,6 +32,7 @@ from flax import nnx, struct
 from seq2seq.model.attention import SegmentMask
 from seq2seq.model.config import ModelConfig
 from seq2seq.model.layers import (
+  DropoutKeys,
   Embed,
   FeedForward,
   LearnedPositions,
@@ -47,6 +48,11 @@ from seq2seq.model.layers import (
 from seq2seq.model.multihead import MultiHeadAttention
 from seq2seq.sharding import constrain
 from seq2seq.special_tokens import SPECIAL
+
+# Module switch, read when a step is traced: False derives each dropout key by its own fold_in
+# (a kernel each on a GPU), as before `DropoutKeys` (benchmarks/device_check.py's
+# `dropout_keys_apart` variant times it).
+DROPOUT_KEYS_AT_ONCE = True
 
 RESIDUAL = ("batch", "length", "embed")  # logical axes of the residual stream [b, t, d]
 
@@ -288,11 +294,21 @@ class Transformer(nnx.Module):
       packed = src_segments_bs is not None or tgt_segments_bt is not None
     if src_segments_bs is None:
       src_segments_bs = (src_bs != SPECIAL.pad).astype(jnp.int32)
+    dropout_rng = self._dropout_keys(dropout_rng)
     enc_bsd = self.encode(src_bs, src_segments_bs=src_segments_bs, src_positions_bs=src_positions_bs,
                           dropout_rng=fold(dropout_rng, 0), packed=packed)
     return self.decode(tgt_in_bt, enc_bsd, src_segments_bs, tgt_segments_bt=tgt_segments_bt,
                        tgt_positions_bt=tgt_positions_bt, dropout_rng=fold(dropout_rng, 1), packed=packed,
                        project=project)
+
+  def _dropout_keys(self, key):
+    """`key`'s dropout keys for every site, derived at once (`DropoutKeys`; a typed key, as
+    the train step's): the stack (encoder 0, decoder 1), then the embedding (0) or a layer
+    (1 + its index), then the layer's site (up to 6, a decoder layer's)."""
+    if key is None or not DROPOUT_KEYS_AT_ONCE or not jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+      return key
+    layers = max(self.cfg.num_encoder_layers, self.cfg.num_decoder_layers)
+    return DropoutKeys.derive(key, (2, layers + 1, 6))
 
   def cross_attention_weights(self, src_bs, tgt_in_bt) -> jax.Array:
     """Cross-attention weights [layers, b, n, t, s] of a teacher-forced pass (for plots)."""
