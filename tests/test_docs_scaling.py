@@ -413,6 +413,9 @@ def gpu_compile_figures() -> dict:
   base, xla_norms = variants["baseline"]["table"], variants["xla_norms"]["table"]
   apart = variants["ffn_bias_apart"]["table"]  # the step before the FFN's bias went into its matmul
   sums = variants["flash_sums_apart"]["table"]  # the step after it, before the flash backward's sums went in
+  per_leaf = variants["norm_per_leaf"]["table"]  # the step after that, before the gradient norm was summed by groups
+  keys_apart = variants["dropout_keys_apart"]["table"]  # the step after that, before the dropout keys came at once
+  assert _fixed(per_leaf["gb_per_step"], 1) == _fixed(keys_apart["gb_per_step"], 1)  # "the same GB"
   ms = lambda table, category: table["by_category"][category]["ms"]
   norms = lambda table: sum(ms(table, c) for c in ("norm", "dropout", "residual adds"))
   config = configs.get("wmt14_base")
@@ -461,12 +464,28 @@ def gpu_compile_figures() -> dict:
       "bias_ffn_before": _fixed(ms(apart, "FFN elementwise (bias, activation)"), 2),
       "bias_ffn_after": _fixed(ms(sums, "FFN elementwise (bias, activation)"), 2),
       "bias_saves": _fixed(apart["ms_per_step"] - sums["ms_per_step"], 2),
-      "sums_before": _fixed(sums["ms_per_step"], 2), "sums_after": _fixed(base["ms_per_step"], 2),
-      "sums_speed": _fixed(sums["ms_per_step"] / base["ms_per_step"], 3),
+      "sums_before": _fixed(sums["ms_per_step"], 2), "sums_after": _fixed(per_leaf["ms_per_step"], 2),
+      "sums_speed": _fixed(sums["ms_per_step"] / per_leaf["ms_per_step"], 3),
       "sums_kernels_before": str(sums["kernel_launches_per_step"]),
-      "sums_kernels_after": str(base["kernel_launches_per_step"]),
-      "sums_gb_before": _fixed(sums["gb_per_step"], 1), "sums_gb_after": _fixed(base["gb_per_step"], 1),
-      "sums_attn_before": _fixed(ms(sums, "attention"), 2), "sums_attn_after": _fixed(ms(base, "attention"), 2),
+      "sums_kernels_after": str(per_leaf["kernel_launches_per_step"]),
+      "sums_gb_before": _fixed(sums["gb_per_step"], 1), "sums_gb_after": _fixed(per_leaf["gb_per_step"], 1),
+      "sums_attn_before": _fixed(ms(sums, "attention"), 2), "sums_attn_after": _fixed(ms(per_leaf, "attention"), 2),
+      "gnorm_before": _fixed(per_leaf["ms_per_step"], 2), "gnorm_after": _fixed(keys_apart["ms_per_step"], 2),
+      "gnorm_speed": _fixed(per_leaf["ms_per_step"] / keys_apart["ms_per_step"], 3),
+      "gnorm_kernels_before": str(per_leaf["kernel_launches_per_step"]),
+      "gnorm_kernels_after": str(keys_apart["kernel_launches_per_step"]),
+      "gnorm_gb": _fixed(keys_apart["gb_per_step"], 1),  # as before, to 0.1 GB (asserted below)
+      "gnorm_launches_before": str(per_leaf["by_category"]["optimizer"]["launches"]),
+      "gnorm_ms_before": _fixed(ms(per_leaf, "optimizer"), 2),
+      "gnorm_launches_after": str(keys_apart["by_category"]["optimizer"]["launches"]),
+      "gnorm_ms_after": _fixed(ms(keys_apart, "optimizer"), 2),
+      "keys_before": _fixed(keys_apart["ms_per_step"], 2), "keys_after": _fixed(base["ms_per_step"], 2),
+      "keys_speed": _fixed(keys_apart["ms_per_step"] / base["ms_per_step"], 3),
+      "keys_kernels_before": str(keys_apart["kernel_launches_per_step"]),
+      "keys_kernels_after": str(base["kernel_launches_per_step"]),
+      "keys_dropout_launches_before": str(keys_apart["by_category"]["dropout"]["launches"]),
+      "keys_dropout_launches_after": str(base["by_category"]["dropout"]["launches"]),
+      "keys_dropout_before": _fixed(ms(keys_apart, "dropout"), 2), "keys_dropout_after": _fixed(ms(base, "dropout"), 2),
       **profiled_ffn_matmuls(profile),
       "norms_temp": _fixed(variants["baseline"]["temp_gib"], 2), "xla_norms_temp": _fixed(variants["xla_norms"]["temp_gib"], 2),
       "sliced_speed": _fixed(variants["flash_sliced"]["table"]["ms_per_step"] / base["ms_per_step"], 3),
@@ -531,6 +550,19 @@ SECTION_TEMPLATE_FIGURES = {
     "sums_gb_after": [(" to ", " GB): the attention line")],
     "sums_attn_before": [("the attention line from ", " to ")],
     "sums_attn_after": [(" to ", " ms, three XLA kernels fewer an attention layer")],
+    "gnorm_before": [("On the model, summed by groups, the step goes from ", " to ")],
+    "gnorm_after": [(" to ", " ms (1.0")], "gnorm_speed": [(" ms (", "x; ")], "gnorm_kernels_before": [("x; ", " to ")],
+    "gnorm_kernels_after": [(" to ", " kernels, ")], "gnorm_gb": [(" kernels, the same ", " GB): the optimizer's line from")],
+    "gnorm_launches_before": [("the optimizer's line from ", " kernels and ")],
+    "gnorm_ms_before": [(" kernels and ", " ms to ")],
+    "gnorm_launches_after": [(" ms to ", " and ")], "gnorm_ms_after": [(" and ", " ms. The groups")],
+    "keys_before": [("On the model, with the keys at once, the step goes from ", " to ")],
+    "keys_after": [(" to ", " ms (1.0")], "keys_speed": [(" ms (", "x; ")], "keys_kernels_before": [("x; ", " to ")],
+    "keys_kernels_after": [(" to ", " kernels): the dropout line from")],
+    "keys_dropout_launches_before": [("the dropout line from ", " kernels and ")],
+    "keys_dropout_before": [(" kernels and ", " ms to ")],
+    "keys_dropout_launches_after": [(" ms to ", " and ")],
+    "keys_dropout_after": [(" and ", " ms. The keys are")],
     "bias_cublas_us": [("this matmul ran in cuBLAS, ", " µs a layer")],
     "bias_triton_us": [("in its prologue, took ", " µs.")], "bias_back": [("here as there, ", " ms of the")],
     "bias_saves": [(" ms of the ", " go back.")],
@@ -609,8 +641,13 @@ def test_the_gpu_compile_section_is_gpu_compile_h200_json():
   sums = record["variants"]["flash_sums_apart"]
   assert apart["kernel_launches_per_step"] - sums["table"]["kernel_launches_per_step"] == 2 * ffns
   assert sums["sums_apart"] and record["variants"]["ffn_bias_apart"]["sums_apart"]
-  assert sums["table"]["kernel_launches_per_step"] - record["variants"]["baseline"]["table"]["kernel_launches_per_step"] \
-      == 3 * attentions
+  per_leaf = record["variants"]["norm_per_leaf"]
+  assert sums["table"]["kernel_launches_per_step"] - per_leaf["table"]["kernel_launches_per_step"] == 3 * attentions
+  assert per_leaf["norm_per_leaf"] and sums["norm_per_leaf"] and record["variants"]["ffn_bias_apart"]["norm_per_leaf"]
+  keys_apart = record["variants"]["dropout_keys_apart"]
+  assert all(record["variants"][n]["dropout_keys_apart"] for n in ("ffn_bias_apart", "flash_sums_apart", "norm_per_leaf"))
+  assert keys_apart["dropout_keys_apart"] and "norm_per_leaf" not in keys_apart
+  assert "norm_per_leaf" not in record["variants"]["baseline"] and "dropout_keys_apart" not in record["variants"]["baseline"]
   assert f"before every norm but the last of each stack, {adds} a step, counted in the attention and FFN" in page
   figures = gpu_compile_figures()
   fit_header = "| category | measured ms | fitted ms | predicted without it, ms |"
@@ -661,9 +698,12 @@ def test_the_big_paragraph_is_gpu_compile_h200_big_json():
       f"{step - cat('matmul') - cat('attention'):.2f} ms: the FFN's bias and ReLU "
       f"{cat('FFN elementwise (bias, activation)'):.2f}, the optimizer {cat('optimizer'):.2f}, the loss and logits "
       f"{cat('loss and logits (softmax, casts)'):.2f} (the same [24576, 37000] logits as wmt14_base's), norms "
-      f"{cat('norm'):.2f}. With the FFN's first bias apart from its matmul and the flash backward's sums in XLA "
-      f"(`ffn_bias_apart`, the step before both) it was {ms('ffn_bias_apart')} ms ({mfu('ffn_bias_apart')}), with "
-      f"the sums alone in XLA (`flash_sums_apart`) {ms('flash_sums_apart')} ms ({mfu('flash_sums_apart')}). "
+      f"{cat('norm'):.2f}. With the FFN's first bias apart from its matmul, the flash backward's sums in XLA, "
+      f"the gradient's norm summed a parameter at a time and a kernel a dropout key (`ffn_bias_apart`, the step "
+      f"before all four) it was {ms('ffn_bias_apart')} ms ({mfu('ffn_bias_apart')}), with the last three "
+      f"(`flash_sums_apart`) {ms('flash_sums_apart')} ms ({mfu('flash_sums_apart')}), the last two "
+      f"(`norm_per_leaf`) {ms('norm_per_leaf')} ms ({mfu('norm_per_leaf')}), the dropout keys alone "
+      f"(`dropout_keys_apart`) {ms('dropout_keys_apart')} ms ({mfu('dropout_keys_apart')}). "
       f"Predicted the same way, `no_bias` takes it to {ms('no_bias')} ms ({mfu('no_bias')}), "
       f"`logits_bfloat16` to {ms('logits_bfloat16')} ms ({mfu('logits_bfloat16')}), `adam_mu_bfloat16` to "
       f"{ms('adam_mu_bfloat16')} ms ({mfu('adam_mu_bfloat16')}) and `no_grad_norm` to {ms('no_grad_norm')} ms "
@@ -688,11 +728,14 @@ def test_the_pre_norm_sentence_is_gpu_compile_h200_pre_norm_json():
           f"{_fixed(before['gb_per_step'], 1)} to {_fixed(after['gb_per_step'], 1)} GB, in the same "
           f"{after['kernel_launches_per_step']} kernels (XLA had fused those adds into other kernels)") in _page()
   assert before["kernel_launches_per_step"] == after["kernel_launches_per_step"]
-  between, now = record["variants"]["flash_sums_apart"]["table"], record["variants"]["baseline"]["table"]
-  assert (f"Made pre-norm, wmt14_base goes from {_fixed(after['ms_per_step'], 2)} to "
-          f"{_fixed(between['ms_per_step'], 2)} ms with it, and to {_fixed(now['ms_per_step'], 2)} ms with the flash "
-          f"backward's sums in its kernels too (below; {after['kernel_launches_per_step']} to "
-          f"{between['kernel_launches_per_step']} and {now['kernel_launches_per_step']} kernels;") in _page()
+  steps = [record["variants"][n]["table"] for n in ("flash_sums_apart", "norm_per_leaf", "dropout_keys_apart",
+                                                     "baseline")]
+  ms, kernels = [_fixed(t["ms_per_step"], 2) for t in steps], [str(t["kernel_launches_per_step"]) for t in steps]
+  assert (f"Made pre-norm, wmt14_base goes from {_fixed(after['ms_per_step'], 2)} to {ms[0]} ms with it, to {ms[1]} "
+          f"ms with the flash backward's sums in its kernels too, to {ms[2]} ms with the gradient's norm summed by "
+          f"groups, and to {ms[3]} ms with the dropout keys derived at once (below; "
+          f"{after['kernel_launches_per_step']} to {kernels[0]}, {kernels[1]}, {kernels[2]} and {kernels[3]} "
+          f"kernels;") in _page()
   assert "([gpu_compile_h200_pre_norm.json](../benchmarks/results/gpu_compile_h200_pre_norm.json))" in _raw()
 
 
