@@ -484,8 +484,11 @@ class Variant:
 
   def switch_values(self) -> dict:
     """The switches this variant turns off, `module.SWITCH: value` as this process holds them."""
-    return {f"{UNDO[name][0].rsplit('.', 1)[1]}.{UNDO[name][1]}": getattr(importlib.import_module(UNDO[name][0]),
-                                                                          UNDO[name][1]) for name in self.undo}
+    values = {}
+    for name in self.undo:
+      module, switch = UNDO[name]
+      values[f"{module.rsplit('.', 1)[1]}.{switch}"] = getattr(importlib.import_module(module), switch)
+    return values
 
 
 # The changes a variant can undo, each a module switch read when a step is traced; its name is

@@ -115,10 +115,10 @@ class DropoutKeys:
 
   @classmethod
   def derive(cls, key: jax.Array, grid: Sequence[int]) -> DropoutKeys:
+    fold_each = jax.vmap(jax.random.fold_in, in_axes=(None, 0))  # one key, a vector of indices
     tables = [key]
     for depth, n in enumerate(grid, 1):
-      parents = tables[-1].reshape(-1)
-      children = jax.vmap(lambda k, n=n: jax.vmap(lambda i: jax.random.fold_in(k, i))(jnp.arange(n)))(parents)
+      children = jax.vmap(lambda k, n=n: fold_each(k, jnp.arange(n)))(tables[-1].reshape(-1))
       tables.append(children.reshape(tuple(grid[:depth])))
     return cls(tuple(tables))
 
