@@ -530,7 +530,7 @@ VARIANTS = {  # in the order they run: the likeliest gains first
     # the gradient's global norm summed a parameter at a time (optax.tree.norm), as before
     # optimizer.global_norm summed it by groups of one shape (and, as then, the dropout keys a fold each)
     "norm_per_leaf": Variant(undo=("norm_per_leaf", "dropout_keys_apart")),
-    # each dropout key derived by its own fold_in, as before layers.DropoutKeys derived them at once
+    # each dropout key derived by its own fold_in, as before dropout.DropoutKeys derived them at once
     # (the same keys: only the kernels differ)
     "dropout_keys_apart": Variant(undo=("dropout_keys_apart",)),
     # the backward kernels at tiles of 64 with 8 warps: the tiling where Triton gives all three

@@ -311,7 +311,7 @@ def _launches_apart_from(before: dict, after: dict) -> str:
 @pytest.mark.slow  # two compiles of wmt14_base's 12 layers, ~85 s
 def test_the_dropout_keys_derived_at_once_take_a_kernel_a_depth_not_one_a_fold(tmp_path):
   """wmt14_base (dropout 0.1) at a small shape, compiled for an H100: each fold_in of the dropout
-  keys, apart, is a kernel of its own; derived at once (layers.DropoutKeys) they are a few
+  keys, apart, is a kernel of its own; derived at once (dropout.DropoutKeys) they are a few
   batched kernels, and no line of the step has more kernels. (At tiny's widths XLA fuses most
   folds into their consumers instead, so tiny shows neither.)"""
   compiler = _compiler()

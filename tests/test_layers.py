@@ -10,6 +10,7 @@ import pytest
 from flax import nnx
 
 from seq2seq.errors import ConfigError
+from seq2seq.model.dropout import dropout, keep_mask
 from seq2seq.model.layers import (
   FeedForward,
   LearnedPositions,
@@ -17,8 +18,6 @@ from seq2seq.model.layers import (
   RelativePositionBias,
   dense,
   dense_bias,
-  dropout,
-  keep_mask,
   relative_bucket,
   rope,
   sinusoidal,

@@ -182,7 +182,7 @@ def test_residual_blocks_are_their_formulas_to_the_bit():
     return jnp.sum(transformer.joined(y) ** 2)
 
   def formula(x, w1, w2):
-    from seq2seq.model.layers import dropout
+    from seq2seq.model.dropout import dropout
     y = norms[0](x + dropout(jnp.tanh(x @ w1), 0.3, keys[0]))
     y = norms[1](y + dropout(jnp.tanh(y @ w2), 0.3, keys[1]))
     return jnp.sum(y ** 2)
@@ -197,7 +197,7 @@ def test_residual_blocks_are_their_formulas_to_the_bit():
     return jnp.sum(x ** 2)
 
   def pre_formula(x, w1, w2):
-    from seq2seq.model.layers import dropout
+    from seq2seq.model.dropout import dropout
     for norm, w, key in zip(norms, (w1, w2), keys):
       x = x + dropout(jnp.tanh(norm(x) @ w), 0.3, key)
     return jnp.sum(x ** 2)
@@ -220,7 +220,7 @@ def test_dropout_depends_only_on_the_key():
 def test_dropout_keys_derived_at_once_are_fold_ins_keys():
   """`DropoutKeys` gives every path fold_in's key to the bit: inside its grid, past it (folded
   on from the longest prefix inside), and deeper than it."""
-  from seq2seq.model.layers import DropoutKeys, fold
+  from seq2seq.model.dropout import DropoutKeys, fold
 
   root = jax.random.fold_in(jax.random.key(3), 7)
   keys = DropoutKeys.derive(root, (2, 4, 6))

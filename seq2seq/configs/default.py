@@ -117,7 +117,7 @@ def get_config() -> ml_collections.ConfigDict:
       # (grad_clip_norm) computes the norm all the same.
       grad_norm=True,
       accum_steps=1,  # micro-batches per update (token-weighted gradient accumulation)
-      rng_impl="threefry2x32",  # dropout key PRNG (threefry2x32 | rbg); masks hash the key, layers.keep_mask
+      rng_impl="threefry2x32",  # dropout key PRNG (threefry2x32 | rbg); masks hash the key, dropout.keep_mask
       # FLOP/s of all devices, MFU's denominator. 0 = the device kind's nominal dense peak for model.dtype
       # (seq2seq/model/flops.py: PEAK_TFLOPS); on a CPU or an unlisted device, the fastest f32 matmul
       # measured at start and evals. metrics.jsonl's peak_source says which.

@@ -35,7 +35,7 @@ import jax.numpy as jnp
 
 from seq2seq.errors import ConfigError
 from seq2seq.model import flash
-from seq2seq.model.layers import dropout
+from seq2seq.model.dropout import dropout
 from seq2seq.sharding import activation_spec, current_mesh, kernel_device
 
 try:  # experimental API; absent or moved in other JAX versions: TPU then takes XLA

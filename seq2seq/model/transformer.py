@@ -31,16 +31,14 @@ from flax import nnx, struct
 
 from seq2seq.model.attention import SegmentMask
 from seq2seq.model.config import ModelConfig
+from seq2seq.model.dropout import DropoutKeys, dropout, fold
 from seq2seq.model.layers import (
-  DropoutKeys,
   Embed,
   FeedForward,
   LearnedPositions,
   Norm,
   RelativePositionBias,
   dense,
-  dropout,
-  fold,
   param,
   sinusoidal,
   weight,
