@@ -491,8 +491,8 @@ class Variant:
     return values
 
 
-# The changes a variant can undo, each a module switch read when a step is traced; its name is
-# what the step does with the switch off (a record's row says `name: true`).
+# The changes a variant can undo, each a module switch read when a step is traced, in the order
+# they came; its name is what the step does with the switch off (a record's row says `name: true`).
 UNDO = {
     "flash_sliced": ("seq2seq.model.flash", "IN_PLACE"),  # q, k and v sliced out of the projections for the kernel
     "bias_apart": ("seq2seq.model.layers", "BIAS_IN_MATMUL"),  # the FFN's bias added after its matmul, not in it
@@ -500,6 +500,13 @@ UNDO = {
     "norm_per_leaf": ("seq2seq.training.optimizer", "GROUPED_NORM"),  # the gradient norm a reduction a parameter
     "dropout_keys_apart": ("seq2seq.model.transformer", "DROPOUT_KEYS_AT_ONCE"),  # a fold_in kernel a dropout key
 }
+
+
+def since(name: str) -> tuple[str, ...]:
+  """The UNDO names from `name` on: a variant that undoes them is the step as it was before
+  that change, so that each "apart" variant differs from the next by one change."""
+  names = list(UNDO)
+  return tuple(names[names.index(name):])
 
 
 def child_variant(args) -> Variant:
@@ -518,21 +525,20 @@ VARIANTS = {  # in the order they run: the likeliest gains first
     # LayerNorm as XLA fuses it, as before the Pallas norm kernels (seq2seq/model/norm_kernels.py); the
     # step as it was then, so the later changes undone too (the FFN's bias, the flash backward's sums, the
     # gradient norm, the dropout keys)
-    "xla_norms": Variant(("model.norm_impl=xla",), undo=("bias_apart", "sums_apart", "norm_per_leaf",
-                                                          "dropout_keys_apart")),
+    "xla_norms": Variant(("model.norm_impl=xla",), undo=since("bias_apart")),
     # the FFN's first bias added to its rounded matmul in a pass of its own, as before layers.dense_bias
     # (and, as then, the flash backward's sums in XLA, the gradient norm a reduction a parameter, the
     # dropout keys a fold each)
-    "ffn_bias_apart": Variant(undo=("bias_apart", "sums_apart", "norm_per_leaf", "dropout_keys_apart")),
+    "ffn_bias_apart": Variant(undo=since("bias_apart")),
     # the flash backward's delta = rowsum(dO * O) and its biases' gradients summed by XLA from the arrays
     # (and, as then, the gradient norm a reduction a parameter, the dropout keys a fold each)
-    "flash_sums_apart": Variant(FLASH, undo=("sums_apart", "norm_per_leaf", "dropout_keys_apart")),
+    "flash_sums_apart": Variant(FLASH, undo=since("sums_apart")),
     # the gradient's global norm summed a parameter at a time (optax.tree.norm), as before
     # optimizer.global_norm summed it by groups of one shape (and, as then, the dropout keys a fold each)
-    "norm_per_leaf": Variant(undo=("norm_per_leaf", "dropout_keys_apart")),
+    "norm_per_leaf": Variant(undo=since("norm_per_leaf")),
     # each dropout key derived by its own fold_in, as before dropout.DropoutKeys derived them at once
     # (the same keys: only the kernels differ)
-    "dropout_keys_apart": Variant(undo=("dropout_keys_apart",)),
+    "dropout_keys_apart": Variant(undo=since("dropout_keys_apart")),
     # the backward kernels at tiles of 64 with 8 warps: the tiling where Triton gives all three
     # kernels Hopper's HGMMA without spilling (benchmarks/triton_kernels.py; the default's are HMMA)
     "flash_backward_64": Variant(FLASH, flash_blocks="dkdv=64x64,dq=64x64,backward_warps=8", group="flash"),
