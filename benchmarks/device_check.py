@@ -499,6 +499,7 @@ UNDO = {
     "sums_apart": ("seq2seq.model.flash", "SUMS_IN_KERNELS"),  # the flash backward's delta and bias sums in XLA
     "norm_per_leaf": ("seq2seq.training.optimizer", "GROUPED_NORM"),  # the gradient norm a reduction a parameter
     "dropout_keys_apart": ("seq2seq.model.transformer", "DROPOUT_KEYS_AT_ONCE"),  # a fold_in kernel a dropout key
+    "loss_in_xla": ("seq2seq.training.loss_kernel", "AUTO"),  # the loss's statistics and gradient in XLA's two passes
 }
 
 
@@ -539,6 +540,9 @@ VARIANTS = {  # in the order they run: the likeliest gains first
     # each dropout key derived by its own fold_in, as before dropout.DropoutKeys derived them at once
     # (the same keys: only the kernels differ)
     "dropout_keys_apart": Variant(undo=since("dropout_keys_apart")),
+    # the loss's statistics and its gradient in XLA, the logits read in the forward and again in the
+    # backward pass, as before seq2seq/training/loss_kernel.py read them once
+    "loss_in_xla": Variant(undo=since("loss_in_xla")),
     # the backward kernels at tiles of 64 with 8 warps: the tiling where Triton gives all three
     # kernels Hopper's HGMMA without spilling (benchmarks/triton_kernels.py; the default's are HMMA)
     "flash_backward_64": Variant(FLASH, flash_blocks="dkdv=64x64,dq=64x64,backward_warps=8", group="flash"),

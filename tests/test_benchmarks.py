@@ -303,15 +303,16 @@ def test_the_undo_variants_reach_the_switches_of_their_child(monkeypatch):
     assert {other: getattr(modules[other], switch) for other, (_, switch) in device_check.UNDO.items()} == {
         other: other != name for other in device_check.UNDO}
   variants = device_check.VARIANTS
-  later = ("norm_per_leaf", "dropout_keys_apart")  # the changes after the flash backward's sums
+  later = ("norm_per_leaf", "dropout_keys_apart", "loss_in_xla")  # the changes after the flash backward's sums
   assert variants["ffn_bias_apart"].undo == variants["xla_norms"].undo == ("bias_apart", "sums_apart", *later)
   assert variants["flash_sums_apart"].undo == ("sums_apart", *later) and variants["norm_per_leaf"].undo == later
-  assert variants["dropout_keys_apart"].undo == ("dropout_keys_apart",)
+  assert variants["dropout_keys_apart"].undo == ("dropout_keys_apart", "loss_in_xla")
+  assert variants["loss_in_xla"].undo == ("loss_in_xla",)
   assert variants["flash_sliced"].undo == ("flash_sliced",)
   assert device_check.union(["logits_bfloat16", "dropout_keys_apart", "flash_sums_apart"]).undo == (
-      "dropout_keys_apart", "sums_apart", "norm_per_leaf")
+      "dropout_keys_apart", "loss_in_xla", "sums_apart", "norm_per_leaf")
   assert device_check.union(["logits_bfloat16", "no_bias"]).undo == ()
-  assert variants["norm_per_leaf"].switches() == {"norm_per_leaf": True, "dropout_keys_apart": True}
+  assert variants["norm_per_leaf"].switches() == {"norm_per_leaf": True, "dropout_keys_apart": True, "loss_in_xla": True}
 
 
 def test_every_variants_xla_flags_are_flags_this_xla_knows():

@@ -89,7 +89,7 @@ def test_wmt14_configs_are_vaswani_base_and_big():
 # Settings added after the main job's records were written, with the default that every one of
 # those runs trained with (the code before the setting computed just that).
 ADDED_SINCE_THE_RECORDS = {("model", "logits_dtype"): "float32", ("model", "norm_impl"): "auto", ("train", "loss_chunk"): 0,
-                           ("train", "grad_norm"): True}
+                           ("train", "grad_norm"): True, ("train", "loss_impl"): "auto"}
 
 
 def multi30k_settings() -> dict:

@@ -105,6 +105,9 @@ def get_config() -> ml_collections.ConfigDict:
       # (seq2seq/training/loss.py: chunked_cross_entropy_sums): no [b, t, vocab] logits are held.
       # 0 = all at once.
       loss_chunk=0,
+      # The loss's statistics and its gradient: auto = on GPUs, one Pallas kernel that reads the
+      # [tokens, vocab] logits once (seq2seq/training/loss_kernel.py), else XLA | xla | pallas.
+      loss_impl="auto",
       adam_b1=0.9,
       adam_b2=0.98,
       adam_eps=1e-9,

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 
 from seq2seq import sharding
 from seq2seq.model.layers import dense
+from seq2seq.training import loss_kernel
 
 # The longest block of the vocabulary one reduction loop sums (a variadic reduction may add
 # element by element, as XLA:CPU's does): short enough that rounding stays that of a tree sum.
@@ -207,9 +208,10 @@ def _batch_groups(b: int) -> int:
   return n if b % n == 0 else 1
 
 
-def _chunk_loop(y_btd, w, labels_bt, weights_bt, eps, chunk, tied, logits_dtype, impl, with_grads):
+def _chunk_loop(y_btd, w, labels_bt, weights_bt, eps, chunk, tied, logits_dtype, impl, with_grads, kernel=False):
   """Per-token (loss, NLL, correct) [b, t] and, `with_grads`, d loss_sum / d (y, w), from
-  logits made and used one chunk of `chunk` target positions at a time."""
+  logits made and used one chunk of `chunk` target positions at a time; `kernel`: a chunk's
+  statistics and gradient in seq2seq.training.loss_kernel, its logits read once."""
   b, t, d = y_btd.shape
   vocab = w.shape[0] if tied else w.shape[1]
   k = -(-t // chunk)
@@ -229,19 +231,26 @@ def _chunk_loop(y_btd, w, labels_bt, weights_bt, eps, chunk, tied, logits_dtype,
     start = i * chunk
     y_bcd, labels_bc = (jax.lax.dynamic_slice_in_dim(x, start, chunk, 1) for x in (y_btd, labels_bt))
     z_bcv = project(y_bcd)
-    max_bc, lse_bc, label_bc, total_bc = _token_stats(_f32(z_bcv), labels_bc, impl)
+    # d loss_sum / d z: weight * (p - (1 - eps) onehot - eps / V), as `_xent_bwd` with g_loss = weight.
+    g_bc = jax.lax.dynamic_slice_in_dim(weights_bt, start, chunk, 1)
+    if with_grads and kernel:
+      (max_bc, lse_bc, label_bc, total_bc), d_bcv = loss_kernel.stats_and_grad(z_bcv, labels_bc, g_bc, eps=eps,
+                                                                               out_dtype=y_bcd.dtype)
+    else:
+      max_bc, lse_bc, label_bc, total_bc = _token_stats(_f32(z_bcv), labels_bc, impl)
     nll_bc = lse_bc - label_bc
     stats_bc = ((1.0 - eps) * nll_bc + eps * (lse_bc - total_bc / vocab), nll_bc,
                 (label_bc >= max_bc).astype(max_bc.dtype))
     out = tuple(jax.lax.dynamic_update_slice_in_dim(acc, x, start, 1) for acc, x in zip(carry[:3], stats_bc))
     if not with_grads:
       return out
-    # d loss_sum / d z: weight * (p - (1 - eps) onehot - eps / V), as `_xent_bwd` with g_loss = weight.
-    g_bc = jax.lax.dynamic_slice_in_dim(weights_bt, start, chunk, 1)[..., None].astype(lse_bc.dtype)
-    p_bcv = jnp.exp(_f32(z_bcv) - lse_bc[..., None])
-    onehot_bcv = labels_bc[..., None] == jnp.arange(vocab, dtype=labels_bc.dtype)
-    d_bcv = g_bc * p_bcv - jnp.where(onehot_bcv, (1.0 - eps) * g_bc, 0.0) - (eps / vocab) * g_bc
-    d_bcv = sharding.constrain(d_bcv.astype(z_bcv.dtype).astype(y_bcd.dtype), vocab_axes)
+    if not kernel:
+      g_bc = g_bc[..., None].astype(lse_bc.dtype)
+      p_bcv = jnp.exp(_f32(z_bcv) - lse_bc[..., None])
+      onehot_bcv = labels_bc[..., None] == jnp.arange(vocab, dtype=labels_bc.dtype)
+      d_bcv = g_bc * p_bcv - jnp.where(onehot_bcv, (1.0 - eps) * g_bc, 0.0) - (eps / vocab) * g_bc
+      d_bcv = d_bcv.astype(z_bcv.dtype).astype(y_bcd.dtype)
+    d_bcv = sharding.constrain(d_bcv, vocab_axes)
     dy_bcd = dense(d_bcv, w_c) if tied else dense(d_bcv, w_c, w_transposed=True)
     # The weight gradient of each batch shard, [n, v, d] (tied) or [n, d, v], split over the
     # shards: a product of [n, m, v] and [n, m, d] over m, the shard's tokens of the chunk.
@@ -266,25 +275,36 @@ def _chunk_loop(y_btd, w, labels_bt, weights_bt, eps, chunk, tied, logits_dtype,
   return stats, (out[3][:, :t], jnp.sum(out[4], axis=0).astype(w.dtype))
 
 
+def loss_plan(loss_chunk: int, loss_impl: str, labels_shape, w: jax.Array, tied: bool,
+              logits_dtype) -> tuple[int, bool]:
+  """(target positions the train step projects and scores at a time, 0: all, from the model's
+  logits; whether seq2seq.training.loss_kernel computes the statistics and gradient) for
+  `train.loss_chunk` and `train.loss_impl`. The kernel's caller owns the vocabulary projection
+  (`chunked_cross_entropy_sums`): with the kernel, 0 becomes one chunk of all positions."""
+  vocab = w.shape[0] if tied else w.shape[1]
+  kernel = loss_kernel.chosen(loss_impl, _vocab_shards((*labels_shape, vocab)), logits_dtype)
+  return loss_chunk or (labels_shape[1] if kernel else 0), kernel
+
+
 def _chunked_sums(stats, weights_bt):
   loss_bt, nll_bt, correct_bt = stats
   w_bt = weights_bt.astype(jnp.float32)
   return jnp.sum(loss_bt * w_bt), jnp.sum(nll_bt * w_bt), jnp.sum(correct_bt * w_bt)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7, 8))
-def _chunked_xent(y_btd, w, labels_bt, weights_bt, eps, chunk, tied, logits_dtype, impl):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7, 8, 9))
+def _chunked_xent(y_btd, w, labels_bt, weights_bt, eps, chunk, tied, logits_dtype, impl, kernel):
   """(loss_sum, nll_sum, correct); the gradient is that of loss_sum alone."""
   stats, _ = _chunk_loop(y_btd, w, labels_bt, weights_bt, eps, chunk, tied, logits_dtype, impl, False)
   return _chunked_sums(stats, weights_bt)
 
 
-def _chunked_xent_fwd(y_btd, w, labels_bt, weights_bt, eps, chunk, tied, logits_dtype, impl):
-  stats, grads = _chunk_loop(y_btd, w, labels_bt, weights_bt, eps, chunk, tied, logits_dtype, impl, True)
+def _chunked_xent_fwd(y_btd, w, labels_bt, weights_bt, eps, chunk, tied, logits_dtype, impl, kernel):
+  stats, grads = _chunk_loop(y_btd, w, labels_bt, weights_bt, eps, chunk, tied, logits_dtype, impl, True, kernel)
   return _chunked_sums(stats, weights_bt), grads
 
 
-def _chunked_xent_bwd(eps, chunk, tied, logits_dtype, impl, grads, cotangents):
+def _chunked_xent_bwd(eps, chunk, tied, logits_dtype, impl, kernel, grads, cotangents):
   g_loss = cotangents[0]  # nll_sum and correct leave through stop_gradient: no cotangent
   dy_btd, dw = grads
   return (g_loss * dy_btd).astype(dy_btd.dtype), (g_loss * dw).astype(dw.dtype), None, None
@@ -295,7 +315,7 @@ _chunked_xent.defvjp(_chunked_xent_fwd, _chunked_xent_bwd)
 
 def chunked_cross_entropy_sums(y_btd: jax.Array, w: jax.Array, labels_bt: jax.Array, weights_bt: jax.Array, *,
                                tied: bool, chunk: int, label_smoothing: float = 0.0, logits_dtype: str = "float32",
-                               impl: str = "auto") -> dict[str, jax.Array]:
+                               impl: str = "auto", kernel: bool = False) -> dict[str, jax.Array]:
   """`cross_entropy_sums` of the logits y @ w (w: [d, v]; `tied`: [v, d], y @ w^T), without
   ever holding the [b, t, v] logits: they are made, reduced and differentiated `chunk` target
   positions at a time (`train.loss_chunk`).
@@ -305,10 +325,14 @@ def chunked_cross_entropy_sums(y_btd: jax.Array, w: jax.Array, labels_bt: jax.Ar
   which takes the same three matmuls as the unchunked projection and its backward pass, not a
   fourth to recompute the logits. What stays in memory is [b, t, d] and [v, d], not [b, t, v] f32.
   `loss_sum` carries the gradient; `nll_sum` and `correct` are metrics and carry none.
+  `kernel` (`loss_plan`): under `jax.grad`, each chunk's statistics and gradient come from
+  seq2seq.training.loss_kernel, which reads its logits once (a chunk of all positions: the train
+  step's loss on a GPU with `train.loss_chunk=0`).
   """
   if chunk < 1:
     raise ValueError(f"loss chunk {chunk}: expected at least 1 target position")
   loss_sum, nll_sum, correct = _chunked_xent(y_btd, w, labels_bt, weights_bt.astype(jnp.float32),
-                                             float(label_smoothing), int(chunk), bool(tied), str(logits_dtype), impl)
+                                             float(label_smoothing), int(chunk), bool(tied), str(logits_dtype), impl,
+                                             bool(kernel))
   return {"loss_sum": loss_sum, "nll_sum": jax.lax.stop_gradient(nll_sum),
           "tokens": jnp.sum(weights_bt.astype(jnp.float32)), "correct": jax.lax.stop_gradient(correct)}

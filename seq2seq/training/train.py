@@ -30,7 +30,7 @@ from seq2seq.model.config import ModelConfig
 from seq2seq.training import checkpoint, lock, optimizer, preflight, quiet, report
 from seq2seq.training.config import TrainConfig
 from seq2seq.training.guard import DivergenceGuard, Rollback
-from seq2seq.training.loss import chunked_cross_entropy_sums, cross_entropy_sums
+from seq2seq.training.loss import chunked_cross_entropy_sums, cross_entropy_sums, loss_plan
 from seq2seq.training.state import TrainState, init_state
 from seq2seq.training.validation import Validation
 from seq2seq.training.window import Window
@@ -44,17 +44,20 @@ BATCH_KEYS = ("src_bs", "src_segments_bs", "src_positions_bs", "tgt_in_bt", "tgt
 
 
 # -- steps -------------------------------------------------------------------------------
-def _loss(params, graphdef, batch, dropout_rng, label_smoothing, poison=False, packed=True, loss_chunk=0):
+def _loss(params, graphdef, batch, dropout_rng, label_smoothing, poison=False, packed=True, loss_chunk=0,
+          loss_impl="xla"):
   model = nnx.merge(graphdef, params)
+  labels_bt, weights_bt = batch["tgt_out_bt"], batch["tgt_segments_bt"] > 0
+  w, tied = model.output_projection()
+  loss_chunk, kernel = loss_plan(loss_chunk, loss_impl, labels_bt.shape, w, tied, model.cfg.logits_dtype)
   out = model(batch["src_bs"], batch["tgt_in_bt"], src_segments_bs=batch["src_segments_bs"],
               tgt_segments_bt=batch["tgt_segments_bt"], src_positions_bs=batch["src_positions_bs"],
               tgt_positions_bt=batch["tgt_positions_bt"], dropout_rng=dropout_rng, packed=packed,
               project=not loss_chunk)
-  labels_bt, weights_bt = batch["tgt_out_bt"], batch["tgt_segments_bt"] > 0
   if loss_chunk:  # out: the decoder's states [b, t, d], projected a chunk of positions at a time
-    w, tied = model.output_projection()
     sums = chunked_cross_entropy_sums(out, w, labels_bt, weights_bt, tied=tied, chunk=loss_chunk,
-                                      label_smoothing=label_smoothing, logits_dtype=model.cfg.logits_dtype)
+                                      label_smoothing=label_smoothing, logits_dtype=model.cfg.logits_dtype,
+                                      kernel=kernel)
   else:  # out: the logits [b, t, v]
     sums = cross_entropy_sums(out, labels_bt, weights_bt, label_smoothing)
   loss = sums["loss_sum"] * jnp.where(poison, jnp.nan, 1.0)  # `train.inject_nan_at_step`: NaN gradients
@@ -66,12 +69,13 @@ def dropout_key(seed: int, step, micro: int = 0, impl: str = "threefry2x32"):
   return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed, impl=impl), step), micro)
 
 
-def grad_sums(params, batch, key, *, graphdef, label_smoothing, poison=False, packed=True, loss_chunk=0):
+def grad_sums(params, batch, key, *, graphdef, label_smoothing, poison=False, packed=True, loss_chunk=0,
+              loss_impl="xla"):
   """Gradient of the summed (not averaged) token loss, and the metric sums. `packed=False`:
   every row holds one pair (lets GPUs use cuDNN attention; seq2seq/model/attention.py).
-  `loss_chunk`: target positions projected and scored at a time (`train.loss_chunk`; 0: all)."""
+  `loss_chunk`, `loss_impl`: `train.loss_chunk` (target positions scored at a time), `train.loss_impl`."""
   grads, sums = jax.grad(_loss, has_aux=True)(params, graphdef, batch, key, label_smoothing, poison, packed,
-                                             loss_chunk)
+                                             loss_chunk, loss_impl)
   return grads, sums
 
 
@@ -88,23 +92,21 @@ def apply_gradients(state: TrainState, grads, sums, *, tx, schedule, grad_norm=T
 
 
 def train_step(state: TrainState, batch, poison=False, *, seed, rng_impl, graphdef, label_smoothing, tx, schedule,
-               packed=True, loss_chunk=0, grad_norm=True):
+               packed=True, loss_chunk=0, loss_impl="xla", grad_norm=True):
   """A full update on one batch (no accumulation): forward, backward, optimizer."""
   key = dropout_key(seed, state.step, 0, rng_impl)
   grads, sums = grad_sums(state.params, batch, key, graphdef=graphdef, label_smoothing=label_smoothing,
-                          poison=poison, packed=packed, loss_chunk=loss_chunk)
+                          poison=poison, packed=packed, loss_chunk=loss_chunk, loss_impl=loss_impl)
   return apply_gradients(state, grads, sums, tx=tx, schedule=schedule, grad_norm=grad_norm)
 
 
 def accumulate(acc, params, batch, step, micro, *, seed, rng_impl, graphdef, label_smoothing, packed=True,
-               loss_chunk=0):
+               loss_chunk=0, loss_impl="xla"):
   """Adds one micro-batch's summed gradients and metric sums to `acc`."""
   key = dropout_key(seed, step, micro, rng_impl)
   grads, sums = grad_sums(params, batch, key, graphdef=graphdef, label_smoothing=label_smoothing, packed=packed,
-                          loss_chunk=loss_chunk)
-  if acc is None:
-    return grads, sums
-  return jax.tree.map(jnp.add, acc[0], grads), jax.tree.map(jnp.add, acc[1], sums)
+                          loss_chunk=loss_chunk, loss_impl=loss_impl)
+  return (grads, sums) if acc is None else jax.tree.map(jnp.add, acc, (grads, sums))
 
 
 def eval_sums(params, batch, *, graphdef, packed=True, loss_chunk=0):
@@ -119,7 +121,7 @@ class Steps:
     # Rows hold one pair each unless batches fill them up or pack them (seq2seq/data/batching.py).
     packed = bool(config.data.packing or config.data.fill_rows)
     common = dict(seed=config.seed, rng_impl=t.rng_impl, graphdef=graphdef, label_smoothing=t.label_smoothing,
-                  packed=packed, loss_chunk=t.loss_chunk)
+                  packed=packed, loss_chunk=t.loss_chunk, loss_impl=t.loss_impl)
     batch_sh = sharding.batch_sharding(mesh)
     self.accum_steps = t.accum_steps
     on_mesh = lambda fn: sharding.with_activation_mesh(fn, mesh)  # activations laid out by logical axes
