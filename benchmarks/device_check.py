@@ -27,7 +27,7 @@ minutes, written to one JSON (benchmarks/results/device_check_<device>.json):
   python benchmarks/device_check.py --flax_models=PATH/models.py   # one GPU, ~7 minutes
   python benchmarks/device_check.py --sections=profile,variants --profile_dir=DIR  # ~6 minutes
   python benchmarks/device_check.py --sections=flash,variants,variants_big,profile_after --budget_s=570 \
-    --variants=flash_backward_64,logits_bfloat16,no_bias,ffn_bias_apart,flash_sums_apart,xla_norms,flash_sliced,norm_per_leaf
+    --variants=flash_backward_64,loss_in_xla,logits_bfloat16,no_bias,ffn_bias_apart,flash_sums_apart,xla_norms,flash_sliced
   python benchmarks/device_check.py --smoke --out=/tmp/check.json  # CPU: tiny config, ~1.5 minutes
 
 Sections run in this order (the most wanted figures first), each in its own process (none
@@ -302,6 +302,7 @@ def flash_rows(rows: int = 96, length: int = 256, repeats: int = 20) -> None:
     except Exception as err:  # noqa: BLE001
       print(json.dumps({"timing": impl, "error": f"{type(err).__name__}: {err}"[:2000]}), flush=True)
   norm_rows(rows, length, repeats)
+  loss_rows(rows, length, repeats)
 
 
 def norm_rows(rows: int, length: int, repeats: int) -> None:
@@ -353,6 +354,56 @@ def norm_rows(rows: int, length: int, repeats: int) -> None:
                         "layernorm_fwd_bwd_ms": (time.perf_counter() - start) / repeats * 1e3}), flush=True)
     except Exception as err:  # noqa: BLE001
       print(json.dumps({"timing": f"norm_{impl}", "error": f"{type(err).__name__}: {err}"[:2000]}), flush=True)
+
+
+def loss_rows(rows: int, length: int, repeats: int, vocab: int = 37000, d: int = 512) -> None:
+  """Prints JSON lines: the train step's loss on a GPU (the tied projection onto `vocab` entries
+  and the label-smoothed loss: seq2seq.training.loss.chunked_cross_entropy_sums, one chunk of
+  all positions) with the Pallas kernel (seq2seq/training/loss_kernel.py) against it in XLA on
+  this GPU, at rows x `length` bf16 states of width `d`: the sums and the gradients of the states
+  and the weight; then each one's forward+backward time. The kernel's time says whether its second
+  walk over a row finds it in the L2 cache."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  from seq2seq.training.loss import chunked_cross_entropy_sums
+
+  rng = np.random.default_rng(0)
+  y = jnp.asarray(rng.standard_normal((rows, length, d)), jnp.bfloat16)
+  w = jnp.asarray(rng.standard_normal((vocab, d)) * d**-0.5 * 4, jnp.float32)  # the embedding, [v, d]
+  labels = jnp.asarray(rng.integers(0, vocab, (rows, length)), jnp.int32)
+  weights = jnp.asarray(rng.random((rows, length)) < 0.9)
+
+  def step(kernel: bool):
+    def loss(y, w):
+      sums = chunked_cross_entropy_sums(y, w, labels, weights, tied=True, chunk=length, label_smoothing=0.1,
+                                        kernel=kernel)
+      return sums["loss_sum"], sums
+    return jax.jit(jax.grad(loss, (0, 1), has_aux=True))
+
+  steps = {"pallas": step(True), "xla": step(False)}
+  try:
+    ((dy1, dw1), sums1), ((dy0, dw0), sums0) = (steps[impl](y, w) for impl in ("pallas", "xla"))
+    row = {"dtype": "bfloat16", "case": "loss_kernel", "shape": [rows, length, vocab],
+           **{f"{k}_rel_err": abs(float(sums1[k]) - float(sums0[k])) / max(abs(float(sums0[k])), 1.0) for k in sums0}}
+    for name, got, want in (("dy", dy1, dy0), ("dw", dw1, dw0)):
+      got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+      row[f"{name}_max_abs_err"], row[f"{name}_max_abs"] = float(np.max(np.abs(got - want))), float(np.max(np.abs(want)))
+  except Exception as err:  # noqa: BLE001  (a record, not a failure)
+    row = {"dtype": "bfloat16", "case": "loss_kernel", "error": f"{type(err).__name__}: {err}"[:2000]}
+  print(json.dumps(row), flush=True)
+  for impl, fn in steps.items():
+    try:
+      jax.block_until_ready(fn(y, w))
+      start = time.perf_counter()
+      for _ in range(repeats):
+        out = fn(y, w)
+      jax.block_until_ready(out)
+      print(json.dumps({"timing": f"loss_{impl}", "shape": [rows, length, vocab],
+                        "loss_fwd_bwd_ms": (time.perf_counter() - start) / repeats * 1e3}), flush=True)
+    except Exception as err:  # noqa: BLE001
+      print(json.dumps({"timing": f"loss_{impl}", "error": f"{type(err).__name__}: {err}"[:2000]}), flush=True)
 
 
 # -- in the parent -------------------------------------------------------------------------

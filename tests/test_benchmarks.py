@@ -73,13 +73,16 @@ def test_device_check_smoke_writes_every_section(real_data_dir, tmp_path):
   sections = result["sections"]
   assert list(sections) == ["flash", "steps_bfloat16", "profile", "decode", "peers", "train", "steps_float32"]
   assert all(sections["profile"][layout]["table"]["attributed_fraction"] == 1.0 for layout in ("packed", "unpacked"))
-  flash_checks = [row for row in sections["flash"]["checks"] if not row["case"].startswith("norm_")]
+  flash_checks = [row for row in sections["flash"]["checks"] if not row["case"].startswith(("norm_", "loss_"))]
   assert all("interpret mode" in row["error"] for row in flash_checks) and flash_checks  # the kernels need a GPU
   norm_checks = [row for row in sections["flash"]["checks"] if row["case"].startswith("norm_")]
   assert [row["case"] for row in norm_checks] == ["norm_layernorm", "norm_rmsnorm"]
   assert all("norm_impl='pallas' cannot run here" in row["error"] for row in norm_checks)
   timing = sections["flash"]["timing"]  # XLA's attention at the step's rows and target length; the kernel needs a GPU
   assert timing["xla"]["shape"] == [8, 32, 8, 64] and timing["xla"]["causal_packed_fwd_bwd_ms"] > 0, timing
+  (loss_check,) = [row for row in sections["flash"]["checks"] if row["case"] == "loss_kernel"]
+  assert "interpret mode" in loss_check["error"] and "error" in timing["loss_pallas"]  # the loss kernel: a GPU's
+  assert timing["loss_xla"]["shape"] == [8, 32, 37000] and timing["loss_xla"]["loss_fwd_bwd_ms"] > 0, timing
   assert sections["flash"]["ptx"] == {}  # XLA:CPU writes no PTX: on a GPU, the kernels' matrix instructions
   decode = sections["decode"]
   assert decode["identical_hypotheses"] and decode["modes"]["planned"]["programs"] <= 3, decode

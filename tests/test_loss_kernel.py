@@ -223,3 +223,21 @@ def test_the_kernel_runs_per_device_on_a_mesh():
       assert got == pytest.approx(want, rel=300 * F32), (axes, k)
   assert result["vocab split"] == [0, False]
   assert "vocabulary" in result["split rows"] and "split over" in result["split rows"]
+
+
+def test_the_device_checks_loss_rows_compare_the_kernel_with_xla(interpreted, capsys):
+  """benchmarks/device_check.py's GPU check of the kernel, with it interpreted here: the loss's
+  sums within f32 rounding of XLA's, the gradients of the states and the weight within bf16's
+  (the states are bf16), and a forward+backward time of each."""
+  from conftest import benchmark
+
+  benchmark("device_check").loss_rows(2, 8, 1, vocab=300, d=16)
+  rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+  check, timings = rows[0], {r["timing"]: r for r in rows[1:]}
+  assert check["case"] == "loss_kernel" and "error" not in check, check
+  assert {k for k in check if k.endswith("_rel_err")} == {f"{k}_rel_err" for k in ("loss_sum", "nll_sum", "tokens",
+                                                                                   "correct")}
+  assert all(check[k] <= 300 * F32 for k in check if k.endswith("_rel_err")), check
+  for name in ("dy", "dw"):
+    assert 0 < check[f"{name}_max_abs"] and check[f"{name}_max_abs_err"] <= BF16 * check[f"{name}_max_abs"], check
+  assert set(timings) == {"loss_pallas", "loss_xla"} and all(r["loss_fwd_bwd_ms"] > 0 for r in timings.values())

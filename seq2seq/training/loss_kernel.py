@@ -46,8 +46,14 @@ except ImportError:  # pragma: no cover
   plgpu = None
 
 IMPLEMENTATIONS = LOSS_IMPLEMENTATIONS  # config.train.loss_impl
-BLOCK = 4096  # vocabulary entries a program reads at a time (a power of two: a Triton tile)
+# Vocabulary entries a program reads at a time (a power of two: a Triton tile) and its warps.
+# Compiled for sm_90a by Triton 3.9 (benchmarks/triton_kernels.py's way): 119 registers a thread,
+# no spills, 2 programs an SM; their rows, 2 x 132 x 148 KB = 39 MB at 37000 entries in f32, fit
+# the 50 MB L2 cache between the two walks. 4096 x 8 warps: 3 programs an SM, 59 MB of rows.
+BLOCK = 8192
 WARPS = 8
+# The L2 cache policy of each walk's loads: keep the row for the second walk, then let it go.
+EVICTION = ("evict_last", "evict_first")
 # "auto" picks the kernel where it runs (benchmarks/device_check.py's `loss_in_xla` turns this off
 # to time the step as it was before it).
 AUTO = True
@@ -64,7 +70,7 @@ def _kernel(z_ref, labels_ref, weights_ref, d_ref, max_ref, lse_ref, label_ref, 
   lowest = float(np.finfo(np.float32).min)  # past the vocabulary: no weight in the max or the sums
   label = labels_ref[...]  # [1]
 
-  def read(j, policy: str):
+  def read(j, policy: str | None):
     cols = j * block + jnp.arange(block, dtype=jnp.int32)
     inside = (cols < vocab)[None, :]
     x = plgpu.load(z_ref.at[:, pl.ds(j * block, block)], mask=inside, other=lowest, eviction_policy=policy)
@@ -72,7 +78,7 @@ def _kernel(z_ref, labels_ref, weights_ref, d_ref, max_ref, lse_ref, label_ref, 
 
   def first(j, carry):  # the statistics: online softmax, the label's logit, the sum
     high, sumexp, at_label, total = carry
-    cols, inside, x = read(j, "evict_last")
+    cols, inside, x = read(j, EVICTION[0])
     new_high = jnp.maximum(high, jnp.max(x, axis=1))
     sumexp = sumexp * jnp.exp(high - new_high) + jnp.sum(jnp.exp(x - new_high[:, None]), axis=1)
     at_label = at_label + jnp.sum(jnp.where(cols == label[:, None], x, 0.0), axis=1)
@@ -85,7 +91,7 @@ def _kernel(z_ref, labels_ref, weights_ref, d_ref, max_ref, lse_ref, label_ref, 
 
   def second(i, carry):  # the gradient, the blocks read last first
     j = blocks - 1 - i
-    cols, inside, x = read(j, "evict_first")
+    cols, inside, x = read(j, EVICTION[1])
     d = g * jnp.exp(x - lse[:, None]) - jnp.where(cols == label[:, None], (1.0 - eps) * g, 0.0) - (eps / vocab) * g
     plgpu.store(d_ref.at[:, pl.ds(j * block, block)], d.astype(z_ref.dtype).astype(d_ref.dtype), mask=inside)
     return carry
