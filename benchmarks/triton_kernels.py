@@ -30,6 +30,7 @@ import argparse
 import collections
 import dataclasses
 import datetime
+import functools
 import json
 import math
 import os
@@ -47,6 +48,10 @@ import device_check  # noqa: E402  (run_child, _configured)
 import gpu_compile  # noqa: E402  (TARGETS, compile_only_devices)
 
 TRITON_CALL = "__gpu$xla.gpu.triton"
+# Load hints that jaxlib's Triton dialect prints in a form the pip Triton's parser does not read
+# (the loss kernel's L2 policy). They are left out of the text compiled here: the loads' cache
+# policy, not the tiles the registers and spills counted below come from.
+LOAD_HINTS = re.compile(r" (?:evictionPolicy|cacheModifier) = \w+")
 # Per SM of compute capability 9.0 (NVIDIA's CUDA C programming guide, its table of technical
 # specifications per compute capability; the occupancy calculator's allocation units).
 OCCUPANCY_LIMITS = {"registers": 65536, "register_unit": 256, "warps": 64, "programs": 32,
@@ -120,7 +125,7 @@ def lowered_kernels(fn, args, problem: str) -> list[Kernel]:
   kernels = {}
   for call in triton_calls(jax.jit(fn).lower(*args).compiler_ir("stablehlo")):
     kernel = Kernel(call["name"], problem, (call["grid_x"], call["grid_y"], call["grid_z"]), call["num_warps"],
-                    call["num_stages"], ir_text(call["ir"]))
+                    call["num_stages"], LOAD_HINTS.sub("", ir_text(call["ir"])))
     kernels.setdefault((kernel.name, kernel.ir), kernel)
   return list(kernels.values())
 
@@ -129,12 +134,14 @@ def step_kernels(config, tilings: list, shape: tuple[int, int, int], device) -> 
   """(tiling's spec, kernel) of the flash kernels at each of `tilings` (seq2seq.model.flash.Blocks):
   forward and both gradients of self-attention (the encoder's, and the decoder's, causal: read
   in place from the fused projection) and of cross-attention; then ("", kernel) of the norm kernels, forward and
-  gradient, as the config's blocks hand their norms on. At the step's shape, for `device`."""
+  gradient, as the config's blocks hand their norms on, and of the loss kernel on the config's logits. At the
+  step's shape, for `device`."""
   import jax
   import jax.numpy as jnp
 
   from seq2seq.model import flash, norm_kernels
   from seq2seq.model.config import ModelConfig
+  from seq2seq.training import loss_kernel
 
   rows, s, t = shape
   model = ModelConfig.from_config(config.model, vocab_size=config.data.vocab_size)
@@ -173,6 +180,10 @@ def step_kernels(config, tilings: list, shape: tuple[int, int, int], device) -> 
                                                             "cross")]
     norm_args = (array(rows, t, d), array(d, kind=jnp.float32), array(d, kind=jnp.float32))
     found += [("", k) for k in lowered_kernels(jax.grad(norm_loss, argnums=(0, 1)), norm_args, model.norm)]
+    loss_args = (array(rows, t, model.vocab_size, kind=jnp.dtype(model.logits_dtype)), segments(t),
+                 array(rows, t, kind=jnp.float32))  # logits, labels, weights
+    found += [("", k) for k in lowered_kernels(functools.partial(loss_kernel.stats_and_grad, eps=0.1,
+                                                                 out_dtype=model.compute_dtype), loss_args, "loss")]
   return found
 
 

@@ -216,7 +216,8 @@ def test_the_train_step_compiles_for_an_h100_on_this_cpu(tmp_path):
   from seq2seq.model.config import ModelConfig
 
   out = _gpu_compile("--target=h100", "--config=configs/tiny.py", "--shape=8x32x32", f"--hlo_dir={tmp_path}",
-                     "--set=data.vocab_size=1024", "--variants=baseline,flash_sliced,xla_norms,ffn_bias_apart,flash_sums_apart,norm_per_leaf",
+                     "--set=data.vocab_size=1024",
+                     "--variants=baseline,flash_sliced,xla_norms,ffn_bias_apart,flash_sums_apart,norm_per_leaf,loss_in_xla",
                      f"--out={tmp_path / 'r.json'}",
                      compiler=compiler)
   assert out.returncode == 0, out.stderr[-3000:]
@@ -232,7 +233,8 @@ def test_the_train_step_compiles_for_an_h100_on_this_cpu(tmp_path):
   norms = 2 * cfg.model.num_encoder_layers + 3 * cfg.model.num_decoder_layers + 2  # pre-norm: a final norm each
   for kernel in ("seq2seq_norm_fwd", "seq2seq_norm_bwd"):
     assert sum(f"({kernel})" in line for line in calls) == norms, kernel
-  assert len(calls) == 3 * layers + 2 * norms
+  assert sum("/seq2seq_loss_fwd_bwd/" in line for line in calls) == 1  # the loss's statistics and gradient
+  assert len(calls) == 3 * layers + 2 * norms + 1
   # pre-norm: each block's norm backward also takes the residual path's gradient of x (with_input),
   # x, dy, that, scale, mean, rstd; the two final norms' take x, dy, scale, mean, rstd
   operands = sorted(len(re.search(r"custom-call\(([^)]*)\)", line).group(1).split(","))
@@ -296,7 +298,23 @@ def test_the_train_step_compiles_for_an_h100_on_this_cpu(tmp_path):
   assert row["table"]["matmul_tflop_per_step"] == sums["table"]["matmul_tflop_per_step"]
   # The gradient's norm summed by groups (optimizer.global_norm) changes the optimizer's kernels
   # alone: fewer (tiny has no dropout, so the dropout keys, also apart there, change nothing).
-  assert _launches_apart_from(per_leaf, row["table"]) == "optimizer"
+  loss_xla = record["variants"]["loss_in_xla"]
+  assert _launches_apart_from(per_leaf, loss_xla["table"]) == "optimizer"
+  # The loss's statistics and gradient in one kernel (seq2seq/training/loss_kernel.py): the step
+  # reads the f32 logits once less, in fewer kernels, with the same matmul FLOPs; only the loss's
+  # line and the matmuls' change (at this size XLA splits the projection's backward matmuls over
+  # their long dimension, and the sums of the parts join the loss's cotangent scale or stay apart).
+  assert loss_xla["loss_in_xla"] and "loss_in_xla" not in row
+  assert not any("seq2seq_loss" in line for line in (tmp_path / "loss_in_xla.hlo.txt").read_text().splitlines()
+                 if "custom_call_target" in line)
+  moved = {n: sum(k.bytes * k.launches for k in _pt().kernel_costs((tmp_path / f"{n}.hlo.txt").read_text()))
+           for n in ("baseline", "loss_in_xla")}
+  assert moved["loss_in_xla"] - moved["baseline"] >= b * t * model_cfg.vocab_size * 4  # a read of the f32 logits
+  launches = lambda table: {c: v["launches"] for c, v in table["by_category"].items()}
+  ours, theirs = launches(row["table"]), launches(loss_xla["table"])
+  assert sum(ours.values()) < sum(theirs.values()) and set(ours) == set(theirs)
+  assert {c for c in ours if ours[c] != theirs[c]} <= {"loss and logits (softmax, casts)", "matmul"}, (ours, theirs)
+  assert row["table"]["matmul_tflop_per_step"] == loss_xla["table"]["matmul_tflop_per_step"]
 
 
 def _launches_apart_from(before: dict, after: dict) -> str:

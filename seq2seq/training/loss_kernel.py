@@ -47,9 +47,9 @@ except ImportError:  # pragma: no cover
 
 IMPLEMENTATIONS = LOSS_IMPLEMENTATIONS  # config.train.loss_impl
 # Vocabulary entries a program reads at a time (a power of two: a Triton tile) and its warps.
-# Compiled for sm_90a by Triton 3.9 (benchmarks/triton_kernels.py's way): 119 registers a thread,
-# no spills, 2 programs an SM; their rows, 2 x 132 x 148 KB = 39 MB at 37000 entries in f32, fit
-# the 50 MB L2 cache between the two walks. 4096 x 8 warps: 3 programs an SM, 59 MB of rows.
+# Compiled for sm_90a by Triton 3.9 (benchmarks/results/triton_kernels_h100.json): 119 registers a
+# thread, no spills, 2 programs an SM; their rows, 2 x 132 x 148 KB = 39 MB at 37000 entries in
+# f32, fit the 50 MB L2 cache between the two walks. 4096 x 8 warps: 3 programs an SM, 59 MB.
 BLOCK = 8192
 WARPS = 8
 # The L2 cache policy of each walk's loads: keep the row for the second walk, then let it go.
