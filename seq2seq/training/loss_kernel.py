@@ -13,7 +13,8 @@ sum of exp(logit - max)), the label's logit and the sum of the logits; then, in 
 order, so that the blocks it read last (still in the L2 cache) come first, the gradient
 weight * (p - (1 - eps) onehot - eps / V), written in the states' dtype. Only the first walk reads
 HBM, as long as the row (148 KB in f32) stays in the L2 cache between the two walks; a GPU says
-whether it does (the device check's `loss_in_xla` variant). Liger-Kernel's cross entropy
+whether it does (benchmarks/device_check.py: the flash section's `loss_pallas` and `loss_xla`
+timings, the `loss_in_xla` variant). Liger-Kernel's cross entropy
 (Hsu et al. 2024) computes its gradient in the forward pass the same way.
 
 The gradient is that of the weighted loss sum, so it is known in the forward pass: the kernel's
@@ -21,7 +22,7 @@ caller (seq2seq.training.loss, `_chunk_loop`) owns the vocabulary projection and
 matmuls' results by the loss's cotangent, one number, in the backward pass.
 
 Rows are the [b, t] positions flattened; inside a train step's mesh the call runs per device in
-`jax.shard_map` over the batch (the vocabulary must not be split over devices: `applies`).
+`jax.shard_map` over the batch (the vocabulary must not be split over devices: `blockers`).
 `interpret=True` runs the kernel in Pallas' interpreter on any platform (tests).
 """
 
