@@ -264,8 +264,8 @@ def test_the_profile_and_variants_sections_table_a_cpu_trace_and_time_each_chang
   assert variants["baseline"]["speed_vs_baseline"] == 1.0
   assert big["combined"]["members"] == ["logits_bfloat16", "adam_mu_bfloat16", "norm_per_leaf"]
   # An undo variant's switch reached the child (--undo), as the child's module held it.
-  assert big["combined"]["switches"] == {"optimizer.GROUPED_NORM": False,
-                                        "transformer.DROPOUT_KEYS_AT_ONCE": False}, big["combined"]
+  assert big["combined"]["switches"] == {"optimizer.GROUPED_NORM": False, "transformer.DROPOUT_KEYS_AT_ONCE": False,
+                                        "loss_kernel.AUTO": False}, big["combined"]
   assert big["combined"]["config"] == {"model.logits_dtype": "bfloat16", "train.adam_mu_dtype": "bfloat16"}
   assert set(check["summary"]["big_mfu"]) == {"baseline", "combined"}
   # the "after" profile traces the winners of this call's variants (on a CPU, likely none)
