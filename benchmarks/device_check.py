@@ -204,6 +204,23 @@ def profile_capture(config_path: str, dtype: str, shape: tuple[int, int, int], c
     print(json.dumps(row), flush=True)
 
 
+def _print_timing(name: str, shape: list, key: str, fn, *args, repeats: int) -> None:
+  """Prints a JSON line: `fn(*args)`'s milliseconds a call as `key` (called once to compile,
+  then `repeats` times), or the error that stopped it."""
+  import jax
+
+  try:
+    jax.block_until_ready(fn(*args))
+    start = time.perf_counter()
+    for _ in range(repeats):
+      out = fn(*args)
+    jax.block_until_ready(out)
+    row = {"shape": shape, key: (time.perf_counter() - start) / repeats * 1e3}
+  except Exception as err:  # noqa: BLE001  (a record, not a failure)
+    row = {"error": f"{type(err).__name__}: {err}"[:2000]}
+  print(json.dumps({"timing": name, **row}), flush=True)
+
+
 def _packed_segments(rng, rows: int, length: int, counts=None):
   """Segment ids of rows packed with sentences of 5 to length/2 tokens, then padding; with
   `counts`, row r holds counts[r] sentences (the sources of a packed row's targets)."""
@@ -287,20 +304,11 @@ def flash_rows(rows: int = 96, length: int = 256, repeats: int = 20) -> None:
   mask = att.SegmentMask(q_seg, q_seg, causal=True)
   q, k, v = (jnp.asarray(rng.standard_normal((b, t, 8, 64)), jnp.bfloat16) for _ in range(3))
   for impl in ("flash", "xla"):
-    try:
-      def loss(q, k, v, impl=impl):
-        return jnp.sum(att.attention(q, k, v, mask, impl=impl).astype(jnp.float32))
+    def loss(q, k, v, impl=impl):
+      return jnp.sum(att.attention(q, k, v, mask, impl=impl).astype(jnp.float32))
 
-      step = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
-      jax.block_until_ready(step(q, k, v))
-      start = time.perf_counter()
-      for _ in range(repeats):
-        out = step(q, k, v)
-      jax.block_until_ready(out)
-      print(json.dumps({"timing": impl, "shape": [b, t, 8, 64], "causal_packed_fwd_bwd_ms":
-                        (time.perf_counter() - start) / repeats * 1e3}), flush=True)
-    except Exception as err:  # noqa: BLE001
-      print(json.dumps({"timing": impl, "error": f"{type(err).__name__}: {err}"[:2000]}), flush=True)
+    _print_timing(impl, [b, t, 8, 64], "causal_packed_fwd_bwd_ms", jax.jit(jax.grad(loss, argnums=(0, 1, 2))), q, k, v,
+                  repeats=repeats)
   norm_rows(rows, length, repeats)
   loss_rows(rows, length, repeats)
 
@@ -342,18 +350,9 @@ def norm_rows(rows: int, length: int, repeats: int) -> None:
       row = {"dtype": "bfloat16", "case": f"norm_{kind}", "error": f"{type(err).__name__}: {err}"[:2000]}
     print(json.dumps(row), flush=True)
   for impl in ("pallas", "xla"):  # LayerNorm's forward + backward at the step's shape
-    try:
-      graphdef, state = nnx.split(Norm("layernorm", 512, impl=impl, rngs=nnx.Rngs(0)))
-      step = jax.jit(lambda x, state, g=graphdef: jax.vjp(lambda x, s: nnx.merge(g, s)(x), x, state)[1](dy))
-      jax.block_until_ready(step(x, state))
-      start = time.perf_counter()
-      for _ in range(repeats):
-        out = step(x, state)
-      jax.block_until_ready(out)
-      print(json.dumps({"timing": f"norm_{impl}", "shape": list(x.shape),
-                        "layernorm_fwd_bwd_ms": (time.perf_counter() - start) / repeats * 1e3}), flush=True)
-    except Exception as err:  # noqa: BLE001
-      print(json.dumps({"timing": f"norm_{impl}", "error": f"{type(err).__name__}: {err}"[:2000]}), flush=True)
+    graphdef, state = nnx.split(Norm("layernorm", 512, impl=impl, rngs=nnx.Rngs(0)))
+    step = jax.jit(lambda x, state, g=graphdef: jax.vjp(lambda x, s: nnx.merge(g, s)(x), x, state)[1](dy))
+    _print_timing(f"norm_{impl}", list(x.shape), "layernorm_fwd_bwd_ms", step, x, state, repeats=repeats)
 
 
 def loss_rows(rows: int, length: int, repeats: int, vocab: int = 37000, d: int = 512) -> None:
@@ -394,16 +393,7 @@ def loss_rows(rows: int, length: int, repeats: int, vocab: int = 37000, d: int =
     row = {"dtype": "bfloat16", "case": "loss_kernel", "error": f"{type(err).__name__}: {err}"[:2000]}
   print(json.dumps(row), flush=True)
   for impl, fn in steps.items():
-    try:
-      jax.block_until_ready(fn(y, w))
-      start = time.perf_counter()
-      for _ in range(repeats):
-        out = fn(y, w)
-      jax.block_until_ready(out)
-      print(json.dumps({"timing": f"loss_{impl}", "shape": [rows, length, vocab],
-                        "loss_fwd_bwd_ms": (time.perf_counter() - start) / repeats * 1e3}), flush=True)
-    except Exception as err:  # noqa: BLE001
-      print(json.dumps({"timing": f"loss_{impl}", "error": f"{type(err).__name__}: {err}"[:2000]}), flush=True)
+    _print_timing(f"loss_{impl}", [rows, length, vocab], "loss_fwd_bwd_ms", fn, y, w, repeats=repeats)
 
 
 # -- in the parent -------------------------------------------------------------------------

@@ -7,7 +7,8 @@ The default folder is $SEQ2SEQ_CACHE/xla/host-HASH (else $XDG_CACHE_HOME/seq2seq
 and `Translator.from_workdir(..., compilation_cache=...)` choose another; an empty value
 turns it off. JAX_COMPILATION_CACHE_DIR, when set, wins over both.
 
-`compile_problem`: whether a kernel's program compiles here (the GPU kernels' checks).
+`compile_problem`: whether a kernel's program compiles here; `kernel_chosen`: whether a setting's
+Pallas kernel runs (the GPU kernels' checks).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pathlib
 from seq2seq.errors import ConfigError
 
 MIN_COMPILE_SECONDS = 0.2  # programs that compile faster are not worth a disk read
+KERNEL_IMPLEMENTATIONS = ("auto", "xla", "pallas")  # a Pallas kernel's setting: `kernel_chosen`
 
 
 def default_folder() -> str:
@@ -85,3 +87,27 @@ def compile_problem(fn, *args) -> str | None:
   except Exception as err:  # noqa: BLE001 - Triton/driver failures come in many kinds
     return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
   return None
+
+
+def kernel_chosen(impl: str, setting: str, blockers, problem) -> bool:
+  """Whether a Pallas kernel runs for `setting` (config.SECTION.KEY) = `impl`, decided at trace
+  time on the platform of the step's devices (the activation mesh's, else JAX's default
+  backend): "auto" where it can run (`blockers(platform)`: why not, empty if it can) and
+  compiles (`problem(device)`: None, else why not); "pallas" there or a ConfigError saying why
+  not; "xla" never; any other value a ConfigError."""
+  import jax
+
+  from seq2seq.sharding import current_mesh, kernel_device
+
+  if impl not in KERNEL_IMPLEMENTATIONS:
+    raise ConfigError(f"config.{setting} must be one of {KERNEL_IMPLEMENTATIONS}, got {impl!r}")
+  if impl == "xla":
+    return False
+  device = kernel_device(current_mesh())
+  why = blockers(jax.default_backend() if device is None else device.platform)
+  if not why:
+    found = problem(device)
+    why = [f"it does not compile on this GPU: {found}"] if found else []
+  if why and impl == "pallas":
+    raise ConfigError(f"config.{setting}='pallas' cannot run here: {'; '.join(why)}")
+  return not why

@@ -35,9 +35,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from seq2seq.compilation import compile_problem
-from seq2seq.errors import ConfigError
-from seq2seq.sharding import activation_spec, current_mesh, kernel_device
+from seq2seq.compilation import KERNEL_IMPLEMENTATIONS, compile_problem, kernel_chosen
+from seq2seq.sharding import activation_spec, current_mesh
 
 try:  # the Triton backend's helpers; absent in JAX builds without Pallas GPU support
   from jax.experimental.pallas import triton as plgpu
@@ -45,7 +44,7 @@ except ImportError:  # pragma: no cover
   plgpu = None
 
 TILE = 16384  # elements of a [rows, d] tile: 32 rows of 512 features
-IMPLEMENTATIONS = ("auto", "xla", "pallas")  # config.model.norm_impl
+IMPLEMENTATIONS = KERNEL_IMPLEMENTATIONS  # config.model.norm_impl
 KINDS = ("layernorm", "rmsnorm")
 WIDTHS = (64, 128, 256, 512, 1024, 2048, 4096, 8192)  # d: a power of two, a tile whole in registers
 
@@ -207,19 +206,9 @@ def chosen(impl: str, kind: str, d_model: int, dtype) -> bool:
   """Whether `Norm` runs the kernels (`impl`: config.model.norm_impl), decided at trace time on
   the platform of the step's devices (the activation mesh's, else JAX's default backend):
   "auto" where they can run and compile (else XLA, with a warning once if they do not compile);
-  "pallas" there or a ConfigError saying why not; "xla" never."""
-  if impl not in IMPLEMENTATIONS:
-    raise ConfigError(f"config.model.norm_impl must be one of {IMPLEMENTATIONS}, got {impl!r}")
-  if impl == "xla":
-    return False
-  device = kernel_device(current_mesh())
-  why = blockers(platform=jax.default_backend() if device is None else device.platform, kind=kind, d_model=d_model)
-  if not why:
-    problem = _compiles(kind, d_model, jnp.dtype(dtype).name, device)
-    why = [f"they do not compile on this GPU: {problem}"] if problem else []
-  if why and impl == "pallas":
-    raise ConfigError(f"config.model.norm_impl='pallas' cannot run here: {'; '.join(why)}")
-  return not why
+  "pallas" there or a ConfigError saying why not; "xla" never (seq2seq.compilation.kernel_chosen)."""
+  return kernel_chosen(impl, "model.norm_impl", lambda platform: blockers(platform=platform, kind=kind, d_model=d_model),
+                       lambda device: _compiles(kind, d_model, jnp.dtype(dtype).name, device))
 
 
 @functools.cache

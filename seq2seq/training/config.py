@@ -10,10 +10,11 @@ import dataclasses
 import math
 from typing import Any
 
+from seq2seq.compilation import KERNEL_IMPLEMENTATIONS
 from seq2seq.errors import ConfigError
 
 TRANSFER_GUARDS = ("allow", "log", "disallow")
-LOSS_IMPLEMENTATIONS = ("auto", "xla", "pallas")  # seq2seq/training/loss_kernel.py
+LOSS_IMPLEMENTATIONS = KERNEL_IMPLEMENTATIONS  # seq2seq/training/loss_kernel.py
 
 
 @dataclasses.dataclass(frozen=True)

@@ -36,9 +36,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
 
-from seq2seq.compilation import compile_problem
-from seq2seq.errors import ConfigError
-from seq2seq.sharding import activation_spec, current_mesh, kernel_device
+from seq2seq.compilation import compile_problem, kernel_chosen
+from seq2seq.sharding import activation_spec, current_mesh
 from seq2seq.training.config import LOSS_IMPLEMENTATIONS
 
 try:  # the Triton backend's helpers; absent in JAX builds without Pallas GPU support
@@ -155,19 +154,11 @@ def chosen(impl: str, vocab_shards: int, dtype) -> bool:
   """Whether the train step's loss runs the kernel (`impl`: config.train.loss_impl), decided at
   trace time on the platform of the step's devices (the activation mesh's, else JAX's default
   backend): "auto" where it can run and compile (else XLA, with a warning once if it does not
-  compile); "pallas" there or a ConfigError saying why not; "xla" never."""
-  if impl not in IMPLEMENTATIONS:
-    raise ConfigError(f"config.train.loss_impl must be one of {IMPLEMENTATIONS}, got {impl!r}")
-  if impl == "xla" or (impl == "auto" and not AUTO):
-    return False
-  device = kernel_device(current_mesh())
-  why = blockers(platform=jax.default_backend() if device is None else device.platform, vocab_shards=vocab_shards)
-  if not why:
-    problem = _compiles(jnp.dtype(dtype).name, device)
-    why = [f"it does not compile on this GPU: {problem}"] if problem else []
-  if why and impl == "pallas":
-    raise ConfigError(f"config.train.loss_impl='pallas' cannot run here: {'; '.join(why)}")
-  return not why
+  compile); "pallas" there or a ConfigError saying why not; "xla" never
+  (seq2seq.compilation.kernel_chosen)."""
+  return kernel_chosen("xla" if impl == "auto" and not AUTO else impl, "train.loss_impl",
+                       lambda platform: blockers(platform=platform, vocab_shards=vocab_shards),
+                       lambda device: _compiles(jnp.dtype(dtype).name, device))
 
 
 @functools.cache
