@@ -14,7 +14,6 @@ from seq2seq.compilation import KERNEL_IMPLEMENTATIONS
 from seq2seq.errors import ConfigError
 
 TRANSFER_GUARDS = ("allow", "log", "disallow")
-LOSS_IMPLEMENTATIONS = KERNEL_IMPLEMENTATIONS  # seq2seq/training/loss_kernel.py
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,7 +31,7 @@ class TrainConfig:
   end_lr_fraction: float
   label_smoothing: float
   loss_chunk: int  # target positions projected and scored at a time; 0: all
-  loss_impl: str  # seq2seq.training.loss_kernel.IMPLEMENTATIONS
+  loss_impl: str  # compilation.KERNEL_IMPLEMENTATIONS (seq2seq/training/loss_kernel.py)
   adam_b1: float
   adam_b2: float
   adam_eps: float
@@ -56,8 +55,8 @@ class TrainConfig:
         raise ConfigError(f"config.train.{key} must be at least 1, got {getattr(self, key)}")
     if int(self.loss_chunk) < 0:
       raise ConfigError(f"config.train.loss_chunk must be 0 (all positions at once) or positive, got {self.loss_chunk}")
-    if self.loss_impl not in LOSS_IMPLEMENTATIONS:
-      raise ConfigError(f"config.train.loss_impl must be one of {LOSS_IMPLEMENTATIONS}, got {self.loss_impl!r}")
+    if self.loss_impl not in KERNEL_IMPLEMENTATIONS:
+      raise ConfigError(f"config.train.loss_impl must be one of {KERNEL_IMPLEMENTATIONS}, got {self.loss_impl!r}")
     if int(self.eval_every) < 0:
       raise ConfigError(f"config.train.eval_every must be 0 (off) or positive, got {self.eval_every}")
     for field in dataclasses.fields(self):  # a NaN or infinite rate trains nothing but NaN

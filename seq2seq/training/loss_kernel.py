@@ -38,14 +38,12 @@ from jax.experimental import pallas as pl
 
 from seq2seq.compilation import compile_problem, kernel_chosen
 from seq2seq.sharding import activation_spec, current_mesh
-from seq2seq.training.config import LOSS_IMPLEMENTATIONS
 
 try:  # the Triton backend's helpers; absent in JAX builds without Pallas GPU support
   from jax.experimental.pallas import triton as plgpu
 except ImportError:  # pragma: no cover
   plgpu = None
 
-IMPLEMENTATIONS = LOSS_IMPLEMENTATIONS  # config.train.loss_impl
 # Vocabulary entries a program reads at a time (a power of two: a Triton tile) and its warps.
 # Compiled for sm_90a by Triton 3.9 (benchmarks/results/triton_kernels_h100.json): 119 registers a
 # thread, no spills, 2 programs an SM; their rows, 2 x 132 x 148 KB = 39 MB at 37000 entries in
