@@ -153,6 +153,86 @@ def test_a_transformer_with_the_kernels_equals_one_without(kernels, kind, positi
                                err_msg=str(name))
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("keys", ["key", "table"])
+def test_the_kernels_add_the_residual_and_its_dropout(dtype, keys):
+  """A post-norm's residual add in the kernels (`branch_btd`, `branch_bias_d`) against the add
+  in XLA before the kernels (`layers.biased`, `dropout.dropout`: the same key, given alone or
+  read from a `DropoutKeys` table): the same elements dropped (the branch's gradient is zero
+  exactly there, about 10% of them); in bf16 the output and the gradients of residual and branch
+  equal to the bit (each operation rounded as JAX rounds it: the biased branch, the scaled
+  branch, the sum, the branch's gradient), the branch bias's the f32 sum of that gradient (XLA
+  sums it in bf16: 2% off here), the scale's and bias's to f32 rounding (the blocks' f32 partial
+  sums added up in another order); in f32 all to f32 rounding (XLA's CPU compiles the interpreted
+  kernels' arithmetic its own way)."""
+  from seq2seq.model import dropout as drop
+  from seq2seq.model.layers import biased
+
+  rng = np.random.default_rng(4)
+  shape = (3, 40, 128)
+  residual, branch = (jnp.asarray(rng.standard_normal(shape, dtype=np.float32)).astype(dtype) for _ in range(2))
+  w1, w2 = (jnp.asarray(rng.standard_normal(shape, dtype=np.float32)) for _ in range(2))
+  scale, bias, branch_bias = (jnp.asarray(1.0 + 0.3 * rng.standard_normal(128, dtype=np.float32)) for _ in range(3))
+  key = jax.random.key(3)
+  key = drop.DropoutKeys.derive(key, (3, 4)).fold(2).fold(1) if keys == "table" else key
+  norm = functools.partial(norm_kernels.fused_norm, eps=1e-6, interpret=True, copies=2)
+
+  def loss(y1, y2):
+    return jnp.sum(y1.astype(jnp.float32) * w1) + jnp.sum(y2.astype(jnp.float32) * w2)
+
+  def apart(residual, branch, branch_bias, scale, bias):  # the step before: XLA's add, then the kernels
+    return loss(*norm(residual + drop.dropout(biased(branch, branch_bias), 0.1, key), scale, bias))
+
+  def kernel(residual, branch, branch_bias, scale, bias):
+    return loss(*norm(residual, scale, bias, branch_btd=branch, branch_bias_d=branch_bias, rate=0.1, rng=key))
+
+  args = (residual, branch, branch_bias, scale, bias)
+  want = jax.value_and_grad(apart, argnums=(0, 1, 2, 3, 4))(*args)
+  got = jax.value_and_grad(kernel, argnums=(0, 1, 2, 3, 4))(*args)
+  dropped = ~drop.keep_mask(key, shape, 0.1)
+  assert 0.07 < float(dropped.mean()) < 0.13 and bool(jnp.all((got[1][1] == 0) == dropped))
+  for i, (g, w) in enumerate(zip((got[0], *got[1]), (want[0], *want[1]))):
+    assert g.dtype == w.dtype
+    if dtype == jnp.bfloat16 and i == 3:  # the branch bias's: the f32 sum of the (equal) branch gradients
+      w = jnp.sum(want[1][1].astype(jnp.float32), axis=(0, 1))
+    if dtype == jnp.bfloat16 and i < 3:
+      np.testing.assert_array_equal(g, w)
+    else:
+      np.testing.assert_allclose(g, w, rtol=0, atol=2e-6 * float(jnp.max(jnp.abs(w))))
+
+
+def test_a_post_norm_transformer_with_dropout_adds_its_residuals_in_the_kernels(kernels, monkeypatch):
+  """Training with dropout (post-norm, f32): the logits and every gradient with the residual
+  adds (and the sublayers' output biases) in the kernels equal those of the XLA formula, the same
+  dropout masks; every residual block's add went into the kernels, and none with the switch off."""
+  adds = []
+  forward = norm_kernels._forward
+  monkeypatch.setattr(norm_kernels, "_forward", lambda xs, *a: adds.append(len(xs)) or forward(xs, *a))
+
+  def run(impl):
+    cfg = ModelConfig(vocab_size=41, d_model=64, num_heads=4, num_encoder_layers=2, num_decoder_layers=2, d_ff=96,
+                      max_len=32, dropout_rate=0.3, norm="layernorm", norm_position="post", norm_impl=impl)
+    graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
+    src = jnp.array([[5, 6, 7, 8, 9, 10, 0, 0], [11, 12, 13, 14, 15, 16, 17, 18]])
+    tgt = jnp.array([[1, 20, 21, 22, 23, 24, 25, 0], [1, 26, 27, 28, 0, 0, 0, 0]])
+
+    def loss(params):
+      logits = nnx.merge(graphdef, params)(src, tgt, dropout_rng=jax.random.key(7))
+      return jnp.sum(jax.nn.log_softmax(logits)[..., 3]), logits
+    (_, logits), grads = jax.value_and_grad(loss, has_aux=True)(params)
+    return logits, dict(nnx.to_flat_state(grads))
+  (want, want_grads), (got, got_grads) = run("xla"), run("auto")
+  assert adds == [4] * (2 * 2 + 3 * 2)  # residual, branch, its bias and the dropout's words, every block
+  np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * float(jnp.max(jnp.abs(want))))
+  for name, g in want_grads.items():
+    np.testing.assert_allclose(got_grads[name][...], g[...], rtol=0, atol=1e-5 * float(jnp.max(jnp.abs(g[...]))) + 1e-9,
+                               err_msg=str(name))
+  adds.clear()
+  monkeypatch.setattr(norm_kernels, "ADD_IN_KERNEL", False)
+  np.testing.assert_allclose(run("auto")[0], got, rtol=0, atol=1e-5 * float(jnp.max(jnp.abs(got))))  # adds in XLA
+  assert adds == [1] * (2 * 2 + 3 * 2)
+
+
 def test_rows_come_in_power_of_two_blocks_that_divide_them():
   assert norm_kernels.rows_block(24576, 512) == 32 and norm_kernels.rows_block(24576, 1024) == 16
   assert norm_kernels.rows_block(120, 128) == 8 and norm_kernels.rows_block(7, 64) == 1
@@ -210,8 +290,17 @@ def handed_on(x, scale, bias):  # x itself beside the output, with a gradient of
     y, x_copy = norm_kernels.fused_norm(x, scale, bias, eps=1e-6, interpret=True, with_input=True)
     return jnp.sum(y * w) + jnp.sum(x_copy * w2)
 
+from seq2seq.model import dropout
+branch, key = jnp.asarray(rng.standard_normal((8, 16, 128), dtype=np.float32)), jax.random.key(5)
+
+def added(x, scale, bias):  # a post-norm's residual add: each device's dropout mask its rows' of the whole
+  with sharding.activation_mesh(mesh):
+    return jnp.sum(norm_kernels.fused_norm(x, scale, bias, eps=1e-6, interpret=True, branch_btd=branch,
+                                           branch_bias_d=bias, rate=0.25, rng=key) * w)
+
 print(error(kernel, reference), error(copies, lambda *a: reference(*a, w=w + w2)),
       error(handed_on, lambda x, *a: reference(x, *a) + jnp.sum(x * w2)),
+      error(added, lambda x, scale, bias: reference(x + dropout.dropout(branch + bias, 0.25, key), scale, bias)),
       "shard_map" in str(jax.make_jaxpr(kernel)(x, scale, bias)))
 """
 
@@ -222,7 +311,8 @@ def test_the_kernels_run_per_device_in_shard_map_on_a_data_fsdp_tensor_mesh():
   (the features whole) and the gradients of x, scale and bias equal the formula's: the scale
   and bias gradients summed over the devices that hold rows, once; with two copies of the
   output, the formula's given the sum of their gradients; with x handed on beside the output,
-  the formula's plus that copy's gradient."""
+  the formula's plus that copy's gradient; with a residual add, the formula's with the whole
+  batch's dropout mask (each device's first row of the batch given to its kernels)."""
   import os
   import subprocess
   import sys
@@ -233,22 +323,29 @@ def test_the_kernels_run_per_device_in_shard_map_on_a_data_fsdp_tensor_mesh():
   out = subprocess.run([sys.executable, "-c", ON_A_MESH], capture_output=True, text=True, timeout=300, cwd=REPO,
                        env=env)
   assert out.returncode == 0, out.stderr[-3000:]
-  error, copies_error, input_error, used_shard_map = out.stdout.split()
-  assert used_shard_map == "True" and max(float(error), float(copies_error), float(input_error)) < 1e-6
+  *errors, used_shard_map = out.stdout.split()
+  assert used_shard_map == "True" and max(map(float, errors)) < 1e-6
 
 
 def test_the_device_checks_norm_rows_compare_the_kernels_with_xla(kernels, capsys):
   """benchmarks/device_check.py's GPU check of the kernels, with them interpreted here: one row
   per norm whose output and every gradient (x, scale, bias) it compares with XLA's, all within
-  bf16 rounding, and a timing of each."""
+  bf16 rounding; one for a post-norm's residual add in the kernels against the add in XLA (the
+  same dropped elements, the same gradients: bf16, to the bit here); and a timing of each."""
   import json
 
   from conftest import benchmark
 
   benchmark("device_check").norm_rows(2, 16, 1)
   rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-  checks, timings = rows[:2], {r["timing"]: r for r in rows[2:]}
-  assert [r["case"] for r in checks] == ["norm_layernorm", "norm_rmsnorm"]
+  checks, timings = [r for r in rows if "case" in r], {r["timing"]: r for r in rows if "timing" in r}
+  added = checks.pop()
+  assert [r["case"] for r in checks] == ["norm_layernorm", "norm_rmsnorm"] and added["case"] == "norm_residual_add"
+  # the residual add in the kernels against XLA's before them: the same dropped elements, the same values
+  assert added["dropped_equal"] and 0.05 < added["dropped_fraction"] < 0.15, added
+  assert all(added[f"{name}_max_abs_err"] == 0 < added[f"{name}_max_abs"]
+             for name in ("d_residual", "d_branch", "dparams")), added
+  assert added["d_branch_bias_max_abs_err"] <= 2.0 ** -6 * added["d_branch_bias_max_abs"], added  # XLA's: a bf16 sum
   assert {k.rsplit("_max_abs", 1)[0] for k in checks[0] if k.endswith("_max_abs")} == {
       "out", "dx", "dparams[bias_d]", "dparams[scale_d]"}, checks[0]
   assert {k.rsplit("_max_abs", 1)[0] for k in checks[1] if k.endswith("_max_abs")} == {"out", "dx", "dparams[scale_d]"}
@@ -257,7 +354,8 @@ def test_the_device_checks_norm_rows_compare_the_kernels_with_xla(kernels, capsy
     for key in row:
       if key.endswith("_max_abs_err"):
         assert row[key] <= 2.0 ** -7 * row[key.replace("_err", "")], (key, row)
-  assert set(timings) == {"norm_pallas", "norm_xla"} and all(r["layernorm_fwd_bwd_ms"] > 0 for r in timings.values())
+  assert set(timings) == {"norm_pallas", "norm_xla", "residual_add_kernel", "residual_add_xla"}
+  assert all(r.get("layernorm_fwd_bwd_ms", r.get("fwd_bwd_ms")) > 0 for r in timings.values()), timings
 
 
 def test_kernels_are_checked_for_a_device_of_this_process():

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def dropout(x: jax.Array, rate: float, rng: jax.Array | None) -> jax.Array:
@@ -43,18 +44,48 @@ def keep_mask(rng: jax.Array, shape: Sequence[int], rate: float) -> jax.Array:
   Arrays of 2^32 elements or more take `jax.random.bits` instead.
   """
   rng = rng.key() if isinstance(rng, DropoutKeys) else rng
-  threshold = jnp.uint32(min(int(rate * 2**32), 2**32 - 1))
-  size = math.prod(shape)
-  if size >= 2**32:
-    return jax.random.bits(rng, tuple(shape), jnp.uint32) >= threshold
-  words = jax.random.key_data(rng).reshape(-1)
+  if math.prod(shape) >= 2**32:
+    return jax.random.bits(rng, tuple(shape), jnp.uint32) >= _threshold(rate)
+  word0, word1 = key_words(rng)
   index = jnp.zeros(shape, jnp.uint32)
   stride = 1
   for axis in reversed(range(len(shape))):
     index = index + jax.lax.broadcasted_iota(jnp.uint32, tuple(shape), axis) * jnp.uint32(stride)
     stride *= shape[axis]
-  h = _fmix32(index * jnp.uint32(_GOLDEN) ^ words[0])
-  return _fmix32(h ^ words[-1]) >= threshold
+  return hash_keep(index, word0, word1, rate)
+
+
+def _threshold(rate: float) -> jax.Array:
+  return jnp.uint32(min(int(rate * 2**32), 2**32 - 1))
+
+
+def key_words(rng) -> tuple[jax.Array, jax.Array]:
+  """The two uint32 words of a dropout key (k0, k1) that `hash_keep` mixes in."""
+  words, first, last = key_table(rng)
+  return words[first], words[last]
+
+
+def key_table(rng) -> tuple[jax.Array, int, int]:
+  """A uint32 vector that holds a dropout key's words, and where its k0 and k1 are: the whole
+  table of a `DropoutKeys` that holds the key (so that a kernel reads the key from it, where
+  slicing it out would be a kernel of its own), else the key's own words."""
+  if isinstance(rng, DropoutKeys):
+    depth = rng.depth()
+    if depth == len(rng.path):
+      table = jax.random.key_data(rng.tables[depth])
+      width = table.shape[-1]
+      first = (int(np.ravel_multi_index(rng.path, table.shape[:-1])) if rng.path else 0) * width
+      return table.reshape(-1), first, first + width - 1
+    rng = rng.key()
+  words = jax.random.key_data(rng).reshape(-1)
+  return words, 0, words.shape[0] - 1
+
+
+def hash_keep(index: jax.Array, word0: jax.Array, word1: jax.Array, rate: float) -> jax.Array:
+  """`keep_mask`'s rule for elements of global row-major `index` (uint32): also what the norm
+  kernels compute inside a Pallas kernel (seq2seq.model.norm_kernels), so both keep the same."""
+  h = _fmix32(index * jnp.uint32(_GOLDEN) ^ word0)
+  return _fmix32(h ^ word1) >= _threshold(rate)
 
 
 def fold(rng, i: int):
@@ -92,10 +123,15 @@ class DropoutKeys:
   def fold(self, i: int) -> DropoutKeys:
     return DropoutKeys(self.tables, (*self.path, i))
 
-  def key(self) -> jax.Array:
+  def depth(self) -> int:
+    """The longest prefix of the path whose key a table holds."""
     depth = min(len(self.path), len(self.tables) - 1)
     while any(i >= n for i, n in zip(self.path[:depth], self.tables[depth].shape)):
       depth -= 1
+    return depth
+
+  def key(self) -> jax.Array:
+    depth = self.depth()
     key = self.tables[depth][self.path[:depth]]
     for i in self.path[depth:]:
       key = jax.random.fold_in(key, i)

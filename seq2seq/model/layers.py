@@ -62,6 +62,11 @@ class Embed(nnx.Module):
     return tied_logits(x_btd, weight(self.embedding_vd).astype(x_btd.dtype), out_dtype)
 
 
+def biased(y: jax.Array, bias: jax.Array | None) -> jax.Array:
+  """y plus an output bias (None: y) in y's dtype."""
+  return y if bias is None else y + bias.astype(y.dtype)
+
+
 def dense(x: jax.Array, w: jax.Array, *, contract: int = 1, w_transposed: bool = False, out_dtype=None) -> jax.Array:
   """Contracts the last `contract` axes of x with w's leading ones (trailing ones when
   `w_transposed`), as one 2-D matrix product over x's flattened leading axes.
@@ -282,6 +287,19 @@ class Norm(nnx.Module):
     out = (self._xla(x_btd),) * copies + ((x_btd,) if with_input else ())
     return out if len(out) > 1 else out[0]
 
+  def add(self, residual_btd: jax.Array, branch_btd: jax.Array, *, bias_d: jax.Array | None = None, rate: float,
+          rng, copies: int = 1):
+    """self(residual + dropout(branch + bias, rate, rng), copies) (`biased`): a post-norm's
+    residual add, made inside the norm kernels where they run (`norm_kernels.adds`): the sum is
+    not written and read again, nor the branch's gradient taken through the dropout in a pass of
+    its own, nor its bias added and its gradient summed in passes of their own."""
+    if (norm_kernels.chosen(self.impl, self.kind, residual_btd.shape[-1], residual_btd.dtype)
+        and norm_kernels.adds(residual_btd.shape, rate, rng)):
+      norm_bias_d = self.bias_d[...] if self.kind == "layernorm" else None
+      return norm_kernels.fused_norm(residual_btd, self.scale_d[...], norm_bias_d, eps=self.eps, copies=copies,
+                                     branch_btd=branch_btd, branch_bias_d=bias_d, rate=rate, rng=rng)
+    return self(residual_btd + dropout(biased(branch_btd, bias_d), rate, rng), copies=copies)
+
   def _xla(self, x_btd: jax.Array) -> jax.Array:
     x = x_btd.astype(jnp.float32)
     if self.kind == "rmsnorm":
@@ -324,8 +342,12 @@ class FeedForward(nnx.Module):
     self.bi_f = param(rngs, nnx.initializers.zeros, (d_ff,), ("mlp",)) if use_bias else None
     self.bo_d = param(rngs, nnx.initializers.zeros, (d_model,), ("embed",)) if use_bias else None
 
-  def __call__(self, x_btd: jax.Array, rng: jax.Array | None) -> jax.Array:
-    dtype = x_btd.dtype
+  def output_bias(self) -> jax.Array | None:
+    """The bias added to the output (None without biases)."""
+    return None if self.bo_d is None else self.bo_d[...]
+
+  def __call__(self, x_btd: jax.Array, rng: jax.Array | None, *, out_bias: bool = True) -> jax.Array:
+    """The layer's output; without its output bias if not `out_bias` (the caller adds it)."""
     if self.bi_f is not None:
       h_btf = dense_bias(x_btd, weight(self.wi_df), self.bi_f[...])
     else:
@@ -336,6 +358,4 @@ class FeedForward(nnx.Module):
       h_btf = PLAIN[self.activation](h_btf)
     h_btf = dropout(constrain(h_btf, ("batch", "length", "mlp")), self.hidden_dropout, rng)
     y_btd = dense(h_btf, weight(self.wo_fd))
-    if self.bo_d is not None:
-      y_btd = y_btd + self.bo_d[...].astype(dtype)
-    return y_btd
+    return biased(y_btd, self.output_bias()) if out_bias else y_btd

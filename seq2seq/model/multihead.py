@@ -30,7 +30,7 @@ from seq2seq.model.attention import (
   implementation,
   single_query_attention,
 )
-from seq2seq.model.layers import dense, param, rope, weight, xavier
+from seq2seq.model.layers import biased, dense, param, rope, weight, xavier
 from seq2seq.sharding import constrain
 
 # A fused weight is [d, n, p, h] (p = 3: q, k, v; p = 2: k, v), heads before the projection
@@ -120,9 +120,10 @@ class MultiHeadAttention(nnx.Module):
     return self._rope(q_btnh, positions_bt), self._rope(k_btnh, positions_bt), v_btnh
 
   def attend(self, q_btnh, k_bsnh, v_bsnh, mask: SegmentMask | jax.Array, rng: jax.Array | None = None,
-             bias_bnts: jax.Array | None = None) -> jax.Array:
+             bias_bnts: jax.Array | None = None, *, out_bias: bool = True) -> jax.Array:
     """Attention then the output projection: [b, t, d]. `mask` and `bias_bnts` (an additive
-    bias [1 or b, n, t, s], or None) as `attention` takes them."""
+    bias [1 or b, n, t, s], or None) as `attention` takes them; without the output bias if not
+    `out_bias`."""
     if self.record_weights:  # kept as an nnx.Intermediate; see Transformer.cross_attention_weights
       mask_b1ts = mask.dense_b1ts() if isinstance(mask, SegmentMask) else mask
       ctx_btnh, weights_bnts = explicit_attention(q_btnh, k_bsnh, v_bsnh, mask_b1ts, dropout_rate=self.dropout_rate,
@@ -132,12 +133,17 @@ class MultiHeadAttention(nnx.Module):
     else:
       ctx_btnh = attention(q_btnh, k_bsnh, v_bsnh, mask, impl=self.impl, dropout_rate=self.dropout_rate, rng=rng,
                            bias_bnts=bias_bnts)
-    return self._out(ctx_btnh)
+    return self._out(ctx_btnh, out_bias)
 
-  def _out(self, ctx_btnh: jax.Array) -> jax.Array:
-    """The output projection of attention's [b, t, n, h] (or [b, n, h]): [b, t, d] (or [b, d])."""
+  def output_bias(self) -> jax.Array | None:
+    """The bias of the output projection (None without biases)."""
+    return self.bo_d[...] if self.use_bias else None
+
+  def _out(self, ctx_btnh: jax.Array, out_bias: bool = True) -> jax.Array:
+    """The output projection of attention's [b, t, n, h] (or [b, n, h]): [b, t, d] (or [b, d]),
+    its bias added if `out_bias`."""
     y_btd = dense(ctx_btnh, weight(self.wo_nhd), contract=2)
-    return y_btd + self.bo_d[...].astype(y_btd.dtype) if self.use_bias else y_btd
+    return biased(y_btd, self.output_bias()) if out_bias else y_btd
 
   def _fused_flash(self, x_btd, context_bsd, mask, rng, bias_bnts) -> jax.Array | None:
     """Attention [b, t, n, h] by the flash kernel reading q, k and v in place from the fused
@@ -170,17 +176,18 @@ class MultiHeadAttention(nnx.Module):
 
   def __call__(self, x_btd: jax.Array, context_bsd: jax.Array, mask: SegmentMask | jax.Array, *,
                positions_bt: jax.Array | None = None, context_positions_bs: jax.Array | None = None,
-               rng: jax.Array | None = None, bias_bnts: jax.Array | None = None) -> jax.Array:
+               rng: jax.Array | None = None, bias_bnts: jax.Array | None = None, out_bias: bool = True) -> jax.Array:
     """Attention of `x` over `context`; a self-attention layer takes x itself as context.
-    `bias_bnts`: an additive bias [1 or b, n, t, s] on the scores, or None."""
+    `bias_bnts`: an additive bias [1 or b, n, t, s] on the scores, or None; without the output
+    projection's bias if not `out_bias` (the caller adds it: `output_bias`)."""
     if self.self_attention and context_bsd is not x_btd:
       raise ValueError("a self-attention layer attends over its own input: pass x as the context")
     ctx_btnh = self._fused_flash(x_btd, context_bsd, mask, rng, bias_bnts)
     if ctx_btnh is not None:
-      return self._out(ctx_btnh)
+      return self._out(ctx_btnh, out_bias)
     if self.self_attention:
       q_btnh, k_bsnh, v_bsnh = self.query_key_value(x_btd, positions_bt)
     else:
       q_btnh = self.query(x_btd, positions_bt)
       k_bsnh, v_bsnh = self.key_value(context_bsd, context_positions_bs)
-    return self.attend(q_btnh, k_bsnh, v_bsnh, mask, rng, bias_bnts)
+    return self.attend(q_btnh, k_bsnh, v_bsnh, mask, rng, bias_bnts, out_bias=out_bias)

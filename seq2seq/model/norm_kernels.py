@@ -29,13 +29,17 @@ never split: seq2seq.sharding.ACTIVATION_RULES). d must be a power of two (a Tri
 from __future__ import annotations
 
 import functools
+import math
 import warnings
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import pallas as pl
 
 from seq2seq.compilation import KERNEL_IMPLEMENTATIONS, compile_problem, kernel_chosen
+from seq2seq.model import dropout
 from seq2seq.sharding import activation_spec, current_mesh
 
 try:  # the Triton backend's helpers; absent in JAX builds without Pallas GPU support
@@ -47,6 +51,10 @@ TILE = 16384  # elements of a [rows, d] tile: 32 rows of 512 features
 IMPLEMENTATIONS = KERNEL_IMPLEMENTATIONS  # config.model.norm_impl
 KINDS = ("layernorm", "rmsnorm")
 WIDTHS = (64, 128, 256, 512, 1024, 2048, 4096, 8192)  # d: a power of two, a tile whole in registers
+# Module switch, read when a step is traced: False leaves a post-norm's residual add, dropout and
+# output bias to XLA, kernels of their own around the norm's, and the backward kernel's partial sums
+# in an array each, each added up by a kernel (the `residual_apart` variant of benchmarks/device_check.py).
+ADD_IN_KERNEL = True
 
 
 def rows_block(rows: int, d: int) -> int:
@@ -61,12 +69,56 @@ def _params():
   return plgpu.CompilerParams(num_warps=8, num_stages=1) if plgpu is not None else None
 
 
-def _forward_kernel(x_ref, scale_ref, *refs, eps: float, rms: bool):
+class Add(NamedTuple):
+  """A post-norm's residual add, made in the kernels: x = residual + dropout(branch + bias, rate)
+  (`bias`: whether the branch's output bias is an operand). The dropout's words operand (uint32)
+  holds the key's two words at `word0` and `word1`, and the first row of this device's rows of
+  the batch at `first` (None: row 0)."""
+  rate: float
+  bias: bool = False
+  word0: int = 0
+  word1: int = 1
+  first: int | None = None
+
+
+def _kept(rate: float, dtype) -> float:
+  """1 - rate as `dropout.dropout` divides by it: in the array's dtype (a weakly typed constant)."""
+  return float(np.asarray(1.0 - rate, dtype=dtype))
+
+
+def _summed(refs, add: Add | None, block: int):
+  """The rows the norm takes, in f32, and the dropout's keep mask (None without one): x itself
+  (`add` None), or x = residual + dropout(branch) as `transformer.residual` computes it, each
+  operation rounded to their dtype as JAX's are (the scaled branch, then the sum), the mask
+  `dropout.hash_keep`'s over the element's global row-major index."""
+  if add is None:
+    return refs[0][...].astype(jnp.float32), None, refs[1:]
+  residual_ref, branch_ref, *refs = refs
+  branch, keep, rate = branch_ref[...], None, add.rate
+  if add.bias:  # the branch's output bias, in its dtype as `MultiHeadAttention._out` adds it
+    bias_ref, *refs = refs
+    bias = bias_ref[...].astype(branch.dtype).astype(jnp.float32)
+    branch = (branch.astype(jnp.float32) + bias[None, :]).astype(branch.dtype)
+  if rate:
+    words_ref, *refs = refs
+    first = pl.program_id(0).astype(jnp.uint32) * jnp.uint32(block)
+    if add.first is not None:
+      first = first + words_ref[add.first]
+    rows = first + jax.lax.broadcasted_iota(jnp.uint32, branch.shape, 0)
+    index = rows * jnp.uint32(branch.shape[1]) + jax.lax.broadcasted_iota(jnp.uint32, branch.shape, 1)
+    keep = dropout.hash_keep(index, words_ref[add.word0], words_ref[add.word1], rate)
+    scaled = (branch.astype(jnp.float32) / _kept(rate, branch.dtype)).astype(branch.dtype)
+    branch = jnp.where(keep, scaled, jnp.zeros_like(scaled))
+  x = (residual_ref[...].astype(jnp.float32) + branch.astype(jnp.float32)).astype(residual_ref.dtype)
+  return x.astype(jnp.float32), keep, refs
+
+
+def _forward_kernel(*refs, eps: float, rms: bool, add: Add | None, block: int):
+  x, _, refs = _summed(refs, add, block)
   if rms:
-    y_ref, rstd_ref = refs
+    scale_ref, y_ref, rstd_ref = refs
   else:
-    bias_ref, y_ref, mean_ref, rstd_ref = refs
-  x = x_ref[...].astype(jnp.float32)
+    scale_ref, bias_ref, y_ref, mean_ref, rstd_ref = refs
   if not rms:
     mean = jnp.mean(x, axis=1)
     x = x - mean[:, None]
@@ -79,113 +131,184 @@ def _forward_kernel(x_ref, scale_ref, *refs, eps: float, rms: bool):
   rstd_ref[...] = rstd
 
 
-def _backward_kernel(x_ref, *refs, rms: bool, cotangents: int, with_input: bool):
+def _backward_kernel(*refs, rms: bool, cotangents: int, with_input: bool, add: Add | None, block: int):
+  x, keep, refs = _summed(refs, add, block)
   dy_refs, refs = refs[:cotangents], refs[cotangents:]
   dx_in_ref, (scale_ref, *refs) = (refs[0], refs[1:]) if with_input else (None, refs)
   if rms:
-    rstd_ref, dx_ref, dscale_ref = refs
+    rstd_ref, dx_ref, *refs = refs
   else:
-    mean_ref, rstd_ref, dx_ref, dscale_ref, dbias_ref = refs
-  x, dy = x_ref[...].astype(jnp.float32), dy_refs[0][...].astype(jnp.float32)
+    mean_ref, rstd_ref, dx_ref, *refs = refs
+  dbranch_ref, sums_refs = (refs[0], refs[1:]) if add is not None else (None, refs)
+  sums = []  # the block's partial sums: the scale's, the bias's, the branch bias's gradient
+  dy = dy_refs[0][...].astype(jnp.float32)
   for more_ref in dy_refs[1:]:  # the gradients of the output's other copies, added as they are read
     dy = dy + more_ref[...].astype(jnp.float32)
   rstd = rstd_ref[...][:, None]
   x_hat = (x if rms else x - mean_ref[...][:, None]) * rstd
   g = dy * scale_ref[...].astype(jnp.float32)[None, :]
   dx = g - x_hat * jnp.mean(g * x_hat, axis=1)[:, None]
+  sums.append(jnp.sum(dy * x_hat, axis=0))
   if not rms:
     dx = dx - jnp.mean(g, axis=1)[:, None]
-    dbias_ref[...] = jnp.sum(dy, axis=0)[None, :]
+    sums.append(jnp.sum(dy, axis=0))
   dx = dx * rstd
   if with_input:  # the gradient of x's copy handed on beside the output (the residual path's)
     dx = dx + dx_in_ref[...].astype(jnp.float32)
-  dx_ref[...] = dx.astype(dx_ref.dtype)
-  dscale_ref[...] = jnp.sum(dy * x_hat, axis=0)[None, :]
+  dx = dx.astype(dx_ref.dtype)
+  dx_ref[...] = dx
+  if dbranch_ref is not None:  # the residual's gradient is dx; the branch's, dx through the dropout
+    if keep is not None:
+      scaled = (dx.astype(jnp.float32) / _kept(add.rate, dx.dtype)).astype(dx.dtype)
+      dx = jnp.where(keep, scaled, jnp.zeros_like(scaled))
+    dbranch_ref[...] = dx
+    if add.bias:
+      sums.append(jnp.sum(dx.astype(jnp.float32), axis=0))
+  if len(sums_refs) == 1:  # rows of one array (then zeros to a power of two): one XLA reduction adds them up
+    for row in range(sums_refs[0].shape[0]):
+      sums_refs[0][row:row + 1, :] = (sums[row] if row < len(sums) else jnp.zeros_like(sums[0]))[None, :]
+  else:  # an array each (ADD_IN_KERNEL off, as before)
+    for ref, value in zip(sums_refs, sums):
+      ref[...] = value[None, :]
 
 
 def _specs(d: int, block: int):
   tile = pl.BlockSpec((block, d), lambda i: (i, 0))
   stat = pl.BlockSpec((block,), lambda i: (i,))
   vector = pl.BlockSpec((d,), lambda i: (0,))
-  partial = pl.BlockSpec((1, d), lambda i: (i, 0))
-  return tile, stat, vector, partial
+  return tile, stat, vector
 
 
-def _forward(x, scale, bias, eps: float, interpret: bool):
-  rows, d = x.shape
+def _inputs(xs: tuple, add: Add | None, tile, vector):
+  """The kernels' first operands and their specs: x, or residual and branch (and the branch's
+  bias; and the dropout's words, read whole by every program, with a rate)."""
+  specs = [tile] * (1 if add is None else 2)
+  if add is not None and add.bias:
+    specs.append(vector)
+  if add is not None and add.rate:
+    specs.append(pl.BlockSpec(xs[len(specs)].shape, lambda i: (0,)))
+  return list(xs[:len(specs)]), specs
+
+
+def _forward(xs: tuple, scale, bias, eps: float, interpret: bool, add: Add | None):
+  rows, d = xs[0].shape
   block = rows_block(rows, d)
-  tile, stat, vector, _ = _specs(d, block)
+  tile, stat, vector = _specs(d, block)
   rms = bias is None
   stats = 1 if rms else 2
+  operands, specs = _inputs(xs, add, tile, vector)
   return pl.pallas_call(
-      functools.partial(_forward_kernel, eps=eps, rms=rms), grid=(rows // block,),
-      in_specs=[tile, vector] + ([] if rms else [vector]),
+      functools.partial(_forward_kernel, eps=eps, rms=rms, add=add, block=block), grid=(rows // block,),
+      in_specs=specs + [vector] + ([] if rms else [vector]),
       out_specs=[tile] + [stat] * stats,
-      out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype)] + [jax.ShapeDtypeStruct((rows,), jnp.float32)] * stats,
+      out_shape=[jax.ShapeDtypeStruct(xs[0].shape, xs[0].dtype)] +
+      [jax.ShapeDtypeStruct((rows,), jnp.float32)] * stats,
       compiler_params=_params(), interpret=interpret, name="seq2seq_norm_fwd",
-  )(x, scale, *(() if rms else (bias,)))
+  )(*operands, scale, *(() if rms else (bias,)))
 
 
-def _backward(x, dys, dx_in, scale, stats, rms: bool, interpret: bool):
-  rows, d = x.shape
+def _backward(xs: tuple, dys, dx_in, scale, stats, rms: bool, interpret: bool, add: Add | None):
+  rows, d = xs[0].shape
   block = rows_block(rows, d)
-  tile, stat, vector, partial = _specs(d, block)
-  sums = 1 if rms else 2
+  tile, stat, vector = _specs(d, block)
+  sums = (1 if rms else 2) + (add is not None and add.bias)
+  rows_of_sums = 1 << (sums - 1).bit_length()  # a power of two: a Triton block
+  arrays = 1 if ADD_IN_KERNEL else sums  # the partial sums in one array, or an array each
   dx_in = () if dx_in is None else (dx_in,)
+  operands, specs = _inputs(xs, add, tile, vector)
+  grads = 1 if add is None else 2  # dx; or the residual's and the branch's
   out = pl.pallas_call(
-      functools.partial(_backward_kernel, rms=rms, cotangents=len(dys), with_input=bool(dx_in)),
+      functools.partial(_backward_kernel, rms=rms, cotangents=len(dys), with_input=bool(dx_in), add=add,
+                        block=block),
       grid=(rows // block,),
-      in_specs=[tile] * (1 + len(dys) + len(dx_in)) + [vector] + [stat] * len(stats),
-      out_specs=[tile] + [partial] * sums,
-      out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype)] +
-      [jax.ShapeDtypeStruct((rows // block, d), jnp.float32)] * sums,
+      in_specs=specs + [tile] * (len(dys) + len(dx_in)) + [vector] + [stat] * len(stats),
+      out_specs=[tile] * grads + ([pl.BlockSpec((rows_of_sums, d), lambda i: (i, 0))] if arrays == 1 else
+                                  [pl.BlockSpec((1, d), lambda i: (i, 0))] * sums),
+      out_shape=[jax.ShapeDtypeStruct(xs[0].shape, xs[0].dtype)] * grads +
+      [jax.ShapeDtypeStruct((rows // block * (rows_of_sums if arrays == 1 else 1), d), jnp.float32)] * arrays,
       compiler_params=_params(), interpret=interpret, name="seq2seq_norm_bwd",
-  )(x, *dys, *dx_in, scale, *stats)
-  return out[0], [jnp.sum(p, axis=0) for p in out[1:]]
+  )(*operands, *dys, *dx_in, scale, *stats)
+  if arrays > 1:
+    return out[:grads], [jnp.sum(p, axis=0) for p in out[grads:]]
+  total = jnp.sum(out[grads].reshape(rows // block, rows_of_sums, d), axis=0)
+  return out[:grads], [total[row] for row in range(sums)]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
-def _norm(x, scale, bias, eps: float, interpret: bool, copies: int, with_input: bool):
-  return (_forward(x, scale, bias, eps, interpret)[0],) * copies + ((x,) if with_input else ())
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7, 8))
+def _norm(xs, words, scale, bias, eps: float, interpret: bool, copies: int, with_input: bool, add: Add | None):
+  """xs: (x,), or (residual, branch) with `add` (and the branch's bias); `words`, the dropout's."""
+  y = _forward(xs + words, scale, bias, eps, interpret, add)[0]
+  return (y,) * copies + ((xs[0],) if with_input else ())
 
 
-def _norm_fwd(x, scale, bias, eps, interpret, copies, with_input):
-  y, *stats = _forward(x, scale, bias, eps, interpret)
-  return (y,) * copies + ((x,) if with_input else ()), (x, scale, bias, tuple(stats))
+def _norm_fwd(xs, words, scale, bias, eps, interpret, copies, with_input, add):
+  y, *stats = _forward(xs + words, scale, bias, eps, interpret, add)
+  return (y,) * copies + ((xs[0],) if with_input else ()), (xs, words, scale, bias, tuple(stats))
 
 
-def _norm_bwd(eps, interpret, copies, with_input, residuals, cotangents):
-  x, scale, bias, stats = residuals
+def _norm_bwd(eps, interpret, copies, with_input, add, residuals, cotangents):
+  xs, words, scale, bias, stats = residuals
   dx_in = cotangents[copies] if with_input else None
-  dx, sums = _backward(x, cotangents[:copies], dx_in, scale, stats, bias is None, interpret)
-  return dx, sums[0].astype(scale.dtype), None if bias is None else sums[1].astype(bias.dtype)
+  dxs, sums = _backward(xs + words, cotangents[:copies], dx_in, scale, stats, bias is None, interpret, add)
+  if add is not None and add.bias:  # the branch's bias: its gradient the last of the sums
+    dxs, sums = (*dxs, sums[-1].astype(xs[2].dtype)), sums[:-1]
+  return (tuple(dxs), tuple(None for _ in words), sums[0].astype(scale.dtype),
+          None if bias is None else sums[1].astype(bias.dtype))
 
 
 _norm.defvjp(_norm_fwd, _norm_bwd)
 
 
+def adds(shape: tuple[int, ...], rate: float, rng) -> bool:
+  """Whether the kernels can take a post-norm's residual add, x = residual + dropout(branch) of
+  this shape: a dropout mask of the hash (`dropout.keep_mask` draws bits for arrays of 2^32
+  elements or more). ADD_IN_KERNEL off: never (the add in XLA, as before)."""
+  return ADD_IN_KERNEL and (rng is None or rate == 0.0 or math.prod(shape) < 2**32)
+
+
 def fused_norm(x_btd: jax.Array, scale_d: jax.Array, bias_d: jax.Array | None = None, *, eps: float,
-               interpret: bool = False, copies: int = 1, with_input: bool = False):
+               interpret: bool = False, copies: int = 1, with_input: bool = False,
+               branch_btd: jax.Array | None = None, branch_bias_d: jax.Array | None = None, rate: float = 0.0,
+               rng=None):
   """LayerNorm (with `bias_d`) or RMSNorm (without) over the last axis, statistics in f32, the
   result in x's dtype: what `seq2seq.model.layers.Norm` computes, in the kernels above; a tuple
-  of `copies` references to it if `copies` > 1, and x itself after them if `with_input`. Inside
-  the train step's mesh, per device on its rows."""
+  of `copies` references to it if `copies` > 1, and x itself after them if `with_input`. With
+  `branch_btd`, the norm of x + dropout(branch + branch_bias, rate, rng) (`adds` says where it
+  applies), the sum made inside the kernels (a post-norm's residual add). Inside the train step's
+  mesh, per device on its rows."""
+  if branch_btd is not None and with_input:
+    raise ValueError("fused_norm adds a branch for a post-norm only (with_input is a pre-norm's)")
   bias, outputs = () if bias_d is None else (bias_d,), copies + with_input
+  add, words = None, ()
+  if branch_btd is not None:
+    add = Add(rate if rng is not None else 0.0, bias=branch_bias_d is not None)
+    if add.rate:
+      table, word0, word1 = dropout.key_table(rng)
+      add, words = add._replace(word0=word0, word1=word1), (table,)
+  xs = (x_btd,) if branch_btd is None else (x_btd, branch_btd) + (() if branch_bias_d is None else (branch_bias_d,))
+  mesh = current_mesh()
+  sharded = mesh is not None and mesh.size > 1
+  spec = activation_spec(("batch",) + ("length",) * (x_btd.ndim - 2) + ("embed",), x_btd.shape, mesh) \
+      if sharded else None
 
-  def local(x, scale, *bias):
-    rows = x.reshape(-1, x.shape[-1])
-    out = tuple(y.reshape(x.shape)
-                for y in _norm(rows, scale, bias[0] if bias else None, eps, interpret, copies, with_input))
+  def local(xs, words, scale, *bias):
+    rows, local_add = tuple(x.reshape(-1, x.shape[-1]) for x in xs[:2]) + xs[2:], add
+    if words and sharded and spec[0] is not None:  # the first row of this device's rows of the batch
+      first = (jax.lax.axis_index(spec[0]) * rows[0].shape[0]).astype(jnp.uint32)
+      words, local_add = (jnp.concatenate([words[0], first[None]]),), add._replace(first=words[0].shape[0])
+    out = tuple(y.reshape(xs[0].shape)
+                for y in _norm(rows, words, scale, bias[0] if bias else None, eps, interpret, copies, with_input,
+                               local_add))
     return out if outputs > 1 else out[0]
 
-  mesh = current_mesh()
-  if mesh is None or mesh.size == 1:
-    return local(x_btd, scale_d, *bias)
-  spec = activation_spec(("batch",) + ("length",) * (x_btd.ndim - 2) + ("embed",), x_btd.shape, mesh)
+  if not sharded:
+    return local(xs, words, scale_d, *bias)
   vector = jax.sharding.PartitionSpec(None)
-  return jax.shard_map(local, mesh=mesh, in_specs=(spec, vector) + (vector,) * len(bias),
+  return jax.shard_map(local, mesh=mesh, in_specs=((spec,) * min(len(xs), 2) + (vector,) * (len(xs) > 2),
+                                                   (vector,) * len(words), vector) +
+                       (vector,) * len(bias),
                        out_specs=(spec,) * outputs if outputs > 1 else spec,
-                       check_vma=False)(x_btd, scale_d, *bias)
+                       check_vma=False)(xs, words, scale_d, *bias)
 
 
 def blockers(*, platform: str, kind: str, d_model: int) -> list[str]:

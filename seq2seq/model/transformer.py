@@ -38,6 +38,7 @@ from seq2seq.model.layers import (
   LearnedPositions,
   Norm,
   RelativePositionBias,
+  biased,
   dense,
   param,
   sinusoidal,
@@ -103,14 +104,16 @@ def joined(x_btd) -> jax.Array:
   return x_btd.residual if isinstance(x_btd, Fork) else x_btd
 
 
-def residual(x_btd, sublayer, norm: Norm, *, pre: bool, rate: float, rng):
-  """Pre-norm: x + drop(f(norm(x))). Post-norm: norm(x + drop(f(x))), as a `Fork`. The
-  residual stream is split over the batch only (`sharding.ACTIVATION_RULES`)."""
+def residual(x_btd, sublayer, norm: Norm, *, pre: bool, rate: float, rng, bias=None):
+  """Pre-norm: x + drop(f(norm(x))). Post-norm: norm(x + drop(f(x))), as a `Fork`. f is
+  `sublayer` plus its output `bias` (None: f is `sublayer`), added here, where a post-norm's
+  kernels add it (`Norm.add`). The residual stream is split over the batch only
+  (`sharding.ACTIVATION_RULES`)."""
   if pre:  # x handed on through the norm too: its two gradients meet in the norm's backward
     h_btd, x_btd = norm(x_btd, with_input=True)
-    return constrain(x_btd + dropout(sublayer(h_btd), rate, rng), RESIDUAL)
+    return constrain(x_btd + dropout(biased(sublayer(h_btd), bias), rate, rng), RESIDUAL)
   x = x_btd if isinstance(x_btd, Fork) else Fork(x_btd, x_btd)
-  y_btd = norm(x.residual + dropout(sublayer(x.sublayer), rate, rng), copies=2)
+  y_btd = norm.add(x.residual, sublayer(x.sublayer), bias_d=bias, rate=rate, rng=rng, copies=2)
   return Fork(*(constrain(y, RESIDUAL) for y in y_btd))
 
 
@@ -126,10 +129,12 @@ class EncoderLayer(nnx.Module):
   def __call__(self, x_bsd, mask: SegmentMask, positions_bs, rng, bias_bnss=None):
     def attn(h_bsd):
       return self.self_attn(h_bsd, h_bsd, mask, positions_bt=positions_bs, context_positions_bs=positions_bs,
-                            rng=fold(rng, 0), bias_bnts=bias_bnss)
-    x_bsd = residual(x_bsd, attn, self.attn_norm, pre=self.pre, rate=self.rate, rng=fold(rng, 1))
-    ffn = lambda h_bsd: self.ffn(h_bsd, fold(rng, 2))
-    return residual(x_bsd, ffn, self.ffn_norm, pre=self.pre, rate=self.rate, rng=fold(rng, 3))
+                            rng=fold(rng, 0), bias_bnts=bias_bnss, out_bias=False)
+    x_bsd = residual(x_bsd, attn, self.attn_norm, pre=self.pre, rate=self.rate, rng=fold(rng, 1),
+                     bias=self.self_attn.output_bias())
+    ffn = lambda h_bsd: self.ffn(h_bsd, fold(rng, 2), out_bias=False)
+    return residual(x_bsd, ffn, self.ffn_norm, pre=self.pre, rate=self.rate, rng=fold(rng, 3),
+                    bias=self.ffn.output_bias())
 
 
 class DecoderLayer(nnx.Module):
@@ -142,19 +147,21 @@ class DecoderLayer(nnx.Module):
     self.self_norm, self.cross_norm, self.ffn_norm = _norm(cfg, rngs), _norm(cfg, rngs), _norm(cfg, rngs)
     self.pre, self.rate = cfg.norm_position == "pre", cfg.dropout_rate
 
-  def _cross_and_ffn(self, y_btd, cross, rng):
-    y_btd = residual(y_btd, cross, self.cross_norm, pre=self.pre, rate=self.rate, rng=fold(rng, 3))
-    ffn = lambda h_btd: self.ffn(h_btd, fold(rng, 4))
-    return residual(y_btd, ffn, self.ffn_norm, pre=self.pre, rate=self.rate, rng=fold(rng, 5))
+  def _cross_and_ffn(self, y_btd, cross, rng, cross_bias=None):
+    y_btd = residual(y_btd, cross, self.cross_norm, pre=self.pre, rate=self.rate, rng=fold(rng, 3), bias=cross_bias)
+    ffn = lambda h_btd: self.ffn(h_btd, fold(rng, 4), out_bias=False)
+    return residual(y_btd, ffn, self.ffn_norm, pre=self.pre, rate=self.rate, rng=fold(rng, 5),
+                    bias=self.ffn.output_bias())
 
   def __call__(self, y_btd, self_mask: SegmentMask, positions_bt, enc_bsd, cross_mask: SegmentMask, rng,
                self_bias_bntt=None):
     def self_attn(h_btd):
       return self.self_attn(h_btd, h_btd, self_mask, positions_bt=positions_bt, context_positions_bs=positions_bt,
-                            rng=fold(rng, 0), bias_bnts=self_bias_bntt)
-    y_btd = residual(y_btd, self_attn, self.self_norm, pre=self.pre, rate=self.rate, rng=fold(rng, 1))
-    cross = lambda h_btd: self.cross_attn(h_btd, enc_bsd, cross_mask, rng=fold(rng, 2))
-    return self._cross_and_ffn(y_btd, cross, rng)
+                            rng=fold(rng, 0), bias_bnts=self_bias_bntt, out_bias=False)
+    y_btd = residual(y_btd, self_attn, self.self_norm, pre=self.pre, rate=self.rate, rng=fold(rng, 1),
+                     bias=self.self_attn.output_bias())
+    cross = lambda h_btd: self.cross_attn(h_btd, enc_bsd, cross_mask, rng=fold(rng, 2), out_bias=False)
+    return self._cross_and_ffn(y_btd, cross, rng, cross_bias=self.cross_attn.output_bias())
 
   def step(self, y_b1d, positions_b1, self_kv: dict, cross_kv: dict, index, cross_mask_bs, self_bias_nl=None):
     """One decoding position: writes this token's key/value into `self_kv` at `index`; returns
