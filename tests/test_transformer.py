@@ -176,9 +176,9 @@ def test_residual_blocks_are_their_formulas_to_the_bit():
   keys = [jax.random.key(1), jax.random.key(2)]
 
   def forked(x, w1, w2):
-    y = transformer.residual(x, lambda h: jnp.tanh(h @ w1), norms[0], pre=False, rate=0.3, rng=keys[0])
+    y = transformer.residual(x, lambda h, _: jnp.tanh(h @ w1), norms[0], pre=False, rate=0.3, rng=keys[0])
     assert isinstance(y, transformer.Fork)
-    y = transformer.residual(y, lambda h: jnp.tanh(h @ w2), norms[1], pre=False, rate=0.3, rng=keys[1])
+    y = transformer.residual(y, lambda h, _: jnp.tanh(h @ w2), norms[1], pre=False, rate=0.3, rng=keys[1])
     return jnp.sum(transformer.joined(y) ** 2)
 
   def formula(x, w1, w2):
@@ -193,7 +193,7 @@ def test_residual_blocks_are_their_formulas_to_the_bit():
 
   def pre_blocks(x, w1, w2):  # pre-norm: x handed on through the norm (with_input)
     for norm, w, key in zip(norms, (w1, w2), keys):
-      x = transformer.residual(x, lambda h, w=w: jnp.tanh(h @ w), norm, pre=True, rate=0.3, rng=key)
+      x = transformer.residual(x, lambda h, _, w=w: jnp.tanh(h @ w), norm, pre=True, rate=0.3, rng=key)
     return jnp.sum(x ** 2)
 
   def pre_formula(x, w1, w2):

@@ -287,14 +287,18 @@ class Norm(nnx.Module):
     out = (self._xla(x_btd),) * copies + ((x_btd,) if with_input else ())
     return out if len(out) > 1 else out[0]
 
+  def adds(self, residual_btd: jax.Array, *, rate: float, rng) -> bool:
+    """Whether `add` makes the residual add inside the norm kernels (GPUs)."""
+    return (norm_kernels.chosen(self.impl, self.kind, residual_btd.shape[-1], residual_btd.dtype)
+            and norm_kernels.adds(residual_btd.shape, rate, rng))
+
   def add(self, residual_btd: jax.Array, branch_btd: jax.Array, *, bias_d: jax.Array | None = None, rate: float,
           rng, copies: int = 1):
     """self(residual + dropout(branch + bias, rate, rng), copies) (`biased`): a post-norm's
     residual add, made inside the norm kernels where they run (`norm_kernels.adds`): the sum is
     not written and read again, nor the branch's gradient taken through the dropout in a pass of
     its own, nor its bias added and its gradient summed in passes of their own."""
-    if (norm_kernels.chosen(self.impl, self.kind, residual_btd.shape[-1], residual_btd.dtype)
-        and norm_kernels.adds(residual_btd.shape, rate, rng)):
+    if self.adds(residual_btd, rate=rate, rng=rng):
       norm_bias_d = self.bias_d[...] if self.kind == "layernorm" else None
       return norm_kernels.fused_norm(residual_btd, self.scale_d[...], norm_bias_d, eps=self.eps, copies=copies,
                                      branch_btd=branch_btd, branch_bias_d=bias_d, rate=rate, rng=rng)

@@ -169,10 +169,11 @@ class MultiHeadAttention(nnx.Module):
     q_bias, v_bias = (b.astype(x_btd.dtype) for b in biases) if biases else (None, None)
     return fused_flash_attention(arrays, layout, mask, q_bias_nh=q_bias, v_bias_nh=v_bias)
 
-  def attend_cached(self, q_bnh, k_bnsh, v_bnsh, mask_bns, bias_ns: jax.Array | None = None) -> jax.Array:
+  def attend_cached(self, q_bnh, k_bnsh, v_bnsh, mask_bns, bias_ns: jax.Array | None = None, *,
+                    out_bias: bool = True) -> jax.Array:
     """`attend` for one decoding position over a heads-first cache: [b, d]. `bias_ns`: the
     additive bias [n, s] of this position's query over the cached keys, or None."""
-    return self._out(single_query_attention(q_bnh, k_bnsh, v_bnsh, mask_bns, bias_ns))
+    return self._out(single_query_attention(q_bnh, k_bnsh, v_bnsh, mask_bns, bias_ns), out_bias)
 
   def __call__(self, x_btd: jax.Array, context_bsd: jax.Array, mask: SegmentMask | jax.Array, *,
                positions_bt: jax.Array | None = None, context_positions_bs: jax.Array | None = None,

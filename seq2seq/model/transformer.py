@@ -38,7 +38,6 @@ from seq2seq.model.layers import (
   LearnedPositions,
   Norm,
   RelativePositionBias,
-  biased,
   dense,
   param,
   sinusoidal,
@@ -105,15 +104,17 @@ def joined(x_btd) -> jax.Array:
 
 
 def residual(x_btd, sublayer, norm: Norm, *, pre: bool, rate: float, rng, bias=None):
-  """Pre-norm: x + drop(f(norm(x))). Post-norm: norm(x + drop(f(x))), as a `Fork`. f is
-  `sublayer` plus its output `bias` (None: f is `sublayer`), added here, where a post-norm's
-  kernels add it (`Norm.add`). The residual stream is split over the batch only
-  (`sharding.ACTIVATION_RULES`)."""
+  """Pre-norm: x + drop(f(norm(x))). Post-norm: norm(x + drop(f(x))), as a `Fork`.
+  `sublayer(h, out_bias)` is f, or f less its output `bias` if not `out_bias`: where a
+  post-norm's kernels make the add (`Norm.adds`), they add the bias. The residual stream is
+  split over the batch only (`sharding.ACTIVATION_RULES`)."""
   if pre:  # x handed on through the norm too: its two gradients meet in the norm's backward
     h_btd, x_btd = norm(x_btd, with_input=True)
-    return constrain(x_btd + dropout(biased(sublayer(h_btd), bias), rate, rng), RESIDUAL)
+    return constrain(x_btd + dropout(sublayer(h_btd, True), rate, rng), RESIDUAL)
   x = x_btd if isinstance(x_btd, Fork) else Fork(x_btd, x_btd)
-  y_btd = norm.add(x.residual, sublayer(x.sublayer), bias_d=bias, rate=rate, rng=rng, copies=2)
+  in_kernels = bias is not None and norm.adds(x.residual, rate=rate, rng=rng)
+  y_btd = norm.add(x.residual, sublayer(x.sublayer, not in_kernels), bias_d=bias if in_kernels else None, rate=rate,
+                   rng=rng, copies=2)
   return Fork(*(constrain(y, RESIDUAL) for y in y_btd))
 
 
@@ -127,12 +128,12 @@ class EncoderLayer(nnx.Module):
     self.pre, self.rate = cfg.norm_position == "pre", cfg.dropout_rate
 
   def __call__(self, x_bsd, mask: SegmentMask, positions_bs, rng, bias_bnss=None):
-    def attn(h_bsd):
+    def attn(h_bsd, out_bias):
       return self.self_attn(h_bsd, h_bsd, mask, positions_bt=positions_bs, context_positions_bs=positions_bs,
-                            rng=fold(rng, 0), bias_bnts=bias_bnss, out_bias=False)
+                            rng=fold(rng, 0), bias_bnts=bias_bnss, out_bias=out_bias)
     x_bsd = residual(x_bsd, attn, self.attn_norm, pre=self.pre, rate=self.rate, rng=fold(rng, 1),
                      bias=self.self_attn.output_bias())
-    ffn = lambda h_bsd: self.ffn(h_bsd, fold(rng, 2), out_bias=False)
+    ffn = lambda h_bsd, out_bias: self.ffn(h_bsd, fold(rng, 2), out_bias=out_bias)
     return residual(x_bsd, ffn, self.ffn_norm, pre=self.pre, rate=self.rate, rng=fold(rng, 3),
                     bias=self.ffn.output_bias())
 
@@ -149,18 +150,18 @@ class DecoderLayer(nnx.Module):
 
   def _cross_and_ffn(self, y_btd, cross, rng, cross_bias=None):
     y_btd = residual(y_btd, cross, self.cross_norm, pre=self.pre, rate=self.rate, rng=fold(rng, 3), bias=cross_bias)
-    ffn = lambda h_btd: self.ffn(h_btd, fold(rng, 4), out_bias=False)
+    ffn = lambda h_btd, out_bias: self.ffn(h_btd, fold(rng, 4), out_bias=out_bias)
     return residual(y_btd, ffn, self.ffn_norm, pre=self.pre, rate=self.rate, rng=fold(rng, 5),
                     bias=self.ffn.output_bias())
 
   def __call__(self, y_btd, self_mask: SegmentMask, positions_bt, enc_bsd, cross_mask: SegmentMask, rng,
                self_bias_bntt=None):
-    def self_attn(h_btd):
+    def self_attn(h_btd, out_bias):
       return self.self_attn(h_btd, h_btd, self_mask, positions_bt=positions_bt, context_positions_bs=positions_bt,
-                            rng=fold(rng, 0), bias_bnts=self_bias_bntt, out_bias=False)
+                            rng=fold(rng, 0), bias_bnts=self_bias_bntt, out_bias=out_bias)
     y_btd = residual(y_btd, self_attn, self.self_norm, pre=self.pre, rate=self.rate, rng=fold(rng, 1),
                      bias=self.self_attn.output_bias())
-    cross = lambda h_btd: self.cross_attn(h_btd, enc_bsd, cross_mask, rng=fold(rng, 2), out_bias=False)
+    cross = lambda h_btd, out_bias: self.cross_attn(h_btd, enc_bsd, cross_mask, rng=fold(rng, 2), out_bias=out_bias)
     return self._cross_and_ffn(y_btd, cross, rng, cross_bias=self.cross_attn.output_bias())
 
   def step(self, y_b1d, positions_b1, self_kv: dict, cross_kv: dict, index, cross_mask_bs, self_bias_nl=None):
@@ -169,20 +170,21 @@ class DecoderLayer(nnx.Module):
     `self_bias_nl` is the relative bias of position `index` over cache positions, or None."""
     new_kv = dict(self_kv)
 
-    def self_attn(h_b1d):
+    def self_attn(h_b1d, out_bias):
       q_b1nh, k_b1nh, v_b1nh = self.self_attn.query_key_value(h_b1d, positions_b1)
       q_bnh = q_b1nh[:, 0]
       for name, x_b1nh in (("k", k_b1nh), ("v", v_b1nh)):
         x_bn1h = jnp.swapaxes(x_b1nh, 1, 2).astype(self_kv[name].dtype)
         new_kv[name] = jax.lax.dynamic_update_slice(self_kv[name], x_bn1h, (0, 0, index, 0))
       mask_11l = (jnp.arange(self_kv["k"].shape[2]) <= index)[None, None, :]
-      return self.self_attn.attend_cached(q_bnh, new_kv["k"], new_kv["v"], mask_11l, self_bias_nl)[:, None]
+      return self.self_attn.attend_cached(q_bnh, new_kv["k"], new_kv["v"], mask_11l, self_bias_nl, out_bias=out_bias)[:, None]
 
     y_b1d = residual(y_b1d, self_attn, self.self_norm, pre=self.pre, rate=self.rate, rng=None)
 
-    def cross(h_b1d):
+    def cross(h_b1d, out_bias):
       q_bnh = self.cross_attn.query(h_b1d)[:, 0]
-      return self.cross_attn.attend_cached(q_bnh, cross_kv["k"], cross_kv["v"], cross_mask_bs[:, None, :])[:, None]
+      return self.cross_attn.attend_cached(q_bnh, cross_kv["k"], cross_kv["v"], cross_mask_bs[:, None, :],
+                                           out_bias=out_bias)[:, None]
 
     return self._cross_and_ffn(y_b1d, cross, None), new_kv
 
