@@ -27,7 +27,7 @@ minutes, written to one JSON (benchmarks/results/device_check_<device>.json):
   python benchmarks/device_check.py --flax_models=PATH/models.py   # one GPU, ~7 minutes
   python benchmarks/device_check.py --sections=profile,variants --profile_dir=DIR  # ~6 minutes
   python benchmarks/device_check.py --sections=flash,variants,variants_big,profile_after --budget_s=570 \
-    --variants=flash_backward_64,loss_in_xla,logits_bfloat16,no_bias,ffn_bias_apart,flash_sums_apart,xla_norms,flash_sliced
+    --variants=flash_backward_64,loss_in_xla,residual_apart,logits_bfloat16,no_bias,ffn_bias_apart,flash_sums_apart,xla_norms
   python benchmarks/device_check.py --smoke --out=/tmp/check.json  # CPU: tiny config, ~1.5 minutes
 
 Sections run in this order (the most wanted figures first), each in its own process (none
@@ -353,6 +353,58 @@ def norm_rows(rows: int, length: int, repeats: int) -> None:
     graphdef, state = nnx.split(Norm("layernorm", 512, impl=impl, rngs=nnx.Rngs(0)))
     step = jax.jit(lambda x, state, g=graphdef: jax.vjp(lambda x, s: nnx.merge(g, s)(x), x, state)[1](dy))
     _print_timing(f"norm_{impl}", list(x.shape), "layernorm_fwd_bwd_ms", step, x, state, repeats=repeats)
+  residual_add_rows(x, dy, repeats)
+
+
+def residual_add_rows(residual, dy, repeats: int, rate: float = 0.1) -> None:
+  """Prints JSON lines: a post-norm's residual add, the branch's bias and dropout made in the norm
+  kernels (`Norm.add`, norm_kernels.ADD_IN_KERNEL) against the same in XLA before the kernels, on
+  this GPU in bf16: the gradients of residual, branch, its bias and the norm's parameters, and
+  whether the same elements were dropped (the kernel's hash in Triton against XLA's); then each
+  one's forward+backward time."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from flax import nnx
+
+  from seq2seq.model import norm_kernels
+  from seq2seq.model.layers import Norm
+
+  rng = np.random.default_rng(1)
+  branch = jnp.asarray(rng.standard_normal(residual.shape), residual.dtype)
+  bias = jnp.asarray(0.3 * rng.standard_normal(residual.shape[-1]), jnp.float32)
+  graphdef, state = nnx.split(Norm("layernorm", residual.shape[-1], impl="pallas", rngs=nnx.Rngs(0)))
+  key = jax.random.key(2)
+  steps, outs = {}, {}
+
+  def add(r, b, bias, s):
+    return nnx.merge(graphdef, s).add(r, b, bias_d=bias, rate=rate, rng=key)
+  for fused in (True, False):  # the switch is read when the step is traced: each traced under its own
+    norm_kernels.ADD_IN_KERNEL = fused
+    try:
+      step = jax.jit(lambda *args: jax.vjp(add, *args)[1](dy))
+      steps[fused], outs[fused] = step, jax.block_until_ready(step(residual, branch, bias, state))
+    except Exception as err:  # noqa: BLE001  (a record, not a failure)
+      outs[fused] = f"{type(err).__name__}: {err}"[:2000]
+    finally:
+      norm_kernels.ADD_IN_KERNEL = True
+  if all(not isinstance(o, str) for o in outs.values()):
+    row = {"dtype": "bfloat16", "case": "norm_residual_add", "rate": rate}
+    got, want = outs[True], outs[False]
+    row["dropped_equal"] = bool(jnp.all((got[1] == 0) == (want[1] == 0)))
+    row["dropped_fraction"] = float(jnp.mean(want[1] == 0))
+    for name, a, b in zip(("d_residual", "d_branch", "d_branch_bias", "dparams"), got, want):
+      for a, b in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+        row[f"{name}_max_abs_err"] = max(row.get(f"{name}_max_abs_err", 0.0), float(np.max(np.abs(a - b))))
+        row[f"{name}_max_abs"] = max(row.get(f"{name}_max_abs", 0.0), float(np.max(np.abs(b))))
+  else:
+    row = {"dtype": "bfloat16", "case": "norm_residual_add", "error": " / ".join(o for o in outs.values()
+                                                                              if isinstance(o, str))}
+  print(json.dumps(row), flush=True)
+  for fused, step in steps.items():
+    _print_timing(f"residual_add_{'kernel' if fused else 'xla'}", list(residual.shape), "fwd_bwd_ms", step,
+                  residual, branch, bias, state, repeats=repeats)
 
 
 def loss_rows(rows: int, length: int, repeats: int, vocab: int = 37000, d: int = 512) -> None:
@@ -541,6 +593,7 @@ UNDO = {
     "norm_per_leaf": ("seq2seq.training.optimizer", "GROUPED_NORM"),  # the gradient norm a reduction a parameter
     "dropout_keys_apart": ("seq2seq.model.transformer", "DROPOUT_KEYS_AT_ONCE"),  # a fold_in kernel a dropout key
     "loss_in_xla": ("seq2seq.training.loss_kernel", "AUTO"),  # the loss's statistics and gradient in XLA's two passes
+    "residual_apart": ("seq2seq.model.norm_kernels", "ADD_IN_KERNEL"),  # a post-norm's residual add in XLA's kernel
 }
 
 
@@ -566,24 +619,31 @@ VARIANTS = {  # in the order they run: the likeliest gains first
     "flash_sliced": Variant(FLASH, undo=("flash_sliced",)),
     # LayerNorm as XLA fuses it, as before the Pallas norm kernels (seq2seq/model/norm_kernels.py); the
     # step as it was then, so the later changes undone too (the FFN's bias, the flash backward's sums, the
-    # gradient norm, the dropout keys)
+    # gradient norm, the dropout keys, the loss, the residual adds)
     "xla_norms": Variant(("model.norm_impl=xla",), undo=since("bias_apart")),
     # the FFN's first bias added to its rounded matmul in a pass of its own, as before layers.dense_bias
     # (and, as then, the flash backward's sums in XLA, the gradient norm a reduction a parameter, the
-    # dropout keys a fold each)
+    # dropout keys a fold each, the loss and the residual adds in XLA)
     "ffn_bias_apart": Variant(undo=since("bias_apart")),
     # the flash backward's delta = rowsum(dO * O) and its biases' gradients summed by XLA from the arrays
-    # (and, as then, the gradient norm a reduction a parameter, the dropout keys a fold each)
+    # (and, as then, the gradient norm a reduction a parameter, the dropout keys a fold each, the loss and
+    # the residual adds in XLA)
     "flash_sums_apart": Variant(FLASH, undo=since("sums_apart")),
     # the gradient's global norm summed a parameter at a time (optax.tree.norm), as before
-    # optimizer.global_norm summed it by groups of one shape (and, as then, the dropout keys a fold each)
+    # optimizer.global_norm summed it by groups of one shape (and, as then, the dropout keys a fold each,
+    # the loss and the residual adds in XLA)
     "norm_per_leaf": Variant(undo=since("norm_per_leaf")),
     # each dropout key derived by its own fold_in, as before dropout.DropoutKeys derived them at once
-    # (the same keys: only the kernels differ)
+    # (the same keys: only the kernels differ; and, as then, the loss and the residual adds in XLA)
     "dropout_keys_apart": Variant(undo=since("dropout_keys_apart")),
     # the loss's statistics and its gradient in XLA, the logits read in the forward and again in the
-    # backward pass, as before seq2seq/training/loss_kernel.py read them once
+    # backward pass, as before seq2seq/training/loss_kernel.py read them once (and the residual adds in XLA)
     "loss_in_xla": Variant(undo=since("loss_in_xla")),
+    # a post-norm's residual add, dropout and output bias in XLA's kernels around the norm kernels, as
+    # before seq2seq/model/norm_kernels.py made them (the norm's input written and read again, the
+    # branch's gradient through the dropout a pass over the norm's, the bias's gradient summed apart),
+    # and the norm backward's partial sums an array each
+    "residual_apart": Variant(undo=since("residual_apart")),
     # the backward kernels at tiles of 64 with 8 warps: the tiling where Triton gives all three
     # kernels Hopper's HGMMA without spilling (benchmarks/triton_kernels.py; the default's are HMMA)
     "flash_backward_64": Variant(FLASH, flash_blocks="dkdv=64x64,dq=64x64,backward_warps=8", group="flash"),

@@ -134,7 +134,8 @@ def step_kernels(config, tilings: list, shape: tuple[int, int, int], device) -> 
   """(tiling's spec, kernel) of the flash kernels at each of `tilings` (seq2seq.model.flash.Blocks):
   forward and both gradients of self-attention (the encoder's, and the decoder's, causal: read
   in place from the fused projection) and of cross-attention; then ("", kernel) of the norm kernels, forward and
-  gradient, as the config's blocks hand their norms on, and of the loss kernel on the config's logits. At the
+  gradient, as the config's blocks hand their norms on (post-norm: with the residual add), and of the loss
+  kernel on the config's logits. At the
   step's shape, for `device`."""
   import jax
   import jax.numpy as jnp
@@ -159,12 +160,17 @@ def step_kernels(config, tilings: list, shape: tuple[int, int, int], device) -> 
       return jnp.sum(out.astype(jnp.float32))
     return jax.grad(loss)
 
-  # a post-norm's output feeds two uses (transformer.Fork); a pre-norm hands x on beside it
-  copies, with_input = (2, False) if model.norm_position == "post" else (1, True)
+  # a post-norm's output feeds two uses (transformer.Fork) and its kernels make the residual add
+  # (Norm.add: the branch, its bias, dropout); a pre-norm hands x on beside it
+  post = model.norm_position == "post"
+  copies, with_input = (2, False) if post else (1, True)
+  key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, **placed)
 
-  def norm_loss(x, scale, bias):
+  def norm_loss(x, scale, bias, branch, branch_bias, key):
+    added = {"branch_btd": branch, "branch_bias_d": branch_bias if model.use_bias else None,
+             "rate": model.dropout_rate, "rng": key} if post else {}
     outs = norm_kernels.fused_norm(x, scale, None if model.norm == "rmsnorm" else bias, eps=model.norm_eps,
-                                   copies=copies, with_input=with_input)
+                                   copies=copies, with_input=with_input, **added)
     return sum(jnp.sum(o.astype(jnp.float32) * (i + 1)) for i, o in enumerate(outs))
 
   found = []
@@ -178,8 +184,10 @@ def step_kernels(config, tilings: list, shape: tuple[int, int, int], device) -> 
                                                               problem)]
       found += [(blocks.spec(), k) for k in lowered_kernels(attention_grad(flash.CROSS, False, blocks), cross_args,
                                                             "cross")]
-    norm_args = (array(rows, t, d), array(d, kind=jnp.float32), array(d, kind=jnp.float32))
-    found += [("", k) for k in lowered_kernels(jax.grad(norm_loss, argnums=(0, 1)), norm_args, model.norm)]
+    norm_args = (array(rows, t, d), array(d, kind=jnp.float32), array(d, kind=jnp.float32), array(rows, t, d),
+                 array(d, kind=jnp.float32), key)
+    found += [("", k) for k in lowered_kernels(jax.grad(norm_loss, argnums=(0, 1)), norm_args,
+                                               model.norm + (" + residual" if post else ""))]
     loss_args = (array(rows, t, model.vocab_size, kind=jnp.dtype(model.logits_dtype)), segments(t),
                  array(rows, t, kind=jnp.float32))  # logits, labels, weights
     found += [("", k) for k in lowered_kernels(functools.partial(loss_kernel.stats_and_grad, eps=0.1,

@@ -76,7 +76,7 @@ def test_device_check_smoke_writes_every_section(real_data_dir, tmp_path):
   flash_checks = [row for row in sections["flash"]["checks"] if not row["case"].startswith(("norm_", "loss_"))]
   assert all("interpret mode" in row["error"] for row in flash_checks) and flash_checks  # the kernels need a GPU
   norm_checks = [row for row in sections["flash"]["checks"] if row["case"].startswith("norm_")]
-  assert [row["case"] for row in norm_checks] == ["norm_layernorm", "norm_rmsnorm"]
+  assert [row["case"] for row in norm_checks] == ["norm_layernorm", "norm_rmsnorm", "norm_residual_add"]
   assert all("norm_impl='pallas' cannot run here" in row["error"] for row in norm_checks)
   timing = sections["flash"]["timing"]  # XLA's attention at the step's rows and target length; the kernel needs a GPU
   assert timing["xla"]["shape"] == [8, 32, 8, 64] and timing["xla"]["causal_packed_fwd_bwd_ms"] > 0, timing
@@ -265,7 +265,7 @@ def test_the_profile_and_variants_sections_table_a_cpu_trace_and_time_each_chang
   assert big["combined"]["members"] == ["logits_bfloat16", "adam_mu_bfloat16", "norm_per_leaf"]
   # An undo variant's switch reached the child (--undo), as the child's module held it.
   assert big["combined"]["switches"] == {"optimizer.GROUPED_NORM": False, "transformer.DROPOUT_KEYS_AT_ONCE": False,
-                                        "loss_kernel.AUTO": False}, big["combined"]
+                                        "loss_kernel.AUTO": False, "norm_kernels.ADD_IN_KERNEL": False}, big["combined"]
   assert big["combined"]["config"] == {"model.logits_dtype": "bfloat16", "train.adam_mu_dtype": "bfloat16"}
   assert set(check["summary"]["big_mfu"]) == {"baseline", "combined"}
   # the "after" profile traces the winners of this call's variants (on a CPU, likely none)
@@ -306,16 +306,18 @@ def test_the_undo_variants_reach_the_switches_of_their_child(monkeypatch):
     assert {other: getattr(modules[other], switch) for other, (_, switch) in device_check.UNDO.items()} == {
         other: other != name for other in device_check.UNDO}
   variants = device_check.VARIANTS
-  later = ("norm_per_leaf", "dropout_keys_apart", "loss_in_xla")  # the changes after the flash backward's sums
+  later = ("norm_per_leaf", "dropout_keys_apart", "loss_in_xla", "residual_apart")  # after the flash backward's sums
   assert variants["ffn_bias_apart"].undo == variants["xla_norms"].undo == ("bias_apart", "sums_apart", *later)
   assert variants["flash_sums_apart"].undo == ("sums_apart", *later) and variants["norm_per_leaf"].undo == later
-  assert variants["dropout_keys_apart"].undo == ("dropout_keys_apart", "loss_in_xla")
-  assert variants["loss_in_xla"].undo == ("loss_in_xla",)
+  assert variants["dropout_keys_apart"].undo == ("dropout_keys_apart", "loss_in_xla", "residual_apart")
+  assert variants["loss_in_xla"].undo == ("loss_in_xla", "residual_apart")
+  assert variants["residual_apart"].undo == ("residual_apart",)
   assert variants["flash_sliced"].undo == ("flash_sliced",)
   assert device_check.union(["logits_bfloat16", "dropout_keys_apart", "flash_sums_apart"]).undo == (
-      "dropout_keys_apart", "loss_in_xla", "sums_apart", "norm_per_leaf")
+      "dropout_keys_apart", "loss_in_xla", "residual_apart", "sums_apart", "norm_per_leaf")
   assert device_check.union(["logits_bfloat16", "no_bias"]).undo == ()
-  assert variants["norm_per_leaf"].switches() == {"norm_per_leaf": True, "dropout_keys_apart": True, "loss_in_xla": True}
+  assert variants["norm_per_leaf"].switches() == {"norm_per_leaf": True, "dropout_keys_apart": True, "loss_in_xla": True,
+                                                  "residual_apart": True}
 
 
 def test_every_variants_xla_flags_are_flags_this_xla_knows():

@@ -313,8 +313,13 @@ def test_the_train_step_compiles_for_an_h100_on_this_cpu(tmp_path):
   launches = lambda table: {c: v["launches"] for c, v in table["by_category"].items()}
   ours, theirs = launches(row["table"]), launches(loss_xla["table"])
   assert sum(ours.values()) < sum(theirs.values()) and set(ours) == set(theirs)
-  assert {c for c in ours if ours[c] != theirs[c]} <= {"loss and logits (softmax, casts)", "matmul"}, (ours, theirs)
+  assert {c for c in ours if ours[c] != theirs[c]} <= {"loss and logits (softmax, casts)", "matmul", "optimizer"}, (
+      ours, theirs)
   assert row["table"]["matmul_tflop_per_step"] == loss_xla["table"]["matmul_tflop_per_step"]
+  # loss_in_xla also undoes the change after it (norm_kernels.ADD_IN_KERNEL): tiny is pre-norm, so no
+  # residual add goes into its norm kernels, but each norm backward's partial sums (the scale's and the
+  # bias's) come in one array, whose slices XLA's optimizer kernels take in fewer kernels
+  assert ours["optimizer"] < theirs["optimizer"] and loss_xla["residual_apart"]
 
 
 def _launches_apart_from(before: dict, after: dict) -> str:
