@@ -10,8 +10,8 @@ keeps; backward, the scale's gradient (a sum over tokens of dy * x_hat) and the 
 Here each program takes a block of rows whole (the feature axis, d, in one tile):
 - forward: y = (x - mean) * rstd * scale + bias, writing y and the rows' mean and rstd (f32);
 - backward: from x, dy and those statistics, dx = rstd (g - mean(g) - x_hat mean(g x_hat)),
-  g = dy * scale, and each block's partial sums of dy * x_hat and dy (f32 [blocks, d]), which
-  one small XLA reduction adds up. RMSNorm: no mean, no bias, dx = rstd (g - x_hat mean(g x_hat)).
+  g = dy * scale, and each block's partial sums of dy * x_hat and dy (f32, rows of one array),
+  which one small XLA reduction adds up. RMSNorm: no mean, no bias, dx = rstd (g - x_hat mean(g x_hat)).
 - `copies`: the output returned that many times, as a post-norm's is (transformer.Fork: the
   residual path and the next sublayer's input). Their gradients come in apart and the backward
   kernel adds them as it reads them: JAX would add them first in an XLA kernel of its own, which
@@ -19,6 +19,12 @@ Here each program takes a block of rows whole (the feature axis, d, in one tile)
   about 75 MB and a launch, 28 a step).
 - `with_input`: x returned beside the output, for a pre-norm's residual path: the backward
   kernel adds that copy's gradient to dx as it writes it, where JAX would add the two after it.
+- `branch_btd` (`Add`; `layers.Norm.add`): a post-norm's residual add made by the kernels,
+  x = residual + dropout(branch + bias), the mask `dropout.hash_keep`'s. XLA wrote that sum (75 MB
+  a block) for the norm to read, and took the branch's gradient through the dropout and summed it
+  for the bias in passes of their own; forward, the kernel computes the sum and never writes it;
+  backward, it computes it again and writes the residual's and the branch's gradients and the
+  bias's partial sums.
 
 Rows are [tokens, d] of the activations ([b, t, d] flattened); inside a train step's mesh the
 call runs per device in `jax.shard_map` over the batch (the residual stream's features are
