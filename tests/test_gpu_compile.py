@@ -341,19 +341,20 @@ def test_the_dropout_keys_derived_at_once_take_a_kernel_a_depth_not_one_a_fold(t
   if not compiler:
     pytest.skip("XLA's GPU compiler is not installed (SEQ2SEQ_GPU_COMPILER; .ci/run installs it)")
   out = _gpu_compile("--target=h100", "--config=configs/wmt14_base.py", "--shape=4x64x64", f"--hlo_dir={tmp_path}",
-                     "--set=data.vocab_size=1024", "--variants=baseline,dropout_keys_apart",
+                     "--set=data.vocab_size=1024", "--variants=loss_in_xla,dropout_keys_apart",
                      f"--out={tmp_path / 'r.json'}", compiler=compiler)
   assert out.returncode == 0, out.stderr[-3000:]
   variants = json.loads((tmp_path / "r.json").read_text())["variants"]
-  assert variants["dropout_keys_apart"]["dropout_keys_apart"] and "dropout_keys_apart" not in variants["baseline"]
+  # loss_in_xla: the step right after the keys came at once (the changes since undone by both)
+  assert variants["dropout_keys_apart"]["dropout_keys_apart"] and "dropout_keys_apart" not in variants["loss_in_xla"]
 
   def folds(name):  # the step's kernels that compute fold_in
     entry = (tmp_path / f"{name}.hlo.txt").read_text().split("\nENTRY", 1)[1]
     return sum(" fusion(" in line and "threefry_fold_in" in line for line in entry.splitlines())
 
-  assert folds("baseline") <= 5 and folds("dropout_keys_apart") >= 60
+  assert folds("loss_in_xla") <= 5 and folds("dropout_keys_apart") >= 60
   launches = {n: {c: v["launches"] for c, v in row["table"]["by_category"].items()} for n, row in variants.items()}
-  apart, at_once = launches["dropout_keys_apart"], launches["baseline"]
+  apart, at_once = launches["dropout_keys_apart"], launches["loss_in_xla"]
   assert set(apart) == set(at_once) and all(at_once[c] <= apart[c] for c in apart), (apart, at_once)
   assert apart["dropout"] - at_once["dropout"] >= 55
 
@@ -361,8 +362,10 @@ def test_the_dropout_keys_derived_at_once_take_a_kernel_a_depth_not_one_a_fold(t
 @pytest.mark.slow
 def test_a_post_norm_step_compiled_for_an_h100_adds_each_norms_two_gradients_in_its_kernel(tmp_path):
   """tiny made post-norm, compiled for an H100: every norm's backward kernel takes the gradients
-  of both copies of its output (transformer.Fork) as operands of its own, x, dy twice, scale,
-  mean and rstd, so that no XLA kernel adds them first."""
+  of both copies of its output (transformer.Fork) as operands of its own, so that no XLA kernel
+  adds them first, and makes the block's residual add itself (Norm.add): residual, the sublayer's
+  output and its bias, the dropout's key words, dy twice, scale, mean and rstd; no XLA kernel of
+  the residual adds' line is left."""
   compiler = _compiler()
   if not compiler:
     pytest.skip("XLA's GPU compiler is not installed (SEQ2SEQ_GPU_COMPILER; .ci/run installs it)")
@@ -377,7 +380,10 @@ def test_a_post_norm_step_compiled_for_an_h100_adds_each_norms_two_gradients_in_
            if 'custom_call_target="__gpu$xla.gpu.triton"' in line and "(seq2seq_norm_bwd)" in line]
   cfg = tiny.get_config().model
   assert len(calls) == 2 * cfg.num_encoder_layers + 3 * cfg.num_decoder_layers  # post-norm: no final norms
-  assert all(len(re.search(r"custom-call\(([^)]*)\)", line).group(1).split(",")) == 6 for line in calls)
+  operands = 2 + cfg.use_bias + (cfg.dropout_rate > 0) + 2 + 3
+  assert all(len(re.search(r"custom-call\(([^)]*)\)", line).group(1).split(",")) == operands for line in calls)
+  assert "residual adds" not in json.loads((tmp_path / "r.json").read_text())["variants"]["baseline"]["table"][
+      "by_category"]
 
 
 def test_a_step_without_cudnns_call_says_its_attention_is_xla():
