@@ -164,16 +164,18 @@ def test_a_transformer_with_the_kernels_equals_one_without(kernels, kind, positi
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize("keys", ["key", "table"])
-def test_the_kernels_add_the_residual_and_its_dropout(dtype, keys):
-  """A post-norm's residual add in the kernels (`branch_btd`, `branch_bias_d`) against the add
-  in XLA before the kernels (`layers.biased`, `dropout.dropout`: the same key, given alone or
-  read from a `DropoutKeys` table): the same elements dropped (the branch's gradient is zero
-  exactly there, about 10% of them); in bf16 the output and the gradients of residual and branch
-  equal to the bit (each operation rounded as JAX rounds it: the biased branch, the scaled
-  branch, the sum, the branch's gradient), the branch bias's the f32 sum of that gradient (XLA
-  sums it in bf16: 2% off here), the scale's and bias's to f32 rounding (the blocks' f32 partial
-  sums added up in another order); in f32 all to f32 rounding (XLA's CPU compiles the interpreted
-  kernels' arithmetic its own way)."""
+@pytest.mark.parametrize("position", ["post", "pre"])
+def test_the_kernels_add_the_residual_and_its_dropout(dtype, keys, position):
+  """A residual add in the kernels (`branch_btd`, `branch_bias_d`) against the add in XLA before
+  the kernels (`layers.biased`, `dropout.dropout`: the same key, given alone or read from a
+  `DropoutKeys` table): a post-norm's (the output twice) and a pre-norm's (`with_input`: the
+  output and the sum, which the forward kernel writes and the backward kernel reads back). The
+  same elements dropped (the branch's gradient is zero exactly there, about 10% of them); in bf16
+  the outputs (the sum too) and the gradients of residual and branch equal to the bit (each
+  operation rounded as JAX rounds it: the biased branch, the scaled branch, the sum, the branch's
+  gradient), the branch bias's the f32 sum of that gradient (XLA sums it in bf16: 2% off here),
+  the scale's and bias's to f32 rounding (the blocks' f32 partial sums added up in another order);
+  in f32 all to f32 rounding (XLA's CPU compiles the interpreted kernels' arithmetic its own way)."""
   from seq2seq.model import dropout as drop
   from seq2seq.model.layers import biased
 
@@ -184,20 +186,25 @@ def test_the_kernels_add_the_residual_and_its_dropout(dtype, keys):
   scale, bias, branch_bias = (jnp.asarray(1.0 + 0.3 * rng.standard_normal(128, dtype=np.float32)) for _ in range(3))
   key = jax.random.key(3)
   key = drop.DropoutKeys.derive(key, (3, 4)).fold(2).fold(1) if keys == "table" else key
-  norm = functools.partial(norm_kernels.fused_norm, eps=1e-6, interpret=True, copies=2)
+  handed_on = {"copies": 2} if position == "post" else {"with_input": True}
+  norm = functools.partial(norm_kernels.fused_norm, eps=1e-6, interpret=True, **handed_on)
 
-  def loss(y1, y2):
+  def outputs(residual, branch, branch_bias, scale, bias, kernel: bool):
+    if kernel:
+      return norm(residual, scale, bias, branch_btd=branch, branch_bias_d=branch_bias, rate=0.1, rng=key)
+    return norm(residual + drop.dropout(biased(branch, branch_bias), 0.1, key), scale, bias)  # XLA's add
+
+  def loss(*args, kernel: bool):
+    y1, y2 = outputs(*args, kernel=kernel)
     return jnp.sum(y1.astype(jnp.float32) * w1) + jnp.sum(y2.astype(jnp.float32) * w2)
 
-  def apart(residual, branch, branch_bias, scale, bias):  # the step before: XLA's add, then the kernels
-    return loss(*norm(residual + drop.dropout(biased(branch, branch_bias), 0.1, key), scale, bias))
-
-  def kernel(residual, branch, branch_bias, scale, bias):
-    return loss(*norm(residual, scale, bias, branch_btd=branch, branch_bias_d=branch_bias, rate=0.1, rng=key))
-
   args = (residual, branch, branch_bias, scale, bias)
-  want = jax.value_and_grad(apart, argnums=(0, 1, 2, 3, 4))(*args)
-  got = jax.value_and_grad(kernel, argnums=(0, 1, 2, 3, 4))(*args)
+  for got, want in zip(outputs(*args, kernel=True), outputs(*args, kernel=False)):
+    assert got.dtype == want.dtype
+    (np.testing.assert_array_equal if dtype == jnp.bfloat16 else functools.partial(
+        np.testing.assert_allclose, rtol=0, atol=2e-6 * float(jnp.max(jnp.abs(want)))))(got, want)
+  want = jax.value_and_grad(functools.partial(loss, kernel=False), argnums=(0, 1, 2, 3, 4))(*args)
+  got = jax.value_and_grad(functools.partial(loss, kernel=True), argnums=(0, 1, 2, 3, 4))(*args)
   dropped = ~drop.keep_mask(key, shape, 0.1)
   assert 0.07 < float(dropped.mean()) < 0.13 and bool(jnp.all((got[1][1] == 0) == dropped))
   for i, (g, w) in enumerate(zip((got[0], *got[1]), (want[0], *want[1]))):
@@ -210,17 +217,23 @@ def test_the_kernels_add_the_residual_and_its_dropout(dtype, keys):
       np.testing.assert_allclose(g, w, rtol=0, atol=2e-6 * float(jnp.max(jnp.abs(w))))
 
 
-def test_a_post_norm_transformer_with_dropout_adds_its_residuals_in_the_kernels(kernels, monkeypatch):
-  """Training with dropout (post-norm, f32): the logits and every gradient with the residual
-  adds (and the sublayers' output biases) in the kernels equal those of the XLA formula, the same
-  dropout masks; every residual block's add went into the kernels, and none with the switch off."""
-  adds = []
-  forward = norm_kernels._forward
+@pytest.mark.parametrize("position", ["post", "pre"])
+def test_a_transformer_with_dropout_adds_its_residuals_in_the_kernels(kernels, position, monkeypatch):
+  """Training with dropout (f32): the logits and every gradient with the residual adds (and the
+  sublayers' output biases) in the kernels equal those of the XLA formula, the same dropout masks.
+  Post-norm: every block's add went into its norm's kernels. Pre-norm: every block's add but the
+  stack's last went into the next block's norm, which wrote the sum and whose backward kernel read
+  it back (not residual and branch), and the last into the stack's final norm; the first norm of a
+  stack took the embeddings alone. None with the switches off."""
+  adds, reads = [], []
+  forward, backward = norm_kernels._forward, norm_kernels._backward
   monkeypatch.setattr(norm_kernels, "_forward", lambda xs, *a: adds.append(len(xs)) or forward(xs, *a))
+  monkeypatch.setattr(norm_kernels, "_backward", lambda xs, dys, dx_in, *a: reads.append((len(xs), dx_in is not None))
+                      or backward(xs, dys, dx_in, *a))
 
   def run(impl):
     cfg = ModelConfig(vocab_size=41, d_model=64, num_heads=4, num_encoder_layers=2, num_decoder_layers=2, d_ff=96,
-                      max_len=32, dropout_rate=0.3, norm="layernorm", norm_position="post", norm_impl=impl)
+                      max_len=32, dropout_rate=0.3, norm="layernorm", norm_position=position, norm_impl=impl)
     graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
     src = jnp.array([[5, 6, 7, 8, 9, 10, 0, 0], [11, 12, 13, 14, 15, 16, 17, 18]])
     tgt = jnp.array([[1, 20, 21, 22, 23, 24, 25, 0], [1, 26, 27, 28, 0, 0, 0, 0]])
@@ -231,15 +244,23 @@ def test_a_post_norm_transformer_with_dropout_adds_its_residuals_in_the_kernels(
     (_, logits), grads = jax.value_and_grad(loss, has_aux=True)(params)
     return logits, dict(nnx.to_flat_state(grads))
   (want, want_grads), (got, got_grads) = run("xla"), run("auto")
-  assert adds == [4] * (2 * 2 + 3 * 2)  # residual, branch, its bias and the dropout's words, every block
+  blocks = 2 * 2 + 3 * 2
+  # operands: residual, branch, its bias and the dropout's words; 1: x alone; 2: a pre-norm's sum and the words
+  if position == "post":
+    assert adds == [4] * blocks and reads == [(4, False)] * blocks
+  else:  # the stacks' first norms take x, the next ones the block before's add, the final norms the last
+    assert adds == [1, 4, 4, 4, 4] + [1] + [4] * 6
+    assert sorted(reads) == sorted([(1, True)] * 2 + [(2, True)] * (blocks - 2) + [(4, False)] * 2)
   np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * float(jnp.max(jnp.abs(want))))
   for name, g in want_grads.items():
     np.testing.assert_allclose(got_grads[name][...], g[...], rtol=0, atol=1e-5 * float(jnp.max(jnp.abs(g[...]))) + 1e-9,
                                err_msg=str(name))
-  adds.clear()
-  monkeypatch.setattr(norm_kernels, "ADD_IN_KERNEL", False)
-  np.testing.assert_allclose(run("auto")[0], got, rtol=0, atol=1e-5 * float(jnp.max(jnp.abs(got))))  # adds in XLA
-  assert adds == [1] * (2 * 2 + 3 * 2)
+  for switch in ("PRE_ADD_IN_KERNEL",) * (position == "pre") + ("ADD_IN_KERNEL",):
+    adds.clear()
+    with monkeypatch.context() as off:
+      off.setattr(norm_kernels, switch, False)
+      np.testing.assert_allclose(run("auto")[0], got, rtol=0, atol=1e-5 * float(jnp.max(jnp.abs(got))))  # adds in XLA
+    assert adds == [1] * (blocks + 2 * (position == "pre"))
 
 
 def test_rows_come_in_power_of_two_blocks_that_divide_them():
@@ -307,9 +328,19 @@ def added(x, scale, bias):  # a post-norm's residual add: each device's dropout 
     return jnp.sum(norm_kernels.fused_norm(x, scale, bias, eps=1e-6, interpret=True, branch_btd=branch,
                                            branch_bias_d=bias, rate=0.25, rng=key) * w)
 
+def added_pre(x, scale, bias):  # a pre-norm's: the sum handed on beside the output
+  with sharding.activation_mesh(mesh):
+    y, summed = norm_kernels.fused_norm(x, scale, bias, eps=1e-6, interpret=True, with_input=True, branch_btd=branch,
+                                        branch_bias_d=bias, rate=0.25, rng=key)
+    return jnp.sum(y * w) + jnp.sum(summed * w2)
+
+def added_reference(x, scale, bias, handed_on=False):
+  summed = x + dropout.dropout(branch + bias, 0.25, key)
+  return reference(summed, scale, bias) + (jnp.sum(summed * w2) if handed_on else 0.0)
+
 print(error(kernel, reference), error(copies, lambda *a: reference(*a, w=w + w2)),
       error(handed_on, lambda x, *a: reference(x, *a) + jnp.sum(x * w2)),
-      error(added, lambda x, scale, bias: reference(x + dropout.dropout(branch + bias, 0.25, key), scale, bias)),
+      error(added, added_reference), error(added_pre, lambda *a: added_reference(*a, handed_on=True)),
       "shard_map" in str(jax.make_jaxpr(kernel)(x, scale, bias)))
 """
 
@@ -320,8 +351,9 @@ def test_the_kernels_run_per_device_in_shard_map_on_a_data_fsdp_tensor_mesh():
   (the features whole) and the gradients of x, scale and bias equal the formula's: the scale
   and bias gradients summed over the devices that hold rows, once; with two copies of the
   output, the formula's given the sum of their gradients; with x handed on beside the output,
-  the formula's plus that copy's gradient; with a residual add, the formula's with the whole
-  batch's dropout mask (each device's first row of the batch given to its kernels)."""
+  the formula's plus that copy's gradient; with a residual add, a post-norm's or a pre-norm's (the
+  sum handed on), the formula's with the whole batch's dropout mask (each device's first row of the
+  batch given to its kernels)."""
   import os
   import subprocess
   import sys

@@ -287,22 +287,24 @@ class Norm(nnx.Module):
     out = (self._xla(x_btd),) * copies + ((x_btd,) if with_input else ())
     return out if len(out) > 1 else out[0]
 
-  def adds(self, residual_btd: jax.Array, *, rate: float, rng) -> bool:
-    """Whether `add` makes the residual add inside the norm kernels (GPUs)."""
+  def adds(self, residual_btd: jax.Array, *, rate: float, rng, pre: bool = False) -> bool:
+    """Whether `add` makes the residual add inside the norm kernels (GPUs; `pre`: a pre-norm's)."""
     return (norm_kernels.chosen(self.impl, self.kind, residual_btd.shape[-1], residual_btd.dtype)
-            and norm_kernels.adds(residual_btd.shape, rate, rng))
+            and norm_kernels.adds(residual_btd.shape, rate, rng, pre=pre))
 
   def add(self, residual_btd: jax.Array, branch_btd: jax.Array, *, bias_d: jax.Array | None = None, rate: float,
-          rng, copies: int = 1):
-    """self(residual + dropout(branch + bias, rate, rng), copies) (`biased`): a post-norm's
-    residual add, made inside the norm kernels where they run (`norm_kernels.adds`): the sum is
-    not written and read again, nor the branch's gradient taken through the dropout in a pass of
-    its own, nor its bias added and its gradient summed in passes of their own."""
-    if self.adds(residual_btd, rate=rate, rng=rng):
+          rng, copies: int = 1, with_input: bool = False):
+    """self(x, copies, with_input) of x = residual + dropout(branch + bias, rate, rng) (`biased`):
+    a residual add, made inside the norm kernels where they run (`norm_kernels.adds`): the sum is
+    not read again (a post-norm's is not written either; `with_input`, a pre-norm's, hands it on),
+    nor the branch's gradient taken through the dropout in a pass of its own, nor its bias added
+    and its gradient summed in passes of their own."""
+    if self.adds(residual_btd, rate=rate, rng=rng, pre=with_input):
       norm_bias_d = self.bias_d[...] if self.kind == "layernorm" else None
       return norm_kernels.fused_norm(residual_btd, self.scale_d[...], norm_bias_d, eps=self.eps, copies=copies,
-                                     branch_btd=branch_btd, branch_bias_d=bias_d, rate=rate, rng=rng)
-    return self(residual_btd + dropout(biased(branch_btd, bias_d), rate, rng), copies=copies)
+                                     with_input=with_input, branch_btd=branch_btd, branch_bias_d=bias_d, rate=rate,
+                                     rng=rng)
+    return self(residual_btd + dropout(biased(branch_btd, bias_d), rate, rng), copies=copies, with_input=with_input)
 
   def _xla(self, x_btd: jax.Array) -> jax.Array:
     x = x_btd.astype(jnp.float32)

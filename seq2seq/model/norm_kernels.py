@@ -19,12 +19,16 @@ Here each program takes a block of rows whole (the feature axis, d, in one tile)
   about 75 MB and a launch, 28 a step).
 - `with_input`: x returned beside the output, for a pre-norm's residual path: the backward
   kernel adds that copy's gradient to dx as it writes it, where JAX would add the two after it.
-- `branch_btd` (`Add`; `layers.Norm.add`): a post-norm's residual add made by the kernels,
+- `branch_btd` (`Add`; `layers.Norm.add`): a residual add made by the kernels,
   x = residual + dropout(branch + bias), the mask `dropout.hash_keep`'s. XLA wrote that sum (75 MB
   a block) for the norm to read, and took the branch's gradient through the dropout and summed it
-  for the bias in passes of their own; forward, the kernel computes the sum and never writes it;
-  backward, it computes it again and writes the residual's and the branch's gradients and the
-  bias's partial sums.
+  for the bias in passes of their own. A post-norm's: forward, the kernel computes the sum and never
+  writes it; backward, it computes it again and writes the residual's and the branch's gradients
+  and the bias's partial sums. A pre-norm's (with `with_input`: the add that ends one block, made by
+  the next block's norm, or by the stack's final norm without it): the sum is the residual stream,
+  so the forward kernel writes it beside the output, and the backward kernel reads it back (one
+  array where recomputing it would read two), adds the residual path's gradient and writes the
+  same gradients and sums.
 
 Rows are [tokens, d] of the activations ([b, t, d] flattened); inside a train step's mesh the
 call runs per device in `jax.shard_map` over the batch (the residual stream's features are
@@ -57,10 +61,12 @@ TILE = 16384  # elements of a [rows, d] tile: 32 rows of 512 features
 IMPLEMENTATIONS = KERNEL_IMPLEMENTATIONS  # config.model.norm_impl
 KINDS = ("layernorm", "rmsnorm")
 WIDTHS = (64, 128, 256, 512, 1024, 2048, 4096, 8192)  # d: a power of two, a tile whole in registers
-# Module switch, read when a step is traced: False leaves a post-norm's residual add, dropout and
-# output bias to XLA, kernels of their own around the norm's, and the backward kernel's partial sums
-# in an array each, each added up by a kernel (the `residual_apart` variant of benchmarks/device_check.py).
+# Module switches, read when a step is traced. ADD_IN_KERNEL False leaves a post-norm's residual add,
+# dropout and output bias to XLA, kernels of their own around the norm's, and the backward kernel's
+# partial sums in an array each, each added up by a kernel (the `residual_apart` variant of
+# benchmarks/device_check.py); PRE_ADD_IN_KERNEL False, a pre-norm's (`pre_add_apart`).
 ADD_IN_KERNEL = True
+PRE_ADD_IN_KERNEL = True
 
 
 def rows_block(rows: int, d: int) -> int:
@@ -76,15 +82,17 @@ def _params():
 
 
 class Add(NamedTuple):
-  """A post-norm's residual add, made in the kernels: x = residual + dropout(branch + bias, rate)
-  (`bias`: whether the branch's output bias is an operand). The dropout's words operand (uint32)
-  holds the key's two words at `word0` and `word1`, and the first row of this device's rows of
-  the batch at `first` (None: row 0)."""
+  """A residual add, made in the kernels: x = residual + dropout(branch + bias, rate) (`bias`:
+  whether the branch's output bias is an operand; `summed`: x itself is the operand, written by
+  the forward kernel, and the kernel computes the dropout's mask alone: a pre-norm's backward).
+  The dropout's words operand (uint32) holds the key's two words at `word0` and `word1`, and the
+  first row of this device's rows of the batch at `first` (None: row 0)."""
   rate: float
   bias: bool = False
   word0: int = 0
   word1: int = 1
   first: int | None = None
+  summed: bool = False
 
 
 def _kept(rate: float, dtype) -> float:
@@ -92,13 +100,29 @@ def _kept(rate: float, dtype) -> float:
   return float(np.asarray(1.0 - rate, dtype=dtype))
 
 
+def _keep(words_ref, add: Add, block: int, shape: tuple[int, int]):
+  """The dropout's keep mask of this program's [block, d] tile: `dropout.hash_keep`'s over the
+  element's global row-major index."""
+  first = pl.program_id(0).astype(jnp.uint32) * jnp.uint32(block)
+  if add.first is not None:
+    first = first + words_ref[add.first]
+  rows = first + jax.lax.broadcasted_iota(jnp.uint32, shape, 0)
+  index = rows * jnp.uint32(shape[1]) + jax.lax.broadcasted_iota(jnp.uint32, shape, 1)
+  return dropout.hash_keep(index, words_ref[add.word0], words_ref[add.word1], add.rate)
+
+
 def _summed(refs, add: Add | None, block: int):
   """The rows the norm takes, in f32, and the dropout's keep mask (None without one): x itself
-  (`add` None), or x = residual + dropout(branch) as `transformer.residual` computes it, each
-  operation rounded to their dtype as JAX's are (the scaled branch, then the sum), the mask
-  `dropout.hash_keep`'s over the element's global row-major index."""
+  (`add` None, or `add.summed`), or x = residual + dropout(branch) as `transformer.residual`
+  computes it, each operation rounded to their dtype as JAX's are (the scaled branch, then the sum)."""
   if add is None:
     return refs[0][...].astype(jnp.float32), None, refs[1:]
+  if add.summed:
+    x_ref, *refs = refs
+    if not add.rate:
+      return x_ref[...].astype(jnp.float32), None, refs
+    words_ref, *refs = refs
+    return x_ref[...].astype(jnp.float32), _keep(words_ref, add, block, x_ref.shape), refs
   residual_ref, branch_ref, *refs = refs
   branch, keep, rate = branch_ref[...], None, add.rate
   if add.bias:  # the branch's output bias, in its dtype as `MultiHeadAttention._out` adds it
@@ -107,24 +131,26 @@ def _summed(refs, add: Add | None, block: int):
     branch = (branch.astype(jnp.float32) + bias[None, :]).astype(branch.dtype)
   if rate:
     words_ref, *refs = refs
-    first = pl.program_id(0).astype(jnp.uint32) * jnp.uint32(block)
-    if add.first is not None:
-      first = first + words_ref[add.first]
-    rows = first + jax.lax.broadcasted_iota(jnp.uint32, branch.shape, 0)
-    index = rows * jnp.uint32(branch.shape[1]) + jax.lax.broadcasted_iota(jnp.uint32, branch.shape, 1)
-    keep = dropout.hash_keep(index, words_ref[add.word0], words_ref[add.word1], rate)
+    keep = _keep(words_ref, add, block, branch.shape)
     scaled = (branch.astype(jnp.float32) / _kept(rate, branch.dtype)).astype(branch.dtype)
     branch = jnp.where(keep, scaled, jnp.zeros_like(scaled))
   x = (residual_ref[...].astype(jnp.float32) + branch.astype(jnp.float32)).astype(residual_ref.dtype)
   return x.astype(jnp.float32), keep, refs
 
 
-def _forward_kernel(*refs, eps: float, rms: bool, add: Add | None, block: int):
+def _forward_kernel(*refs, eps: float, rms: bool, add: Add | None, block: int, write_sum: bool):
   x, _, refs = _summed(refs, add, block)
   if rms:
-    scale_ref, y_ref, rstd_ref = refs
+    scale_ref, y_ref, *refs = refs
   else:
-    scale_ref, bias_ref, y_ref, mean_ref, rstd_ref = refs
+    scale_ref, bias_ref, y_ref, *refs = refs
+  if write_sum:  # a pre-norm's residual stream: the sum, in the residual's dtype (x holds it exactly)
+    sum_ref, *refs = refs
+    sum_ref[...] = x.astype(sum_ref.dtype)
+  if rms:
+    (rstd_ref,) = refs
+  else:
+    mean_ref, rstd_ref = refs
   if not rms:
     mean = jnp.mean(x, axis=1)
     x = x - mean[:, None]
@@ -187,16 +213,17 @@ def _specs(d: int, block: int):
 
 def _inputs(xs: tuple, add: Add | None, tile, vector):
   """The kernels' first operands and their specs: x, or residual and branch (and the branch's
-  bias; and the dropout's words, read whole by every program, with a rate)."""
-  specs = [tile] * (1 if add is None else 2)
-  if add is not None and add.bias:
+  bias; and the dropout's words, read whole by every program, with a rate), or the sum and the words."""
+  specs = [tile] * (1 if add is None or add.summed else 2)
+  if add is not None and add.bias and not add.summed:
     specs.append(vector)
   if add is not None and add.rate:
     specs.append(pl.BlockSpec(xs[len(specs)].shape, lambda i: (0,)))
   return list(xs[:len(specs)]), specs
 
 
-def _forward(xs: tuple, scale, bias, eps: float, interpret: bool, add: Add | None):
+def _forward(xs: tuple, scale, bias, eps: float, interpret: bool, add: Add | None, write_sum: bool = False):
+  """[y, the sum if `write_sum`, mean (LayerNorm), rstd]."""
   rows, d = xs[0].shape
   block = rows_block(rows, d)
   tile, stat, vector = _specs(d, block)
@@ -204,10 +231,11 @@ def _forward(xs: tuple, scale, bias, eps: float, interpret: bool, add: Add | Non
   stats = 1 if rms else 2
   operands, specs = _inputs(xs, add, tile, vector)
   return pl.pallas_call(
-      functools.partial(_forward_kernel, eps=eps, rms=rms, add=add, block=block), grid=(rows // block,),
+      functools.partial(_forward_kernel, eps=eps, rms=rms, add=add, block=block, write_sum=write_sum),
+      grid=(rows // block,),
       in_specs=specs + [vector] + ([] if rms else [vector]),
-      out_specs=[tile] + [stat] * stats,
-      out_shape=[jax.ShapeDtypeStruct(xs[0].shape, xs[0].dtype)] +
+      out_specs=[tile] * (1 + write_sum) + [stat] * stats,
+      out_shape=[jax.ShapeDtypeStruct(xs[0].shape, xs[0].dtype)] * (1 + write_sum) +
       [jax.ShapeDtypeStruct((rows,), jnp.float32)] * stats,
       compiler_params=_params(), interpret=interpret, name="seq2seq_norm_fwd",
   )(*operands, scale, *(() if rms else (bias,)))
@@ -242,22 +270,29 @@ def _backward(xs: tuple, dys, dx_in, scale, stats, rms: bool, interpret: bool, a
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7, 8))
 def _norm(xs, words, scale, bias, eps: float, interpret: bool, copies: int, with_input: bool, add: Add | None):
-  """xs: (x,), or (residual, branch) with `add` (and the branch's bias); `words`, the dropout's."""
-  y = _forward(xs + words, scale, bias, eps, interpret, add)[0]
-  return (y,) * copies + ((xs[0],) if with_input else ())
+  """xs: (x,), or (residual, branch) with `add` (and the branch's bias); `words`, the dropout's.
+  `with_input`: x beside the outputs, or with `add` the sum (a pre-norm's residual stream)."""
+  return _norm_fwd(xs, words, scale, bias, eps, interpret, copies, with_input, add)[0]
 
 
 def _norm_fwd(xs, words, scale, bias, eps, interpret, copies, with_input, add):
-  y, *stats = _forward(xs + words, scale, bias, eps, interpret, add)
-  return (y,) * copies + ((xs[0],) if with_input else ()), (xs, words, scale, bias, tuple(stats))
+  write_sum = add is not None and with_input
+  y, *stats = _forward(xs + words, scale, bias, eps, interpret, add, write_sum)
+  x = stats.pop(0) if write_sum else xs[0]
+  # what the backward kernel reads: the sum written here (a pre-norm's), or what gives it again
+  saved = (x,) if write_sum else xs
+  branch_bias = xs[2] if add is not None and add.bias else None
+  return (y,) * copies + ((x,) if with_input else ()), (saved, branch_bias, words, scale, bias, tuple(stats))
 
 
 def _norm_bwd(eps, interpret, copies, with_input, add, residuals, cotangents):
-  xs, words, scale, bias, stats = residuals
+  saved, branch_bias, words, scale, bias, stats = residuals
   dx_in = cotangents[copies] if with_input else None
-  dxs, sums = _backward(xs + words, cotangents[:copies], dx_in, scale, stats, bias is None, interpret, add)
-  if add is not None and add.bias:  # the branch's bias: its gradient the last of the sums
-    dxs, sums = (*dxs, sums[-1].astype(xs[2].dtype)), sums[:-1]
+  if add is not None and with_input:
+    add = add._replace(summed=True)
+  dxs, sums = _backward(saved + words, cotangents[:copies], dx_in, scale, stats, bias is None, interpret, add)
+  if branch_bias is not None:  # the branch's bias: its gradient the last of the sums
+    dxs, sums = (*dxs, sums[-1].astype(branch_bias.dtype)), sums[:-1]
   return (tuple(dxs), tuple(None for _ in words), sums[0].astype(scale.dtype),
           None if bias is None else sums[1].astype(bias.dtype))
 
@@ -265,11 +300,13 @@ def _norm_bwd(eps, interpret, copies, with_input, add, residuals, cotangents):
 _norm.defvjp(_norm_fwd, _norm_bwd)
 
 
-def adds(shape: tuple[int, ...], rate: float, rng) -> bool:
-  """Whether the kernels can take a post-norm's residual add, x = residual + dropout(branch) of
-  this shape: a dropout mask of the hash (`dropout.keep_mask` draws bits for arrays of 2^32
-  elements or more). ADD_IN_KERNEL off: never (the add in XLA, as before)."""
-  return ADD_IN_KERNEL and (rng is None or rate == 0.0 or math.prod(shape) < 2**32)
+def adds(shape: tuple[int, ...], rate: float, rng, *, pre: bool = False) -> bool:
+  """Whether the kernels can take a residual add, x = residual + dropout(branch) of this shape
+  (`pre`: a pre-norm's, whose sum they write): a dropout mask of the hash (`dropout.keep_mask`
+  draws bits for arrays of 2^32 elements or more). ADD_IN_KERNEL off: never (the add in XLA, as
+  before); PRE_ADD_IN_KERNEL off: a post-norm's only."""
+  return (ADD_IN_KERNEL and (PRE_ADD_IN_KERNEL or not pre)
+          and (rng is None or rate == 0.0 or math.prod(shape) < 2**32))
 
 
 def fused_norm(x_btd: jax.Array, scale_d: jax.Array, bias_d: jax.Array | None = None, *, eps: float,
@@ -280,10 +317,8 @@ def fused_norm(x_btd: jax.Array, scale_d: jax.Array, bias_d: jax.Array | None = 
   result in x's dtype: what `seq2seq.model.layers.Norm` computes, in the kernels above; a tuple
   of `copies` references to it if `copies` > 1, and x itself after them if `with_input`. With
   `branch_btd`, the norm of x + dropout(branch + branch_bias, rate, rng) (`adds` says where it
-  applies), the sum made inside the kernels (a post-norm's residual add). Inside the train step's
-  mesh, per device on its rows."""
-  if branch_btd is not None and with_input:
-    raise ValueError("fused_norm adds a branch for a post-norm only (with_input is a pre-norm's)")
+  applies), the sum made inside the kernels (a post-norm's residual add; with `with_input`, a
+  pre-norm's, the sum handed on after the outputs). Inside the train step's mesh, per device on its rows."""
   bias, outputs = () if bias_d is None else (bias_d,), copies + with_input
   add, words = None, ()
   if branch_btd is not None:

@@ -38,6 +38,7 @@ from seq2seq.model.layers import (
   LearnedPositions,
   Norm,
   RelativePositionBias,
+  biased,
   dense,
   param,
   sinusoidal,
@@ -98,18 +99,51 @@ class Fork(NamedTuple):
   sublayer: jax.Array
 
 
+class Pending(NamedTuple):
+  """A pre-norm's residual add not made yet, residual + dropout(branch + bias, rate, rng): on GPUs
+  the next norm's kernels make it (the next block's, which hands the sum on as the residual
+  stream, or the stack's final norm), where XLA would write the sum in a kernel of its own for
+  the norm to read, and take the branch's gradient through the dropout and sum its bias's in
+  passes of their own (seq2seq/model/norm_kernels.py)."""
+
+  residual: jax.Array
+  branch: jax.Array  # the sublayer's output without its bias
+  bias: jax.Array
+  rate: float
+  rng: Any
+
+  def through(self, norm: Norm, **kwargs):
+    """norm(the sum, **kwargs), the add made by its kernels where they run."""
+    return norm.add(self.residual, self.branch, bias_d=self.bias, rate=self.rate, rng=self.rng, **kwargs)
+
+
 def joined(x_btd) -> jax.Array:
-  """The residual stream as one array (a `Fork`'s residual copy)."""
+  """The residual stream as one array (a `Fork`'s residual copy, a `Pending` add made in XLA)."""
+  if isinstance(x_btd, Pending):
+    return constrain(x_btd.residual + dropout(biased(x_btd.branch, x_btd.bias), x_btd.rate, x_btd.rng), RESIDUAL)
   return x_btd.residual if isinstance(x_btd, Fork) else x_btd
 
 
+def ended(x_btd, norm: Norm | None) -> jax.Array:
+  """A stack's output: its residual stream, through its final norm (a pre-norm's) if it has one."""
+  if norm is None:
+    return joined(x_btd)
+  return x_btd.through(norm) if isinstance(x_btd, Pending) else norm(joined(x_btd))
+
+
 def residual(x_btd, sublayer, norm: Norm, *, pre: bool, rate: float, rng, bias=None):
-  """Pre-norm: x + drop(f(norm(x))). Post-norm: norm(x + drop(f(x))), as a `Fork`.
-  `sublayer(h, out_bias)` is f, or f less its output `bias` if not `out_bias`: where a
-  post-norm's kernels make the add (`Norm.adds`), they add the bias. The residual stream is
-  split over the batch only (`sharding.ACTIVATION_RULES`)."""
+  """Pre-norm: x + drop(f(norm(x))), as a `Pending` add where the next norm's kernels make it.
+  Post-norm: norm(x + drop(f(x))), as a `Fork`. `sublayer(h, out_bias)` is f, or f less its
+  output `bias` if not `out_bias`: where the kernels make the add (`Norm.adds`), they add the
+  bias. The residual stream is split over the batch only (`sharding.ACTIVATION_RULES`)."""
   if pre:  # x handed on through the norm too: its two gradients meet in the norm's backward
-    h_btd, x_btd = norm(x_btd, with_input=True)
+    if isinstance(x_btd, Pending):  # the previous block's add, made here: its sum handed on
+      h_btd, x_btd = x_btd.through(norm, with_input=True)
+      x_btd = constrain(x_btd, RESIDUAL)
+    else:
+      h_btd, x_btd = norm(x_btd, with_input=True)
+    if bias is not None and norm.adds(x_btd, rate=rate, rng=rng, pre=True):
+      return Pending(x_btd, sublayer(h_btd, False), bias, rate, rng)
     return constrain(x_btd + dropout(sublayer(h_btd, True), rate, rng), RESIDUAL)
   x = x_btd if isinstance(x_btd, Fork) else Fork(x_btd, x_btd)
   in_kernels = bias is not None and norm.adds(x.residual, rate=rate, rng=rng)
@@ -241,7 +275,7 @@ class Transformer(nnx.Module):
     return self.src_embed if self.tgt_embed is None else self.tgt_embed
 
   def _features(self, y_btd):
-    return y_btd if self.decoder_norm is None else self.decoder_norm(y_btd)
+    return ended(y_btd, self.decoder_norm)
 
   def output_projection(self) -> tuple[jax.Array, bool]:
     """(the vocabulary projection's weight, tied): [v, d], the target embedding, when tied;
@@ -270,8 +304,8 @@ class Transformer(nnx.Module):
     bias_bnss = self._self_bias(self.encoder_bias, src_positions_bs, given)
     for i, layer in enumerate(self.encoder_layers):
       x_bsd = layer(x_bsd, mask, src_positions_bs, fold(dropout_rng, i + 1), bias_bnss)
-    x_bsd = joined(x_bsd)
-    return x_bsd if self.encoder_norm is None else constrain(self.encoder_norm(x_bsd), RESIDUAL)
+    x_bsd = ended(x_bsd, self.encoder_norm)
+    return x_bsd if self.encoder_norm is None else constrain(x_bsd, RESIDUAL)
 
   def decode(self, tgt_in_bt, enc_bsd, src_segments_bs, *, tgt_segments_bt=None, tgt_positions_bt=None,
              dropout_rng=None, packed=None, logits_dtype=None, project=True):
@@ -288,7 +322,6 @@ class Transformer(nnx.Module):
     bias_bntt = self._self_bias(self.decoder_bias, tgt_positions_bt, given)
     for i, layer in enumerate(self.decoder_layers):
       y_btd = layer(y_btd, self_mask, tgt_positions_bt, enc_bsd, cross_mask, fold(dropout_rng, i + 1), bias_bntt)
-    y_btd = joined(y_btd)
     if not project:
       return constrain(self._features(y_btd), RESIDUAL)
     return self._logits(y_btd, logits_dtype or self.cfg.logits_dtype)
@@ -367,7 +400,7 @@ class Transformer(nnx.Module):
       y_b1d, self_kv = layer.step(y_b1d, positions_b1, self_kv, cross_kv, index, cache.sentences["mask_bs"],
                                   bias_nl)
       rows.append(self_kv)
-    return self._logits(joined(y_b1d))[:, 0], cache.replace(index=index + 1, rows=rows)
+    return self._logits(y_b1d)[:, 0], cache.replace(index=index + 1, rows=rows)
 
 
 def abstract(cfg: ModelConfig) -> Transformer:
