@@ -594,6 +594,7 @@ UNDO = {
     "dropout_keys_apart": ("seq2seq.model.transformer", "DROPOUT_KEYS_AT_ONCE"),  # a fold_in kernel a dropout key
     "loss_in_xla": ("seq2seq.training.loss_kernel", "AUTO"),  # the loss's statistics and gradient in XLA's two passes
     "residual_apart": ("seq2seq.model.norm_kernels", "ADD_IN_KERNEL"),  # a post-norm's residual add in XLA's kernel
+    "pre_add_apart": ("seq2seq.model.norm_kernels", "PRE_ADD_IN_KERNEL"),  # a pre-norm's residual add in XLA's kernel
 }
 
 
@@ -644,6 +645,12 @@ VARIANTS = {  # in the order they run: the likeliest gains first
     # branch's gradient through the dropout a pass over the norm's, the bias's gradient summed apart),
     # and the norm backward's partial sums an array each
     "residual_apart": Variant(undo=since("residual_apart")),
+    # the model made pre-norm (as the main job is; a model change), and the same step with its residual
+    # add, dropout and output bias in XLA's kernels between the norm kernels, as before the next norm's
+    # kernels made them (the sum written, then read by the norm; the branch's gradient through the
+    # dropout and the bias's sum in passes of their own): the pair times that change
+    "pre_norm": Variant(("model.norm_position=pre",), combine=False),
+    "pre_add_apart": Variant(("model.norm_position=pre",), undo=since("pre_add_apart"), combine=False),
     # the backward kernels at tiles of 64 with 8 warps: the tiling where Triton gives all three
     # kernels Hopper's HGMMA without spilling (benchmarks/triton_kernels.py; the default's are HMMA)
     "flash_backward_64": Variant(FLASH, flash_blocks="dkdv=64x64,dq=64x64,backward_warps=8", group="flash"),

@@ -134,7 +134,8 @@ def step_kernels(config, tilings: list, shape: tuple[int, int, int], device) -> 
   """(tiling's spec, kernel) of the flash kernels at each of `tilings` (seq2seq.model.flash.Blocks):
   forward and both gradients of self-attention (the encoder's, and the decoder's, causal: read
   in place from the fused projection) and of cross-attention; then ("", kernel) of the norm kernels, forward and
-  gradient, as the config's blocks hand their norms on (post-norm: with the residual add), and of the loss
+  gradient, as the config's blocks run them (with the residual add; post-norm: the output twice; pre-norm: the
+  sum handed on), and of the loss
   kernel on the config's logits. At the
   step's shape, for `device`."""
   import jax
@@ -160,15 +161,16 @@ def step_kernels(config, tilings: list, shape: tuple[int, int, int], device) -> 
       return jnp.sum(out.astype(jnp.float32))
     return jax.grad(loss)
 
-  # a post-norm's output feeds two uses (transformer.Fork) and its kernels make the residual add
-  # (Norm.add: the branch, its bias, dropout); a pre-norm hands x on beside it
+  # a block's norm makes the residual add (Norm.add: the branch, its bias, dropout): a post-norm's
+  # output feeds two uses (transformer.Fork); a pre-norm's makes the block before's add and hands the
+  # sum on beside its output (transformer.Pending)
   post = model.norm_position == "post"
   copies, with_input = (2, False) if post else (1, True)
   key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, **placed)
 
   def norm_loss(x, scale, bias, branch, branch_bias, key):
     added = {"branch_btd": branch, "branch_bias_d": branch_bias if model.use_bias else None,
-             "rate": model.dropout_rate, "rng": key} if post else {}
+             "rate": model.dropout_rate, "rng": key}
     outs = norm_kernels.fused_norm(x, scale, None if model.norm == "rmsnorm" else bias, eps=model.norm_eps,
                                    copies=copies, with_input=with_input, **added)
     return sum(jnp.sum(o.astype(jnp.float32) * (i + 1)) for i, o in enumerate(outs))
@@ -187,7 +189,7 @@ def step_kernels(config, tilings: list, shape: tuple[int, int, int], device) -> 
     norm_args = (array(rows, t, d), array(d, kind=jnp.float32), array(d, kind=jnp.float32), array(rows, t, d),
                  array(d, kind=jnp.float32), key)
     found += [("", k) for k in lowered_kernels(jax.grad(norm_loss, argnums=(0, 1)), norm_args,
-                                               model.norm + (" + residual" if post else ""))]
+                                               model.norm + " + residual")]
     loss_args = (array(rows, t, model.vocab_size, kind=jnp.dtype(model.logits_dtype)), segments(t),
                  array(rows, t, kind=jnp.float32))  # logits, labels, weights
     found += [("", k) for k in lowered_kernels(functools.partial(loss_kernel.stats_and_grad, eps=0.1,
@@ -256,6 +258,8 @@ def main():
   parser.add_argument("--config", default="configs/wmt14_base.py")
   parser.add_argument("--shape", default="96x256x256", help="rows x source x target")
   parser.add_argument("--dtype", default="bfloat16")
+  parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                      help="a config override, as on the training command line (repeatable)")
   parser.add_argument("--blocks", action="append", default=[], help="flash tiles (Blocks.parse form); `default`")
   parser.add_argument("--triton", default="", help="a folder holding the `triton` package (pip --target)")
   parser.add_argument("--timeout_s", type=float, default=600.0)
@@ -280,7 +284,11 @@ def main():
   except ValueError as err:
     print(f"error: {err}", file=sys.stderr)
     sys.exit(2)
-  config, _ = device_check._configured(str(REPO / args.config), args.dtype, True, ())
+  try:
+    config, _ = device_check._configured(str(REPO / args.config), args.dtype, True, tuple(args.set))
+  except (KeyError, ValueError) as err:  # no such setting, or not SECTION.KEY=VALUE of its type
+    print(f"error: --set={' --set='.join(args.set)}: {type(err).__name__}: {err}", file=sys.stderr)
+    sys.exit(2)
   target = gpu_compile.TARGETS[args.target]
   device = gpu_compile.compile_only_devices(target)[0]
   kernels = step_kernels(config, tilings, shape, device)
@@ -318,7 +326,7 @@ def main():
                  else None})
   record = {"check": "benchmarks/triton_kernels.py", "date": datetime.date.today().isoformat(),
             "command": "python " + " ".join(sys.argv), "target": args.target, "device_kind": target.device_kind,
-            "config": args.config, "shape": list(shape), "dtype": args.dtype,
+            "config": args.config, "settings": args.set, "shape": list(shape), "dtype": args.dtype,
             "versions": {"jax": jax.__version__, "triton": child["objects"][0]["triton"]},
             "occupancy_limits": OCCUPANCY_LIMITS, "kernels": rows}
   text = json.dumps(record, indent=1)

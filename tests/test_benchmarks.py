@@ -265,7 +265,8 @@ def test_the_profile_and_variants_sections_table_a_cpu_trace_and_time_each_chang
   assert big["combined"]["members"] == ["logits_bfloat16", "adam_mu_bfloat16", "norm_per_leaf"]
   # An undo variant's switch reached the child (--undo), as the child's module held it.
   assert big["combined"]["switches"] == {"optimizer.GROUPED_NORM": False, "transformer.DROPOUT_KEYS_AT_ONCE": False,
-                                        "loss_kernel.AUTO": False, "norm_kernels.ADD_IN_KERNEL": False}, big["combined"]
+                                        "loss_kernel.AUTO": False, "norm_kernels.ADD_IN_KERNEL": False,
+                                        "norm_kernels.PRE_ADD_IN_KERNEL": False}, big["combined"]
   assert big["combined"]["config"] == {"model.logits_dtype": "bfloat16", "train.adam_mu_dtype": "bfloat16"}
   assert set(check["summary"]["big_mfu"]) == {"baseline", "combined"}
   # the "after" profile traces the winners of this call's variants (on a CPU, likely none)
@@ -306,18 +307,18 @@ def test_the_undo_variants_reach_the_switches_of_their_child(monkeypatch):
     assert {other: getattr(modules[other], switch) for other, (_, switch) in device_check.UNDO.items()} == {
         other: other != name for other in device_check.UNDO}
   variants = device_check.VARIANTS
-  later = ("norm_per_leaf", "dropout_keys_apart", "loss_in_xla", "residual_apart")  # after the flash backward's sums
+  later = ("norm_per_leaf", "dropout_keys_apart", "loss_in_xla", "residual_apart", "pre_add_apart")  # after the sums
   assert variants["ffn_bias_apart"].undo == variants["xla_norms"].undo == ("bias_apart", "sums_apart", *later)
   assert variants["flash_sums_apart"].undo == ("sums_apart", *later) and variants["norm_per_leaf"].undo == later
-  assert variants["dropout_keys_apart"].undo == ("dropout_keys_apart", "loss_in_xla", "residual_apart")
-  assert variants["loss_in_xla"].undo == ("loss_in_xla", "residual_apart")
-  assert variants["residual_apart"].undo == ("residual_apart",)
+  assert variants["dropout_keys_apart"].undo == later[1:] and variants["loss_in_xla"].undo == later[2:]
+  assert variants["residual_apart"].undo == later[3:] and variants["pre_add_apart"].undo == ("pre_add_apart",)
+  assert variants["pre_add_apart"].overrides == variants["pre_norm"].overrides == ("model.norm_position=pre",)
+  assert not variants["pre_norm"].undo and not (variants["pre_norm"].combine or variants["pre_add_apart"].combine)
   assert variants["flash_sliced"].undo == ("flash_sliced",)
   assert device_check.union(["logits_bfloat16", "dropout_keys_apart", "flash_sums_apart"]).undo == (
-      "dropout_keys_apart", "loss_in_xla", "residual_apart", "sums_apart", "norm_per_leaf")
+      *later[1:], "sums_apart", "norm_per_leaf")
   assert device_check.union(["logits_bfloat16", "no_bias"]).undo == ()
-  assert variants["norm_per_leaf"].switches() == {"norm_per_leaf": True, "dropout_keys_apart": True, "loss_in_xla": True,
-                                                  "residual_apart": True}
+  assert variants["norm_per_leaf"].switches() == {name: True for name in later}
 
 
 def test_every_variants_xla_flags_are_flags_this_xla_knows():

@@ -775,15 +775,51 @@ def test_the_pre_norm_sentence_is_gpu_compile_h200_pre_norm_json():
           f"{after['kernel_launches_per_step']} kernels (XLA had fused those adds into other kernels)") in _page()
   assert before["kernel_launches_per_step"] == after["kernel_launches_per_step"]
   steps = [record["variants"][n]["table"] for n in ("flash_sums_apart", "norm_per_leaf", "dropout_keys_apart",
-                                                     "loss_in_xla", "residual_apart", "baseline")]
+                                                     "loss_in_xla", "residual_apart", "pre_add_apart", "baseline")]
   ms, kernels = [_fixed(t["ms_per_step"], 2) for t in steps], [str(t["kernel_launches_per_step"]) for t in steps]
   assert (f"Made pre-norm, wmt14_base goes from {_fixed(after['ms_per_step'], 2)} to {ms[0]} ms with it, to {ms[1]} "
           f"ms with the flash backward's sums in its kernels too, to {ms[2]} ms with the gradient's norm summed by "
-          f"groups, to {ms[3]} ms with the dropout keys derived at once, to {ms[4]} ms with the loss's kernel "
-          f"and to {ms[5]} ms with the norm kernels' partial sums in one array (below; "
-          f"{after['kernel_launches_per_step']} to {kernels[0]}, {kernels[1]}, {kernels[2]}, {kernels[3]}, {kernels[4]} "
-          f"and {kernels[5]} kernels;") in _page()
+          f"groups, to {ms[3]} ms with the dropout keys derived at once, to {ms[4]} ms with the loss's kernel, "
+          f"to {ms[5]} ms with the norm kernels' partial sums in one array and to {ms[6]} ms with its residual adds "
+          f"in the norm kernels (below; {after['kernel_launches_per_step']} to {kernels[0]}, {kernels[1]}, "
+          f"{kernels[2]}, {kernels[3]}, {kernels[4]}, {kernels[5]} and {kernels[6]} kernels;") in _page()
   assert "([gpu_compile_h200_pre_norm.json](../benchmarks/results/gpu_compile_h200_pre_norm.json))" in _raw()
+  assert _pre_add_paragraph() in _page()
+  # the kernels' machine code: the pre-norm record's norm rows against the post-norm record's
+  rows = lambda name: {k["kernel"]: k for k in _record(name)["kernels"] if k["kernel"].startswith("seq2seq_norm")}
+  pre, post = rows("triton_kernels_h100_pre_norm.json"), rows("triton_kernels_h100.json")
+  assert _record("triton_kernels_h100_pre_norm.json")["settings"] == ["model.norm_position=pre"]
+  assert all(k["problem"] == "layernorm + residual" and k["stack_bytes"] == k["local_loads"] == 0
+             for k in [*pre.values(), *post.values()])
+  fwd, bwd = pre["seq2seq_norm_fwd"], pre["seq2seq_norm_bwd"]
+  assert (f"the forward kernel takes {fwd['registers']} registers a thread ({fwd['programs_per_sm']} programs an SM) "
+          f"and the backward kernel {bwd['registers']} ({bwd['programs_per_sm']}), nothing spilled, where a "
+          f"post-norm's take {post['seq2seq_norm_fwd']['registers']} and {post['seq2seq_norm_bwd']['registers']}") in _page()
+
+
+def _pre_add_paragraph() -> str:
+  """'A pre-norm's residual add is made in the next norm's kernels': its figures, from the pre-norm
+  record (`pre_add_apart`, the step before, against the baseline) and the post-norm record's
+  optimizer kernels; the MFU of the model formula's FLOPs at the H200's bf16 peak, as the record has it."""
+  record, base = _record("gpu_compile_h200_pre_norm.json"), _record("gpu_compile_h200.json")
+  rows = record["variants"]
+  before, after = rows["pre_add_apart"]["table"], rows["baseline"]["table"]
+  assert rows["pre_add_apart"]["pre_add_apart"] and "pre_add_apart" not in rows["baseline"]
+  assert "residual adds" not in after["by_category"]
+  assert before["by_category"]["optimizer"]["launches"] == after["by_category"]["optimizer"]["launches"]  # "stay"
+  ms = lambda table, category: _fixed(table["by_category"][category]["ms"], 2)
+  launches = lambda table, category: str(table["by_category"][category]["launches"])
+  mfu = lambda row: f"{row['predicted_mfu']:.1%}"
+  attn, ffn = "attention elementwise (biases, layout)", "FFN elementwise (bias, activation)"
+  return (f"goes from {_fixed(before['ms_per_step'], 2)} to {_fixed(after['ms_per_step'], 2)} ms "
+          f"({_fixed(before['ms_per_step'] / after['ms_per_step'], 3)}x, {mfu(rows['pre_add_apart'])} to "
+          f"{mfu(rows['baseline'])} MFU; {before['kernel_launches_per_step']} to {after['kernel_launches_per_step']} "
+          f"kernels, {_fixed(before['gb_per_step'], 1)} to {_fixed(after['gb_per_step'], 1)} GB): the residual adds' "
+          f"line ({ms(before, 'residual adds')} ms) goes, the norm line goes from {ms(before, 'norm')} to "
+          f"{ms(after, 'norm')} ms, and the attention and FFN elementwise lines from {ms(before, attn)} to "
+          f"{ms(after, attn)} and from {ms(before, ffn)} to {ms(after, ffn)} ms, as in a post-norm above. The "
+          f"optimizer's kernels stay {launches(after, 'optimizer')} (a post-norm's "
+          f"{launches(base['variants']['baseline']['table'], 'optimizer')})")
 
 
 TRITON_KERNELS = {"seq2seq_flash_forward": "forward", "seq2seq_flash_dkdv": "dK/dV", "seq2seq_flash_dq": "dQ"}

@@ -217,7 +217,8 @@ def test_the_train_step_compiles_for_an_h100_on_this_cpu(tmp_path):
 
   out = _gpu_compile("--target=h100", "--config=configs/tiny.py", "--shape=8x32x32", f"--hlo_dir={tmp_path}",
                      "--set=data.vocab_size=1024",
-                     "--variants=baseline,flash_sliced,xla_norms,ffn_bias_apart,flash_sums_apart,norm_per_leaf,loss_in_xla",
+                     "--variants=baseline,flash_sliced,xla_norms,ffn_bias_apart,flash_sums_apart,norm_per_leaf,loss_in_xla,"
+                     "residual_apart,pre_add_apart",
                      f"--out={tmp_path / 'r.json'}",
                      compiler=compiler)
   assert out.returncode == 0, out.stderr[-3000:]
@@ -235,11 +236,19 @@ def test_the_train_step_compiles_for_an_h100_on_this_cpu(tmp_path):
     assert sum(f"({kernel})" in line for line in calls) == norms, kernel
   assert sum("/seq2seq_loss_fwd_bwd/" in line for line in calls) == 1  # the loss's statistics and gradient
   assert len(calls) == 3 * layers + 2 * norms + 1
-  # pre-norm: each block's norm backward also takes the residual path's gradient of x (with_input),
-  # x, dy, that, scale, mean, rstd; the two final norms' take x, dy, scale, mean, rstd
-  operands = sorted(len(re.search(r"custom-call\(([^)]*)\)", line).group(1).split(","))
-                    for line in calls if "(seq2seq_norm_bwd)" in line)
-  assert operands == [5] * 2 + [6] * (norms - 2)
+  # pre-norm: each block's norm backward also takes the residual path's gradient of x (with_input):
+  # x, dy, that, scale, mean, rstd, where x is the embeddings (a stack's first norm) or the sum the
+  # forward kernel wrote (the block before's add, made by this norm); the two final norms make the
+  # last block's add as a post-norm's do: residual, branch, its bias, dy, scale, mean, rstd
+  operands = lambda text, kernel: sorted(len(re.search(r"custom-call\(([^)]*)\)", line).group(1).split(","))
+                                         for line in text.splitlines()
+                                         if 'custom_call_target="__gpu$xla.gpu.triton"' in line and f"({kernel})" in line)
+  assert operands(hlo, "seq2seq_norm_bwd") == [6] * (norms - 2) + [7] * 2
+  # forward: x (or residual, branch and its bias), scale, bias; a block norm that makes the add also
+  # writes the sum (y, the sum, mean, rstd)
+  assert operands(hlo, "seq2seq_norm_fwd") == [3] * 2 + [5] * (norms - 2)
+  assert sum(re.search(r"= \((\S+, ){3}\S+\) custom-call", line) is not None
+             for line in calls if "(seq2seq_norm_fwd)" in line) == norms - 4
   costs = _pt().kernel_costs(hlo)
   model_cfg = ModelConfig.from_config(cfg.model, vocab_size=1024)  # 1000 would be padded to 1024 in a GEMM
   n_h, (b, s, t) = model_cfg.num_heads * model_cfg.head_size, (8, 32, 32)
@@ -269,11 +278,13 @@ def test_the_train_step_compiles_for_an_h100_on_this_cpu(tmp_path):
                  if "custom_call_target" in line)
   assert row["table"]["matmul_tflop_per_step"] == xla["table"]["matmul_tflop_per_step"]
   # The FFN's first bias is added in its matmul (layers.dense_bias): apart, as before, each
-  # feed-forward layer adds it in a kernel of its own, a pass over [tokens, d_ff].
+  # feed-forward layer adds it in a kernel of its own, a pass over [tokens, d_ff] (against the step
+  # after it, flash_sums_apart, which has the later changes undone too).
   apart = record["variants"]["ffn_bias_apart"]
   assert apart["bias_apart"] and "bias_apart" not in row and xla["bias_apart"]
   ffn, ffns = "FFN elementwise (bias, activation)", cfg.model.num_encoder_layers + cfg.model.num_decoder_layers
-  ours, theirs = row["table"]["by_category"][ffn], apart["table"]["by_category"][ffn]
+  ours = record["variants"]["flash_sums_apart"]["table"]["by_category"][ffn]
+  theirs = apart["table"]["by_category"][ffn]
   assert theirs["launches"] - ours["launches"] == ffns and ours["gb"] < theirs["gb"], (ours, theirs)
   assert row["table"]["matmul_tflop_per_step"] == apart["table"]["matmul_tflop_per_step"]
   # ... and its backward takes the gradient in bf16: every matmul of the step multiplies bf16
@@ -298,28 +309,43 @@ def test_the_train_step_compiles_for_an_h100_on_this_cpu(tmp_path):
   assert row["table"]["matmul_tflop_per_step"] == sums["table"]["matmul_tflop_per_step"]
   # The gradient's norm summed by groups (optimizer.global_norm) changes the optimizer's kernels
   # alone: fewer (tiny has no dropout, so the dropout keys, also apart there, change nothing).
-  loss_xla = record["variants"]["loss_in_xla"]
+  loss_xla, resid = record["variants"]["loss_in_xla"], record["variants"]["residual_apart"]
   assert _launches_apart_from(per_leaf, loss_xla["table"]) == "optimizer"
-  # The loss's statistics and gradient in one kernel (seq2seq/training/loss_kernel.py): the step
-  # reads the f32 logits once less, in fewer kernels, with the same matmul FLOPs; only the loss's
-  # line and the matmuls' change (at this size XLA splits the projection's backward matmuls over
-  # their long dimension, and the sums of the parts join the loss's cotangent scale or stay apart).
-  assert loss_xla["loss_in_xla"] and "loss_in_xla" not in row
+  # The loss's statistics and gradient in one kernel (seq2seq/training/loss_kernel.py), against the
+  # step after it (residual_apart): the step reads the f32 logits once less, in fewer kernels, with
+  # the same matmul FLOPs; only the loss's line and the matmuls' change (at this size XLA splits the
+  # projection's backward matmuls over their long dimension, and the sums of the parts join the
+  # loss's cotangent scale or stay apart).
+  assert loss_xla["loss_in_xla"] and "loss_in_xla" not in row and "loss_in_xla" not in resid
   assert not any("seq2seq_loss" in line for line in (tmp_path / "loss_in_xla.hlo.txt").read_text().splitlines()
                  if "custom_call_target" in line)
   moved = {n: sum(k.bytes * k.launches for k in _pt().kernel_costs((tmp_path / f"{n}.hlo.txt").read_text()))
-           for n in ("baseline", "loss_in_xla")}
-  assert moved["loss_in_xla"] - moved["baseline"] >= b * t * model_cfg.vocab_size * 4  # a read of the f32 logits
+           for n in ("baseline", "loss_in_xla", "residual_apart", "pre_add_apart")}
+  assert moved["loss_in_xla"] - moved["residual_apart"] >= b * t * model_cfg.vocab_size * 4  # a read of the f32 logits
   launches = lambda table: {c: v["launches"] for c, v in table["by_category"].items()}
-  ours, theirs = launches(row["table"]), launches(loss_xla["table"])
+  ours, theirs = launches(resid["table"]), launches(loss_xla["table"])
   assert sum(ours.values()) < sum(theirs.values()) and set(ours) == set(theirs)
   assert {c for c in ours if ours[c] != theirs[c]} <= {"loss and logits (softmax, casts)", "matmul", "optimizer"}, (
       ours, theirs)
-  assert row["table"]["matmul_tflop_per_step"] == loss_xla["table"]["matmul_tflop_per_step"]
-  # loss_in_xla also undoes the change after it (norm_kernels.ADD_IN_KERNEL): tiny is pre-norm, so no
-  # residual add goes into its norm kernels, but each norm backward's partial sums (the scale's and the
-  # bias's) come in one array, whose slices XLA's optimizer kernels take in fewer kernels
-  assert ours["optimizer"] < theirs["optimizer"] and loss_xla["residual_apart"]
+  assert resid["table"]["matmul_tflop_per_step"] == loss_xla["table"]["matmul_tflop_per_step"]
+  # residual_apart undoes norm_kernels.ADD_IN_KERNEL (and the change after it): each norm backward's
+  # partial sums (the scale's and the bias's) come in one array, whose slices XLA's optimizer kernels
+  # take in fewer kernels
+  pre_apart = record["variants"]["pre_add_apart"]
+  assert resid["residual_apart"] and resid["pre_add_apart"] and "residual_apart" not in pre_apart
+  assert launches(pre_apart["table"])["optimizer"] < launches(resid["table"])["optimizer"]
+  # A pre-norm's residual adds in the next norm's kernels (norm_kernels.PRE_ADD_IN_KERNEL): a kernel a
+  # block fewer in the residual adds' line (none left) and fewer in the attention and FFN lines
+  # (the bias's gradient and the dropout), less moved, the same matmul FLOPs; apart, every norm
+  # takes x alone, as before
+  blocks = 2 * cfg.model.num_encoder_layers + 3 * cfg.model.num_decoder_layers
+  ours, theirs = launches(row["table"]), launches(pre_apart["table"])
+  assert "residual adds" not in ours and theirs["residual adds"] == blocks and pre_apart["pre_add_apart"]
+  assert ours[layout] < theirs[layout] and ours[ffn] < theirs[ffn] and moved["baseline"] < moved["pre_add_apart"]
+  assert row["table"]["matmul_tflop_per_step"] == pre_apart["table"]["matmul_tflop_per_step"]
+  apart_hlo = (tmp_path / "pre_add_apart.hlo.txt").read_text()
+  assert operands(apart_hlo, "seq2seq_norm_fwd") == [3] * norms
+  assert operands(apart_hlo, "seq2seq_norm_bwd") == [5] * 2 + [6] * (norms - 2)
 
 
 def _launches_apart_from(before: dict, after: dict) -> str:

@@ -64,7 +64,9 @@ def test_occupancy_is_the_tightest_of_hopper_s_per_sm_limits(registers, shared, 
 @pytest.mark.parametrize("args, match", [
     (["--blocks=dkdv=3x3"], "Blocks.dkdv must be two powers of two >= 16"),
     (["--shape=96x256"], "rows x source x target"), (["--target=a100"], "invalid choice: 'a100'"),
-    (["--config=nope"], "no such file, and no shipped config has that name")])
+    (["--config=nope"], "no such file, and no shipped config has that name"),
+    (["--set=model.no_such_key=1"], "error: --set=model.no_such_key=1: KeyError"),
+    (["--set=model.norm_position"], "error: --set=model.norm_position: ValueError")])
 def test_triton_kernels_refuses_bad_flags_in_one_line(args, match):
   out = _triton_kernels(*args, compiler="")
   assert out.returncode == 2 and match in out.stderr.strip().splitlines()[-1], out.stderr[-2000:]
