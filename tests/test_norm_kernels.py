@@ -217,10 +217,11 @@ def test_the_kernels_add_the_residual_and_its_dropout(dtype, keys, position):
       np.testing.assert_allclose(g, w, rtol=0, atol=2e-6 * float(jnp.max(jnp.abs(w))))
 
 
-@pytest.mark.parametrize("position", ["post", "pre"])
-def test_a_transformer_with_dropout_adds_its_residuals_in_the_kernels(kernels, position, monkeypatch):
+@pytest.mark.parametrize("position, use_bias", [("post", True), ("pre", True), ("post", False), ("pre", False)])
+def test_a_transformer_with_dropout_adds_its_residuals_in_the_kernels(kernels, position, use_bias, monkeypatch):
   """Training with dropout (f32): the logits and every gradient with the residual adds (and the
-  sublayers' output biases) in the kernels equal those of the XLA formula, the same dropout masks.
+  sublayers' output biases, where the model has them) in the kernels equal those of the XLA formula,
+  the same dropout masks.
   Post-norm: every block's add went into its norm's kernels. Pre-norm: every block's add but the
   stack's last went into the next block's norm, which wrote the sum and whose backward kernel read
   it back (not residual and branch), and the last into the stack's final norm; the first norm of a
@@ -233,7 +234,8 @@ def test_a_transformer_with_dropout_adds_its_residuals_in_the_kernels(kernels, p
 
   def run(impl):
     cfg = ModelConfig(vocab_size=41, d_model=64, num_heads=4, num_encoder_layers=2, num_decoder_layers=2, d_ff=96,
-                      max_len=32, dropout_rate=0.3, norm="layernorm", norm_position=position, norm_impl=impl)
+                      max_len=32, dropout_rate=0.3, norm="layernorm", norm_position=position, norm_impl=impl,
+                      use_bias=use_bias)
     graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
     src = jnp.array([[5, 6, 7, 8, 9, 10, 0, 0], [11, 12, 13, 14, 15, 16, 17, 18]])
     tgt = jnp.array([[1, 20, 21, 22, 23, 24, 25, 0], [1, 26, 27, 28, 0, 0, 0, 0]])
@@ -245,12 +247,14 @@ def test_a_transformer_with_dropout_adds_its_residuals_in_the_kernels(kernels, p
     return logits, dict(nnx.to_flat_state(grads))
   (want, want_grads), (got, got_grads) = run("xla"), run("auto")
   blocks = 2 * 2 + 3 * 2
-  # operands: residual, branch, its bias and the dropout's words; 1: x alone; 2: a pre-norm's sum and the words
+  # operands: residual, branch, its bias (with biases) and the dropout's words; 1: x alone; 2: a
+  # pre-norm's sum and the words
+  add = 3 + use_bias
   if position == "post":
-    assert adds == [4] * blocks and reads == [(4, False)] * blocks
+    assert adds == [add] * blocks and reads == [(add, False)] * blocks
   else:  # the stacks' first norms take x, the next ones the block before's add, the final norms the last
-    assert adds == [1, 4, 4, 4, 4] + [1] + [4] * 6
-    assert sorted(reads) == sorted([(1, True)] * 2 + [(2, True)] * (blocks - 2) + [(4, False)] * 2)
+    assert adds == [1] + [add] * 4 + [1] + [add] * 6
+    assert sorted(reads) == sorted([(1, True)] * 2 + [(2, True)] * (blocks - 2) + [(add, False)] * 2)
   np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * float(jnp.max(jnp.abs(want))))
   for name, g in want_grads.items():
     np.testing.assert_allclose(got_grads[name][...], g[...], rtol=0, atol=1e-5 * float(jnp.max(jnp.abs(g[...]))) + 1e-9,
@@ -261,6 +265,40 @@ def test_a_transformer_with_dropout_adds_its_residuals_in_the_kernels(kernels, p
       off.setattr(norm_kernels, switch, False)
       np.testing.assert_allclose(run("auto")[0], got, rtol=0, atol=1e-5 * float(jnp.max(jnp.abs(got))))  # adds in XLA
     assert adds == [1] * (blocks + 2 * (position == "pre"))
+
+
+@pytest.mark.parametrize("position", ["post", "pre"])
+def test_a_decoding_step_with_the_kernels_equals_one_without(kernels, position, monkeypatch):
+  """Cached decoding (f32): two steps' logits with the norm kernels equal XLA's; the decoder
+  blocks' adds are made in them there too (a pre-norm block's by the next norm, the output bias
+  its sublayer's own)."""
+  adds = []
+  forward = norm_kernels._forward
+  monkeypatch.setattr(norm_kernels, "_forward", lambda xs, *a: adds.append(len(xs)) or forward(xs, *a))
+
+  def run(impl):
+    cfg = ModelConfig(vocab_size=41, d_model=64, num_heads=4, num_encoder_layers=1, num_decoder_layers=2, d_ff=96,
+                      max_len=32, dropout_rate=0.3, norm="layernorm", norm_position=position, norm_impl=impl)
+    model = Transformer(cfg, rngs=nnx.Rngs(0))
+    src = jnp.array([[5, 6, 7, 8, 9, 10, 0, 0], [11, 12, 13, 14, 15, 16, 17, 18]])
+    cache = model.init_cache(model.encode(src), src != 0, 4)
+    logits = []
+    for token in ([1, 1], [20, 26]):
+      step_logits, cache = model.decode_step(jnp.array(token), cache)
+      logits.append(step_logits)
+    return jnp.stack(logits)
+  want = run("xla")
+  assert adds == []
+  got = run("auto")
+  np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * float(jnp.max(jnp.abs(want))))
+  # operands of the forward kernels: x alone (1), residual and branch (2; the sublayer added its own
+  # bias: a decoding step's attention), and the branch's bias (3: the FFN's, given); no dropout words.
+  # Encoding: its block (pre: the first norm takes x, the next one and the final norm make the adds);
+  # each step: self-attention, cross-attention and FFN of each decoder layer (pre: the final norm too)
+  if position == "post":
+    assert adds == [3, 3] + [2, 2, 3] * 2 * 2
+  else:
+    assert adds == [1, 3, 3] + ([1] + [2, 2, 3] * 2) * 2
 
 
 def test_rows_come_in_power_of_two_blocks_that_divide_them():

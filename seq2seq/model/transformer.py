@@ -108,7 +108,7 @@ class Pending(NamedTuple):
 
   residual: jax.Array
   branch: jax.Array  # the sublayer's output without its bias
-  bias: jax.Array
+  bias: jax.Array | None
   rate: float
   rng: Any
 
@@ -142,8 +142,8 @@ def residual(x_btd, sublayer, norm: Norm, *, pre: bool, rate: float, rng, bias=N
       x_btd = constrain(x_btd, RESIDUAL)
     else:
       h_btd, x_btd = norm(x_btd, with_input=True)
-    if bias is not None and norm.adds(x_btd, rate=rate, rng=rng, pre=True):
-      return Pending(x_btd, sublayer(h_btd, False), bias, rate, rng)
+    if norm.adds(x_btd, rate=rate, rng=rng, pre=True):  # without `bias`, f adds its own (if it has one)
+      return Pending(x_btd, sublayer(h_btd, bias is None), bias, rate, rng)
     return constrain(x_btd + dropout(sublayer(h_btd, True), rate, rng), RESIDUAL)
   x = x_btd if isinstance(x_btd, Fork) else Fork(x_btd, x_btd)
   in_kernels = bias is not None and norm.adds(x.residual, rate=rate, rng=rng)
