@@ -119,10 +119,11 @@ def _summed(refs, add: Add | None, block: int):
     return refs[0][...].astype(jnp.float32), None, refs[1:]
   if add.summed:
     x_ref, *refs = refs
-    if not add.rate:
-      return x_ref[...].astype(jnp.float32), None, refs
-    words_ref, *refs = refs
-    return x_ref[...].astype(jnp.float32), _keep(words_ref, add, block, x_ref.shape), refs
+    keep = None
+    if add.rate:
+      words_ref, *refs = refs
+      keep = _keep(words_ref, add, block, x_ref.shape)
+    return x_ref[...].astype(jnp.float32), keep, refs
   residual_ref, branch_ref, *refs = refs
   branch, keep, rate = branch_ref[...], None, add.rate
   if add.bias:  # the branch's output bias, in its dtype as `MultiHeadAttention._out` adds it
@@ -140,17 +141,12 @@ def _summed(refs, add: Add | None, block: int):
 
 def _forward_kernel(*refs, eps: float, rms: bool, add: Add | None, block: int, write_sum: bool):
   x, _, refs = _summed(refs, add, block)
-  if rms:
-    scale_ref, y_ref, *refs = refs
-  else:
-    scale_ref, bias_ref, y_ref, *refs = refs
+  scale_ref, *refs = refs
+  bias_ref, y_ref, *refs = (None, *refs) if rms else refs
   if write_sum:  # a pre-norm's residual stream: the sum, in the residual's dtype (x holds it exactly)
     sum_ref, *refs = refs
     sum_ref[...] = x.astype(sum_ref.dtype)
-  if rms:
-    (rstd_ref,) = refs
-  else:
-    mean_ref, rstd_ref = refs
+  mean_ref, rstd_ref = (None, *refs) if rms else refs
   if not rms:
     mean = jnp.mean(x, axis=1)
     x = x - mean[:, None]
