@@ -46,23 +46,17 @@ def keep_mask(rng: jax.Array, shape: Sequence[int], rate: float) -> jax.Array:
   rng = rng.key() if isinstance(rng, DropoutKeys) else rng
   if math.prod(shape) >= 2**32:
     return jax.random.bits(rng, tuple(shape), jnp.uint32) >= _threshold(rate)
-  word0, word1 = key_words(rng)
+  words, first, last = key_table(rng)
   index = jnp.zeros(shape, jnp.uint32)
   stride = 1
   for axis in reversed(range(len(shape))):
     index = index + jax.lax.broadcasted_iota(jnp.uint32, tuple(shape), axis) * jnp.uint32(stride)
     stride *= shape[axis]
-  return hash_keep(index, word0, word1, rate)
+  return hash_keep(index, words[first], words[last], rate)
 
 
 def _threshold(rate: float) -> jax.Array:
   return jnp.uint32(min(int(rate * 2**32), 2**32 - 1))
-
-
-def key_words(rng) -> tuple[jax.Array, jax.Array]:
-  """The two uint32 words of a dropout key (k0, k1) that `hash_keep` mixes in."""
-  words, first, last = key_table(rng)
-  return words[first], words[last]
 
 
 def key_table(rng) -> tuple[jax.Array, int, int]:

@@ -67,6 +67,12 @@ def biased(y: jax.Array, bias: jax.Array | None) -> jax.Array:
   return y if bias is None else y + bias.astype(y.dtype)
 
 
+def residual_sum(residual: jax.Array, branch: jax.Array, bias: jax.Array | None, rate: float, rng) -> jax.Array:
+  """residual + dropout(branch + bias, rate, rng): a residual block's add as XLA makes it (the norm
+  kernels make the same, `Norm.add`)."""
+  return residual + dropout(biased(branch, bias), rate, rng)
+
+
 def dense(x: jax.Array, w: jax.Array, *, contract: int = 1, w_transposed: bool = False, out_dtype=None) -> jax.Array:
   """Contracts the last `contract` axes of x with w's leading ones (trailing ones when
   `w_transposed`), as one 2-D matrix product over x's flattened leading axes.
@@ -304,7 +310,7 @@ class Norm(nnx.Module):
       return norm_kernels.fused_norm(residual_btd, self.scale_d[...], norm_bias_d, eps=self.eps, copies=copies,
                                      with_input=with_input, branch_btd=branch_btd, branch_bias_d=bias_d, rate=rate,
                                      rng=rng)
-    return self(residual_btd + dropout(biased(branch_btd, bias_d), rate, rng), copies=copies, with_input=with_input)
+    return self(residual_sum(residual_btd, branch_btd, bias_d, rate, rng), copies=copies, with_input=with_input)
 
   def _xla(self, x_btd: jax.Array) -> jax.Array:
     x = x_btd.astype(jnp.float32)

@@ -38,9 +38,9 @@ from seq2seq.model.layers import (
   LearnedPositions,
   Norm,
   RelativePositionBias,
-  biased,
   dense,
   param,
+  residual_sum,
   sinusoidal,
   weight,
 )
@@ -120,7 +120,7 @@ class Pending(NamedTuple):
 def joined(x_btd) -> jax.Array:
   """The residual stream as one array (a `Fork`'s residual copy, a `Pending` add made in XLA)."""
   if isinstance(x_btd, Pending):
-    return constrain(x_btd.residual + dropout(biased(x_btd.branch, x_btd.bias), x_btd.rate, x_btd.rng), RESIDUAL)
+    return constrain(residual_sum(*x_btd), RESIDUAL)
   return x_btd.residual if isinstance(x_btd, Fork) else x_btd
 
 
@@ -144,7 +144,7 @@ def residual(x_btd, sublayer, norm: Norm, *, pre: bool, rate: float, rng, bias=N
       h_btd, x_btd = norm(x_btd, with_input=True)
     if norm.adds(x_btd, rate=rate, rng=rng, pre=True):  # without `bias`, f adds its own (if it has one)
       return Pending(x_btd, sublayer(h_btd, bias is None), bias, rate, rng)
-    return constrain(x_btd + dropout(sublayer(h_btd, True), rate, rng), RESIDUAL)
+    return constrain(residual_sum(x_btd, sublayer(h_btd, True), None, rate, rng), RESIDUAL)
   x = x_btd if isinstance(x_btd, Fork) else Fork(x_btd, x_btd)
   in_kernels = bias is not None and norm.adds(x.residual, rate=rate, rng=rng)
   y_btd = norm.add(x.residual, sublayer(x.sublayer, not in_kernels), bias_d=bias if in_kernels else None, rate=rate,
